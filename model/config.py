@@ -1,0 +1,195 @@
+"""Scenario configuration: one frozen, slotted dataclass per TOML table (SCENARIOS.md).
+
+Each field carries ``metadata={"help": ...}``; the loader (``scenarios.loader``) validates a
+file against these fields generically (unknown keys, types, enum choices, ranges given by
+``metadata["range"]``) and the key reference (docs/scenario-keys.md) is generated from them.
+No I/O here, and nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    NON_SPEC = "non_spec"
+    SPEC_V2 = "spec_v2"
+
+
+class SeqLensSync(StrEnum):
+    VERIFY_DONE = "verify_done"
+    PUBLISH_READY = "publish_ready"
+
+
+class SeqLensD2H(StrEnum):
+    SCHEDULE_STREAM = "schedule_stream"
+    D2H_STREAM = "d2h_stream"
+    NONE = "none"
+
+
+class WarBarrier(StrEnum):
+    NONE = "none"
+    LOOP_TOP = "loop_top"
+    READ_DONE = "read_done"
+    AFTER_LAUNCH = "after_launch"
+
+
+class PublishPoint(StrEnum):
+    AFTER_VERIFY = "after_verify"
+    AFTER_DRAFT_EXTEND = "after_draft_extend"
+
+
+class Gather(StrEnum):
+    UNFUSED = "unfused"
+    FUSED = "fused"
+    TRITON = "triton"
+
+
+class Platform(StrEnum):
+    CUDA = "cuda"
+    HIP = "hip"
+
+
+class StashStream(StrEnum):
+    FORWARD = "forward"
+    SIDE = "side"
+
+
+class FutureLayout(StrEnum):
+    ROWS = "rows"
+    RING = "ring"
+
+
+class Expect(StrEnum):
+    RACE_FREE = "race_free"
+    RACE = "race"
+
+
+class EventKind(StrEnum):
+    RETRACT = "retract"
+    IDLE = "idle"
+    EVICT_SWA = "evict_swa"
+    FINISH_LATE = "finish_late"
+    SKIP_PUBLISH = "skip_publish"
+    DOUBLE_STASH = "double_stash"
+    MIXED_CHUNK = "mixed_chunk"
+
+
+def _f(default, help: str, range: tuple | None = None):  # noqa: A002 - field factory
+    meta = {"help": help}
+    if range is not None:
+        meta["range"] = range
+    if isinstance(default, list | dict | tuple):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolConfig:
+    """Which variant of the overlap protocol runs."""
+
+    mode: Mode = _f(Mode.SPEC_V2, "non_spec relays output tokens only; spec_v2 relays seq_lens, bonus, top-k and hidden states")
+    seq_lens_sync: SeqLensSync = _f(SeqLensSync.PUBLISH_READY, "verify_done: legacy S wait on verify end (before #25879); publish_ready: seq_lens relayed through the FutureMap")
+    seq_lens_d2h: SeqLensD2H = _f(SeqLensD2H.D2H_STREAM, "how the host gets seq_lens: blocking .cpu() on S, the private D2H stream, or none (backend opts out)")
+    war_barrier: WarBarrier = _f(WarBarrier.LOOP_TOP, "where S is fenced behind F: none, loop top (#26380), read_done event (#28363), after each launch (#31687)")
+    publish_point: PublishPoint = _f(PublishPoint.AFTER_VERIFY, "where publish_ready is recorded in the forward")
+    gather: Gather = _f(Gather.FUSED, "spec-extras gather implementation")
+    topk: int = _f(1, "draft top-k", (1, 8))
+    num_steps: int = _f(3, "draft steps", (1, 8))
+    num_draft_tokens: int = _f(4, "tokens verified per request (topk=1 requires num_steps+1)", (1, 64))
+    hidden_states: bool = _f(True, "whether hidden states are relayed (spec_need_hidden_states)")
+    debug_poison: bool = _f(False, "-1 poison plus assert/invalidate after every gather (SGLANG_IS_IN_CI)")
+    platform: Platform = _f(Platform.CUDA, "cuda, or hip (host waits on publish_ready; no D2H stream; no barrier unless forced)")
+    force_barrier: bool = _f(False, "apply the WAR barrier on hip too (#27967)")
+    pool_size: int = _f(16, "request-pool rows; row 0 is the padding row", (2, 4096))
+    alloc_factor: int = _f(2, "KV over-allocation factor in prepare_for_decode (2 at REF)", (1, 4))
+    pin_ring_depth: int = _f(2, "iterations a batch's snapshot tensors stay pinned", (0, 4))
+    stash_stream: StashStream = _f(StashStream.FORWARD, "stream the stash runs on; side = a stream with no event (scenario 1's bug)")
+    future_layout: FutureLayout = _f(FutureLayout.ROWS, "rows: one FutureMap slot per request-pool row (REF); ring: the old ring (#13713)")
+    ring_size: int = _f(4, "slots of the old FutureMap ring", (1, 4096))
+    delayed_sampling: bool = _f(False, "non-spec grammar path: sample, stash and copy after F waits on S")
+    delayed_stash_after_gather: bool = _f(False, "enqueue the delayed-sampling stash after the next gather (scenario 24's bug)")
+    plan_stream: bool = _f(False, "prepare metadata on the plan stream PL (SGLANG_ENABLE_OVERLAP_PLAN_STREAM)")
+    alias_schedule_forward: bool = _f(False, "S and F are the same stream (#31681); the harness rejects it")
+    swa: bool = _f(False, "model a sliding-window attention mapping full_to_swa_index_mapping")
+    hidden_size: int = _f(4, "draft hidden-state width H", (1, 4096))
+    max_context: int = _f(128, "columns of req_to_token", (8, 1 << 20))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of the workload."""
+
+    id: str = _f("", "request name, unique in the scenario")
+    arrive: int = _f(0, "iteration at which it is scheduled", (0, 1 << 20))
+    prompt_len: int = _f(8, "prompt tokens", (1, 1 << 20))
+    max_new: int = _f(8, "output tokens after which it finishes", (1, 1 << 20))
+    chunks: int = _f(1, "chunked prefill: number of prefill chunks", (1, 64))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadEvent:
+    """Something that happens at one iteration."""
+
+    at: int = _f(0, "iteration", (0, 1 << 20))
+    kind: EventKind = _f(EventKind.IDLE, "what happens")
+    id: str = _f("", "the request it concerns (not for idle)")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The iteration trace the scheduler sees."""
+
+    iterations: int = _f(8, "scheduler iterations to run", (1, 10_000))
+    requests: tuple[Request, ...] = _f((), "the requests")
+    events: tuple[WorkloadEvent, ...] = _f((), "per-iteration events")
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The cost model, in microseconds; also the GPU replay's target."""
+
+    host_launch: float = _f(5.0, "host time to issue one op", (0.0, 1e6))
+    schedule_prep: float = _f(300.0, "host time of get_next_batch_to_run", (0.0, 1e7))
+    process_results: float = _f(50.0, "host time of pop_and_process", (0.0, 1e7))
+    schedule_kernel: float = _f(10.0, "duration of one small S kernel", (0.0, 1e6))
+    forward: float = _f(2000.0, "duration of one forward (draft + verify + draft-extend)", (0.0, 1e8))
+    verify_share: float = _f(0.6, "fraction of the forward done when verify publishes", (0.0, 1.0))
+    d2h: float = _f(10.0, "duration of one D2H copy", (0.0, 1e6))
+    jitter: float = _f(0.0, "+- fraction applied to every duration, seeded", (0.0, 0.9))
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What the scenario expects."""
+
+    expect: Expect = _f(Expect.RACE_FREE, "race_free or race")
+    races: tuple[str, ...] = _f((), 'races that must be among those found, as "KIND buffer"')
+    explore: int = _f(0, "extra seeded timing perturbations to try for manifest races", (0, 100_000))
+    seed: int = _f(0, "seed for jitter and exploration", (0, 2**31 - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    """One extra run with syncs removed (and optionally protocol keys changed)."""
+
+    remove: tuple[str, ...] = _f((), "sync labels to remove")
+    set: dict = _f({}, "protocol keys to override in this run, e.g. {war_barrier = \"none\"}")
+    expect: Expect = _f(Expect.RACE, "verdict expected with these syncs removed")
+    races: tuple[str, ...] = _f((), 'races that must be among those found, as "KIND buffer"')
+    name: str = _f("", "short name; defaults to the removed labels joined by +")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A whole scenario file."""
+
+    name: str = _f("", "unique in a suite")
+    description: str = _f("", "one line for people")
+    protocol: ProtocolConfig = _f(ProtocolConfig(), "protocol variant")
+    workload: Workload = _f(Workload(), "workload")
+    timing: Timing = _f(Timing(), "cost model")
+    check: Check = _f(Check(), "expectation")
+    mutation: tuple[Mutation, ...] = _f((), "extra runs with syncs removed")
+    path: str = field(default="", metadata={"help": "file it came from (set by the loader)", "internal": True})

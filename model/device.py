@@ -1,0 +1,290 @@
+"""The device API: the seam between the protocol and the two devices.
+
+Named after torch.cuda so the CUDA device is a thin adapter. The protocol calls only these
+methods; ``sim.SimDevice`` implements them on simpy and ``gpu_check.CudaDevice`` on real
+streams. Every sync takes a :class:`SyncLabel` so a scenario can remove it by name
+(``Device(removed=[...])``) and a report can name it.
+
+Accesses are element-precise: a launch declares ``reads`` and ``writes`` as ``(buffer, sel)``
+pairs, where ``sel`` is ``None`` (the whole buffer), an int, a slice, a 1-D index sequence or
+tensor (rows of the leading dimension), or a tuple of those (``(row, slice(cur, nxt))``).
+The op's function receives each read buffer's whole value (a snapshot taken when the op
+starts, on the simulated device) and returns one value per write, assigned as
+``buf[sel] = value`` when the op ends.
+"""
+
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, NewType, TypeAlias
+
+import numpy as np
+import torch
+
+from model.errors import DeviceUsageError
+
+StreamId = NewType("StreamId", int)
+EventId = NewType("EventId", int)
+BufferId = NewType("BufferId", int)
+
+Sel: TypeAlias = Any  # None | int | slice | Sequence[int] | torch.Tensor | np.ndarray | tuple
+OpFn: TypeAlias = Callable[..., Any]
+
+
+class SyncLabel(StrEnum):
+    """Stable names of every synchronization the protocol performs (SCENARIOS.md)."""
+
+    FORWARD_ENTRY = "forward_entry"
+    WAR_BARRIER = "war_barrier"
+    PUBLISH_READY_SCHEDULE_WAIT = "publish_ready.schedule_wait"
+    PUBLISH_READY_D2H_WAIT = "publish_ready.d2h_wait"
+    PUBLISH_READY_HOST_WAIT = "publish_ready.host_wait"
+    D2H_HOST_SYNC = "d2h.host_sync"
+    SEQ_LENS_CPU_SYNC = "seq_lens.cpu_sync"
+    COPY_DONE_HOST_SYNC = "copy_done.host_sync"
+    VERIFY_DONE_SCHEDULE_WAIT = "verify_done.schedule_wait"
+    FUTURE_INDICES_RECORD_STREAM = "future_indices.record_stream"
+    BATCH_PIN_RING = "batch_pin_ring"
+    PLAN_WAIT = "plan.forward_wait"
+    DELAYED_SAMPLING_ENTRY = "delayed_sampling.forward_wait"
+    MIX_INDICES_KEEP_ALIVE = "mix_running_indices.keep_alive"
+    STASH_ORDER = "stash.fifo"
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A FIFO queue of device work."""
+
+    id: StreamId
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A CUDA-style event: captures a stream's work at record time."""
+
+    id: EventId
+    name: str
+
+
+@dataclass(eq=False, slots=True)
+class Buffer:
+    """A named device (or pinned host) tensor. ``storage`` is the memory block behind it."""
+
+    id: BufferId
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    pinned: bool
+    storage: int
+    freed: bool = False
+    ids: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    def elements(self, sel: Sel) -> np.ndarray:
+        """Flat element ids that ``buf[sel]`` touches, as a 1-D int64 array (vectorised)."""
+        if sel is None:
+            return self.ids.reshape(-1)
+        return np.asarray(self.ids[_np_sel(sel)]).reshape(-1)
+
+
+def _np_sel(sel: Sel) -> Any:
+    if isinstance(sel, torch.Tensor):
+        return sel.detach().cpu().numpy()
+    if isinstance(sel, tuple):
+        return tuple(_np_sel(s) for s in sel)
+    if isinstance(sel, list):
+        return np.asarray(sel, dtype=np.int64)
+    return sel
+
+
+def torch_sel(sel: Sel, device: torch.device | str) -> Any:
+    """``sel`` in a form torch indexing accepts on ``device`` (lists become index tensors)."""
+    if isinstance(sel, tuple):
+        return tuple(torch_sel(s, device) for s in sel)
+    if isinstance(sel, list | np.ndarray):
+        return torch.as_tensor(np.asarray(sel, dtype=np.int64), device=device)
+    if isinstance(sel, torch.Tensor) and sel.device != torch.device(device):
+        return sel.to(device)
+    return sel
+
+
+AccessSpec: TypeAlias = "Buffer | tuple[Buffer, Sel]"
+
+_HERE = str(Path(__file__).resolve().parent.parent)
+_SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/device.py")
+
+
+def caller_source() -> str:
+    """``file:line`` of the first frame outside the device layers: the protocol line."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
+        if not any(s in rel for s in _SKIP_SOURCE):
+            return f"{rel}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+def norm_accesses(specs: Iterable[AccessSpec]) -> list[tuple[Buffer, Sel]]:
+    """Turn ``buf`` or ``(buf, sel)`` items into ``(buf, sel)`` pairs, checking liveness."""
+    out = []
+    for s in specs:
+        buf, sel = (s, None) if isinstance(s, Buffer) else s
+        if buf.freed:
+            raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
+        out.append((buf, sel))
+    return out
+
+
+class Device(ABC):
+    """The device API the protocol is written against.
+
+    Subclasses implement the ``_do_*`` hooks; this base applies sync-label removal (a removed
+    sync is skipped and logged in ``skipped_syncs``) and keeps the current iteration.
+    """
+
+    torch_device: str = "cpu"
+
+    def __init__(self, removed: Iterable[SyncLabel | str] = ()) -> None:
+        self.removed: frozenset[SyncLabel] = frozenset(SyncLabel(r) for r in removed)
+        self.skipped_syncs: list[tuple[str, int]] = []
+        self.iteration = -1
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def set_iteration(self, n: int) -> None:
+        """Tag everything issued from now on with scheduler iteration ``n``."""
+        self.iteration = n
+
+    def sync_enabled(self, label: SyncLabel | None) -> bool:
+        """False when the scenario removed ``label``; the skip is logged once per call."""
+        if label is None or label not in self.removed:
+            return True
+        self.skipped_syncs.append((str(label), self.iteration))
+        return False
+
+    # -- resources -----------------------------------------------------------------------
+    @abstractmethod
+    def stream(self, name: str) -> Stream:
+        """Create (or return) the stream called ``name``."""
+
+    @abstractmethod
+    def event(self, name: str) -> Event:
+        """Create a new, never-recorded event."""
+
+    @abstractmethod
+    def buffer(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        pinned: bool = False,
+        fill: float | int | None = None,
+        stream: Stream | None = None,
+    ) -> Buffer:
+        """Allocate a buffer through the caching allocator.
+
+        ``stream`` is the allocation stream (reuse follows it); with ``fill`` the buffer is
+        initialised by a write op on that stream, or by the host when ``stream`` is None.
+        Without ``fill`` its content is whatever the memory held (``torch.empty``).
+        """
+
+    @abstractmethod
+    def free(self, buf: Buffer) -> None:
+        """The host drops its last reference: the block goes back to the caching allocator."""
+
+    def record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None = None) -> None:
+        """Tell the allocator ``stream`` uses ``buf``: reuse waits for that stream's work."""
+        if self.sync_enabled(label):
+            self._do_record_stream(buf, stream, label)
+
+    # -- work ----------------------------------------------------------------------------
+    @abstractmethod
+    def launch(
+        self,
+        stream: Stream,
+        name: str,
+        fn: OpFn,
+        reads: Sequence[AccessSpec] = (),
+        writes: Sequence[AccessSpec] = (),
+        cost_us: float = 0.0,
+    ) -> None:
+        """Enqueue a kernel: ``fn(*read_values)`` returns one value per write."""
+
+    @abstractmethod
+    def copy(
+        self,
+        stream: Stream,
+        src: AccessSpec,
+        dst: AccessSpec,
+        *,
+        non_blocking: bool,
+        cost_us: float = 0.0,
+        label: SyncLabel | None = None,
+        name: str = "copy",
+    ) -> None:
+        """Copy ``src`` to ``dst`` on ``stream``; blocking copies also block the host until done.
+
+        ``label`` names the host wait of a blocking copy (removing it makes it non-blocking).
+        """
+
+    @abstractmethod
+    def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
+        """The host reads pinned memory: the value as of the host's current time."""
+
+    @abstractmethod
+    def host_write(self, buf: Buffer, sel: Sel, value: Any, name: str = "host_write") -> None:
+        """The host writes pinned memory."""
+
+    # -- sync ----------------------------------------------------------------------------
+    def record(self, event: Event, stream: Stream, label: SyncLabel | None = None) -> None:
+        """Capture the work enqueued on ``stream`` so far; re-recording replaces it."""
+        if self.sync_enabled(label):
+            self._do_record(event, stream, label)
+
+    def wait_event(self, stream: Stream, event: Event, label: SyncLabel | None = None) -> None:
+        """Later ops on ``stream`` wait for the record that is latest now (no-op if none)."""
+        if self.sync_enabled(label):
+            self._do_wait_event(stream, event, label)
+
+    def wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None = None) -> None:
+        """``waiter`` waits for all work enqueued on ``other`` so far."""
+        if self.sync_enabled(label):
+            self._do_wait_stream(waiter, other, label)
+
+    def synchronize(
+        self, target: Stream | Event | None = None, label: SyncLabel | None = None
+    ) -> None:
+        """Block the host until ``target`` (a stream, an event, or the whole device) is done."""
+        if self.sync_enabled(label):
+            self._do_synchronize(target, label)
+
+    @abstractmethod
+    def query(self, event: Event) -> bool:
+        """Non-blocking probe: has the event's captured work completed? Orders nothing."""
+
+    @abstractmethod
+    def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None: ...
+
+    @abstractmethod
+    def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None: ...
+
+    @abstractmethod
+    def _do_wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None) -> None: ...
+
+    @abstractmethod
+    def _do_synchronize(self, target: Stream | Event | None, label: SyncLabel | None) -> None: ...
+
+    @abstractmethod
+    def _do_record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None) -> None: ...

@@ -1,0 +1,165 @@
+"""Result records shared by both devices, the detector and the reports.
+
+These are plain frozen dataclasses: ``reports`` reads them and nothing else, and a GPU run
+produces the same records as a simulated one, so one report code path draws both.
+Times are integer nanoseconds (no float drift); ``None`` where a device cannot know them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NewType
+
+OpId = NewType("OpId", int)
+
+HOST = "host"
+
+
+class OpKind(StrEnum):
+    """What an entry of the timeline is."""
+
+    KERNEL = "kernel"
+    COPY = "copy"
+    RECORD = "record"
+    WAIT = "wait"
+    HOST_SYNC = "host_sync"
+    HOST_READ = "host_read"
+    HOST_WRITE = "host_write"
+    ALLOC = "alloc"
+    FREE = "free"
+    QUERY = "query"
+
+
+class RaceKind(StrEnum):
+    """The kinds of race STREAM-SEMANTICS.md names."""
+
+    RAW = "RAW"
+    WAR = "WAR"
+    WAW = "WAW"
+    HOST_D2H = "host-D2H"
+    REUSE = "reuse"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One entry of a timeline: an op on a stream, or a host action.
+
+    Args:
+        op: issue-order id, unique in a run.
+        name: what the protocol called the op (``"verify"``, ``"stash"``).
+        agent: ``"host"`` or the stream's name.
+        kind: see :class:`OpKind`.
+        issue_ns: host time at which it was issued.
+        start_ns / end_ns: when it ran (for a host sync: the blocked span).
+        label: the sync label, for syncs; ``None`` otherwise.
+        iteration: scheduler iteration that issued it (-1 before the loop).
+        source: ``file:line`` of the protocol code that issued it.
+    """
+
+    op: OpId
+    name: str
+    agent: str
+    kind: OpKind
+    issue_ns: int
+    start_ns: int
+    end_ns: int
+    label: str | None = None
+    iteration: int = -1
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One side of a race: which op touched which elements of which buffer, and how."""
+
+    op: OpId
+    op_name: str
+    agent: str
+    buffer: str
+    mode: str  # "read" | "write"
+    iteration: int
+    source: str
+    label: str | None = None
+    time_ns: int | None = None
+
+    def describe(self) -> str:
+        """One line naming the access, like CSAN's report lines."""
+        verb = "reading" if self.mode == "read" else "writing"
+        where = f" at {self.source}" if self.source else ""
+        return f"{self.op_name} (iteration {self.iteration}) on {self.agent} {verb} {self.buffer}{where}"
+
+
+@dataclass(frozen=True, slots=True)
+class Race:
+    """Two conflicting accesses that neither happens before the other.
+
+    ``first`` was issued before ``second``. ``elements`` are flat element ids of the buffer
+    (``shape`` gives the layout); ``manifest`` is True when this run's timing executed the two
+    accesses in the opposite order to their issue order (the order the serial oracle runs), so
+    the reader saw another value, or the final value differs; ``None`` when unknown.
+    """
+
+    kind: RaceKind
+    buffer: str
+    shape: tuple[int, ...]
+    elements: tuple[int, ...]
+    first: Access
+    second: Access
+    manifest: bool | None = None
+
+    @property
+    def key(self) -> str:
+        """``"RAW new_seq_lens_buf"``: the form scenario files use in ``check.races``."""
+        return f"{self.kind} {self.buffer}"
+
+    def describe(self) -> str:
+        """The user-facing report: both accesses, the elements, latent or manifest."""
+        state = {True: "manifest", False: "latent", None: "unknown"}[self.manifest]
+        return (
+            f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)} "
+            f"({state})\n  first:  {self.first.describe()}\n  second: {self.second.describe()}"
+        )
+
+
+def describe_elements(shape: tuple[int, ...], flat: tuple[int, ...], limit: int = 6) -> str:
+    """Render flat element ids as indices: ``[3, 5]`` for 1-D, ``[2, 4:8]`` for rows of 2-D."""
+    if not flat:
+        return "[]"
+    if len(shape) <= 1:
+        return "[" + _ranges(sorted(flat), limit) + "]"
+    cols = 1
+    for d in shape[1:]:
+        cols *= d
+    rows: dict[int, list[int]] = {}
+    for e in sorted(flat):
+        rows.setdefault(e // cols, []).append(e % cols)
+    parts = []
+    for r, cs in list(rows.items())[:limit]:
+        parts.append(f"{r}" if len(cs) == cols else f"{r}, {_ranges(cs, limit)}")
+    more = "" if len(rows) <= limit else f" +{len(rows) - limit} rows"
+    return "[" + "; ".join(parts) + more + "]"
+
+
+def _ranges(values: list[int], limit: int) -> str:
+    out: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}" if start == prev else f"{start}:{prev + 1}")
+        if v is not None:
+            start = prev = v
+    more = "" if len(out) <= limit else f",+{len(out) - limit}"
+    return ",".join(out[:limit]) + more
+
+
+@dataclass(slots=True)
+class DeviceRun:
+    """Everything one device run produced: the timeline, the races, the syncs skipped."""
+
+    timeline: list[OpRecord] = field(default_factory=list)
+    races: list[Race] = field(default_factory=list)
+    skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
+    end_ns: int = 0
