@@ -160,6 +160,7 @@ class Device(ABC):
         self.removed: frozenset[SyncLabel] = frozenset(SyncLabel(r) for r in removed)
         self.skipped_syncs: list[tuple[str, int]] = []
         self.iteration = -1
+        self.observations: dict[tuple[str, int], list[torch.Tensor]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
     def set_iteration(self, n: int) -> None:
@@ -219,8 +220,14 @@ class Device(ABC):
         reads: Sequence[AccessSpec] = (),
         writes: Sequence[AccessSpec] = (),
         cost_us: float = 0.0,
+        observe: str | None = None,
     ) -> None:
-        """Enqueue a kernel: ``fn(*read_values)`` returns one value per write."""
+        """Enqueue a kernel: ``fn(*read_values)`` returns one value per write.
+
+        With ``observe``, the values the op read (each read's ``buf[sel]``, as it started) are
+        kept in ``observations[(observe, iteration)]``, out of band: no access, no ordering.
+        The oracle compares these with the serial run's, so a stale read shows as a value.
+        """
 
     @abstractmethod
     def copy(
@@ -238,6 +245,10 @@ class Device(ABC):
 
         ``label`` names the host wait of a blocking copy (removing it makes it non-blocking).
         """
+
+    @abstractmethod
+    def host_work(self, name: str, cost_us: float) -> None:
+        """The host is busy for ``cost_us`` on its own (scheduling, result processing)."""
 
     @abstractmethod
     def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
