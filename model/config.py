@@ -76,7 +76,7 @@ class EventKind(StrEnum):
     MIXED_CHUNK = "mixed_chunk"
 
 
-def _f(default, help: str, range: tuple | None = None):  # noqa: A002 - field factory
+def _f(default, help: str, range: tuple | None = None):
     meta = {"help": help}
     if range is not None:
         meta["range"] = range

@@ -29,6 +29,7 @@ class OpKind(StrEnum):
     ALLOC = "alloc"
     FREE = "free"
     QUERY = "query"
+    HOST_WORK = "host_work"
 
 
 class RaceKind(StrEnum):
@@ -87,7 +88,8 @@ class Access:
         """One line naming the access, like CSAN's report lines."""
         verb = "reading" if self.mode == "read" else "writing"
         where = f" at {self.source}" if self.source else ""
-        return f"{self.op_name} (iteration {self.iteration}) on {self.agent} {verb} {self.buffer}{where}"
+        it = f"iteration {self.iteration}"
+        return f"{self.op_name} ({it}) on {self.agent} {verb} {self.buffer}{where}"
 
 
 @dataclass(frozen=True, slots=True)

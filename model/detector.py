@@ -1,0 +1,260 @@
+"""Happens-before race detector: vector clocks over agents, element-precise access state.
+
+Plain Python and numpy, fed by a device in host issue order (``SimDevice`` feeds it live; a
+trace recorded on a GPU can be replayed into it), so it has no notion of simulated time
+beyond the access times it is handed for the latent/manifest call.
+
+Every op (a kernel, a copy, an event record, a stream wait, a host sync, a host access) is a
+node on one agent: the host (agent 0) or a stream. HB is the transitive closure of
+program order per agent, host issue order (the host's past happens before every op it
+issues), record -> wait, and completion -> host sync (STREAM-SEMANTICS.md). Each node gets a
+vector clock; node u happens before node v iff ``vc(v)[agent(u)] >= epoch(u)``.
+
+Per memory block (storage) and element, the detector keeps, for every agent, the clock and op
+of that agent's latest write and latest read. A new access races with agent X's latest
+conflicting access exactly when that access is unordered with it: X's earlier accesses are
+program-ordered before its latest, so if the latest happens before the new access, they all do.
+So a race is reported against the latest conflicting access of each other agent, per element,
+and races are grouped by (kind, buffer, op pair). Checks are vectorised over element ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from model.errors import DeviceUsageError
+from model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
+
+MAX_AGENTS = 16
+HOST_AGENT = 0
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """What the detector remembers of one node (op) to report it later."""
+
+    op: OpId
+    name: str
+    agent: int
+    agent_name: str
+    kind: OpKind
+    iteration: int
+    source: str
+    label: str | None
+    start_ns: int | None
+    end_ns: int | None
+    buffers: dict[int, tuple[str, int]] = field(default_factory=dict)  # storage -> (name, buf id)
+
+
+class _Storage:
+    """Per-element, per-agent latest read and write (clock and op) of one memory block."""
+
+    __slots__ = ("r_clk", "r_op", "rmax", "shape", "w_clk", "w_op", "wmax")
+
+    def __init__(self, numel: int, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.w_clk = np.zeros((numel, MAX_AGENTS), dtype=np.int64)
+        self.r_clk = np.zeros((numel, MAX_AGENTS), dtype=np.int64)
+        self.w_op = np.full((numel, MAX_AGENTS), -1, dtype=np.int64)
+        self.r_op = np.full((numel, MAX_AGENTS), -1, dtype=np.int64)
+        self.wmax = np.zeros(MAX_AGENTS, dtype=np.int64)
+        self.rmax = np.zeros(MAX_AGENTS, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class AccessReq:
+    """One declared access of a node: storage block, buffer identity, elements, mode."""
+
+    storage: int
+    buffer_id: int
+    buffer: str
+    elements: np.ndarray
+    write: bool
+    pinned: bool = False
+
+
+class HBDetector:
+    """Vector-clock happens-before detector; see the module docstring for the rules."""
+
+    def __init__(self) -> None:
+        self.agent_names: list[str] = [HOST]
+        self._vc: list[np.ndarray] = [np.zeros(MAX_AGENTS, dtype=np.int64)]
+        self._host_version = 0
+        self._joined_host: list[int] = [0]
+        self._last: list[OpId | None] = [None]
+        self._events: dict[object, tuple[np.ndarray, OpId]] = {}
+        self._storages: dict[int, _Storage] = {}
+        self.nodes: list[NodeInfo] = []
+        self.node_vc: list[np.ndarray] = []
+        self.node_epoch: list[int] = []
+        self.edges: list[tuple[int, int]] = []
+        self.races: list[Race] = []
+
+    # -- agents and memory ----------------------------------------------------------------
+    def add_agent(self, name: str) -> int:
+        """Register a stream; returns its agent index."""
+        if len(self.agent_names) >= MAX_AGENTS:
+            raise DeviceUsageError(f"more than {MAX_AGENTS - 1} streams: {name!r}")
+        self.agent_names.append(name)
+        self._vc.append(np.zeros(MAX_AGENTS, dtype=np.int64))
+        self._joined_host.append(-1)
+        self._last.append(None)
+        return len(self.agent_names) - 1
+
+    def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
+        """Register a memory block before its first access."""
+        self._storages[storage] = _Storage(numel, shape)
+
+    # -- the feed -------------------------------------------------------------------------
+    def on_op(
+        self,
+        info: NodeInfo,
+        accesses: Sequence[AccessReq] = (),
+        joins: Sequence[OpId] = (),
+    ) -> None:
+        """A node on ``info.agent``: checks and records its accesses.
+
+        ``joins`` are nodes that happen before this one beyond program and issue order (the
+        synced work of a host sync, the record an allocator waited for).
+        """
+        a = info.agent
+        vc = self._vc[a]
+        preds: list[int] = []
+        if a != HOST_AGENT and self._joined_host[a] != self._host_version:
+            np.maximum(vc, self._vc[HOST_AGENT], out=vc)
+            self._joined_host[a] = self._host_version
+        host_last = self._last[HOST_AGENT]
+        if a != HOST_AGENT and host_last is not None:
+            preds.append(host_last)
+        for j in joins:
+            np.maximum(vc, self.node_vc[j], out=vc)
+            preds.append(j)
+        vc[a] += 1
+        op = info.op
+        if op != len(self.nodes):
+            raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
+        if self._last[a] is not None:
+            preds.append(self._last[a])
+        self._last[a] = op
+        self.nodes.append(info)
+        self.node_vc.append(vc.copy())
+        self.node_epoch.append(int(vc[a]))
+        self.edges.extend((p, op) for p in preds)
+        if a == HOST_AGENT:
+            self._host_version += 1
+        for acc in accesses:
+            info.buffers[acc.storage] = (acc.buffer, acc.buffer_id)
+            self._check(info, acc, vc)
+
+    def on_record(self, key: object, info: NodeInfo) -> None:
+        """An event record: a node on the stream whose clock the event captures."""
+        self.on_op(info)
+        self._events[key] = (self.node_vc[info.op], info.op)
+
+    def on_wait(self, key: object, info: NodeInfo) -> None:
+        """A stream wait: binds to the record that is latest now; no-op if never recorded."""
+        rec = self._events.get(key)
+        self.on_op(info, joins=() if rec is None else (rec[1],))
+
+    def last_op(self, agent: int) -> OpId | None:
+        """The latest node issued on ``agent`` (what a stream sync or wait_stream captures)."""
+        return self._last[agent]
+
+    def event_op(self, key: object) -> OpId | None:
+        """The record node an event currently captures, or None if never recorded."""
+        rec = self._events.get(key)
+        return None if rec is None else rec[1]
+
+    # -- queries --------------------------------------------------------------------------
+    def happens_before(self, u: int, v: int) -> bool:
+        """True when node ``u`` happens before node ``v`` (u != v)."""
+        return bool(self.node_vc[v][self.nodes[u].agent] >= self.node_epoch[u]) and u != v
+
+    def graph(self) -> nx.DiGraph:
+        """The happens-before graph: nodes are ops (with their attributes), edges direct HB."""
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.op, name=n.name, agent=n.agent_name, kind=str(n.kind),
+                       iteration=n.iteration, label=n.label)
+        g.add_edges_from(self.edges)
+        return g
+
+    # -- the check ------------------------------------------------------------------------
+    def _check(self, info: NodeInfo, acc: AccessReq, vc: np.ndarray) -> None:
+        st = self._storages[acc.storage]
+        e = acc.elements
+        a = info.agent
+        if e.size:
+            if (st.wmax > vc).any():
+                self._report(info, acc, st.w_clk, st.w_op, vc, prior_write=True)
+            if acc.write and (st.rmax > vc).any():
+                self._report(info, acc, st.r_clk, st.r_op, vc, prior_write=False)
+            if acc.write:
+                clk, ops, mx = st.w_clk, st.w_op, st.wmax
+            else:
+                clk, ops, mx = st.r_clk, st.r_op, st.rmax
+            clk[e, a] = vc[a]
+            ops[e, a] = info.op
+            mx[a] = vc[a]
+
+    def _report(
+        self,
+        info: NodeInfo,
+        acc: AccessReq,
+        clk: np.ndarray,
+        ops: np.ndarray,
+        vc: np.ndarray,
+        prior_write: bool,
+    ) -> None:
+        e = acc.elements
+        unordered = clk[e] > vc  # (n, agents); own column never exceeds own clock
+        if not unordered.any():
+            return
+        rows, cols = np.nonzero(unordered)
+        prior_ops = ops[e[rows], cols]
+        for p in np.unique(prior_ops):
+            sel = prior_ops == p
+            elems = tuple(int(x) for x in np.unique(e[rows[sel]]))
+            self.races.append(self._race(self.nodes[int(p)], info, acc, elems, prior_write))
+
+    def _race(
+        self, p: NodeInfo, q: NodeInfo, acc: AccessReq, elems: tuple[int, ...], prior_write: bool
+    ) -> Race:
+        p_buf, p_buf_id = p.buffers[acc.storage]
+        if p_buf_id != acc.buffer_id:
+            kind = RaceKind.REUSE
+        elif acc.pinned and HOST_AGENT in (p.agent, q.agent) and OpKind.COPY in (p.kind, q.kind):
+            kind = RaceKind.HOST_D2H
+        elif prior_write:
+            kind = RaceKind.WAW if acc.write else RaceKind.RAW
+        else:
+            kind = RaceKind.WAR
+        p_mode = "write" if prior_write else "read"
+        q_mode = "write" if acc.write else "read"
+        manifest = _inverted(p, p_mode, q, q_mode)
+        shape = self._storages[acc.storage].shape
+        buffer = acc.buffer if p_buf == acc.buffer else f"{acc.buffer} (was {p_buf})"
+        first, second = _access(p, p_mode, p_buf), _access(q, q_mode, acc.buffer)
+        return Race(kind, buffer, shape, elems, first, second, manifest)
+
+
+def _access_time(n: NodeInfo, mode: str) -> int | None:
+    return n.end_ns if mode == "write" else n.start_ns
+
+
+def _inverted(p: NodeInfo, p_mode: str, q: NodeInfo, q_mode: str) -> bool | None:
+    """Did q's access take effect before p's, against issue order? Writes land at op end and
+    take effect before reads at the same instant (the value engine's tie rule)."""
+    tp, tq = _access_time(p, p_mode), _access_time(q, q_mode)
+    if tp is None or tq is None:
+        return None
+    return (tq, q_mode == "read") < (tp, p_mode == "read")
+
+
+def _access(n: NodeInfo, mode: str, buffer: str) -> Access:
+    return Access(n.op, n.name, n.agent_name, buffer, mode, n.iteration, n.source, n.label,
+                  _access_time(n, mode))

@@ -1,0 +1,414 @@
+"""SimDevice: the device API on a simpy discrete-event model (STREAM-SEMANTICS.md).
+
+Timing. The host is one sequential agent with its own clock: each issue costs
+``host_launch_us``; a host sync advances the host clock to the completion of the synced work.
+An op starts at max(issue time, end of the previous op on its stream, completion of every
+record waited on before it) and runs for its cost. Every one of those inputs was issued before
+the op, so its start is known when it is issued. The op then becomes two simpy events, its
+start (reads: snapshot the inputs, run the tensor function) and its end (writes land), in
+simpy's heap; the host drives ``env`` forward to its own clock before it reads memory, so a
+host read sees exactly the writes that landed by then. Writes landing at an instant take
+effect before reads starting at that instant (end events are URGENT), so an op ordered after
+another on its stream sees its writes. Times are integer nanoseconds.
+
+Races. Every op is fed, in issue order, to :class:`model.detector.HBDetector`.
+
+Serial mode (the oracle): every stream aliases one stream and the host synchronizes after
+each op, so there are no races and values follow issue order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+import torch
+
+from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
+from model.device import (
+    AccessSpec,
+    Buffer,
+    BufferId,
+    Device,
+    Event,
+    EventId,
+    OpFn,
+    Sel,
+    Stream,
+    StreamId,
+    SyncLabel,
+    caller_source,
+    norm_accesses,
+    torch_sel,
+)
+from model.errors import DeviceUsageError
+from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord
+
+GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
+
+
+def us_to_ns(us: float) -> int:
+    """Microseconds (the scenario unit) to integer nanoseconds."""
+    return round(us * 1000)
+
+
+@dataclass(slots=True)
+class _StreamState:
+    agent: int
+    name: str
+    free_at: int = 0  # when the last enqueued op (or wait) is done
+
+
+@dataclass(slots=True)
+class _EventState:
+    complete_at: int | None = None  # None: never recorded
+
+
+@dataclass(slots=True)
+class _Block:
+    """A memory block of the caching allocator."""
+
+    id: int
+    data: torch.Tensor  # flat
+    key: tuple
+    recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
+    pending: list[tuple[int, int]] = field(default_factory=list)  # (op, complete_at) at free
+
+
+class _At(simpy.Event):
+    """An event that fires at an absolute time with a given priority (simpy's ``Timeout``
+    fixes the priority to NORMAL; writes must land before reads at the same instant)."""
+
+    def __init__(self, env: simpy.Environment, at: int, priority: int, callback: Any) -> None:
+        super().__init__(env)
+        self._ok = True  # the subclass contract simpy's own Timeout follows
+        self._value = None
+        self.callbacks.append(callback)
+        env.schedule(self, priority, at - env.now)
+
+
+class SimDevice(Device):
+    """The simulated device. See the module docstring for the timing and value rules.
+
+    Args:
+        removed: sync labels to skip (a mutation).
+        host_launch_us: host cost of issuing one op.
+        jitter: every duration is scaled by a seeded factor in [1 - jitter, 1 + jitter].
+        seed: seeds the jitter.
+        serial: the oracle mode (one stream, host sync after every op).
+        delays: extra microseconds before an op starts, by (op name, iteration): the
+            injected delays of exploration and of the GPU replay.
+    """
+
+    def __init__(
+        self,
+        removed: Iterable[SyncLabel | str] = (),
+        *,
+        host_launch_us: float = 5.0,
+        jitter: float = 0.0,
+        seed: int = 0,
+        serial: bool = False,
+        delays: Mapping[tuple[str, int], float] | None = None,
+    ) -> None:
+        super().__init__(removed)
+        self.env = simpy.Environment()
+        self.det = HBDetector()
+        self.host_ns = 0
+        self.serial = serial
+        self._launch_ns = us_to_ns(host_launch_us)
+        self._jitter = jitter
+        self._rng = random.Random(seed)
+        self._delays = {k: us_to_ns(v) for k, v in (delays or {}).items()}
+        self._streams: dict[str, Stream] = {}
+        self._sstate: dict[StreamId, _StreamState] = {}
+        self._events: dict[EventId, _EventState] = {}
+        self._buffers: list[Buffer] = []
+        self._blocks: list[_Block] = []
+        self._pool: list[_Block] = []
+        self.timeline: list[OpRecord] = []
+        self._serial_state = None
+        if serial:
+            self._serial_state = _StreamState(self.det.add_agent("serial"), "serial")
+
+    # -- helpers --------------------------------------------------------------------------
+    def _dur(self, cost_us: float) -> int:
+        ns = us_to_ns(cost_us)
+        if self._jitter and ns:
+            ns = max(0, round(ns * (1 + self._rng.uniform(-self._jitter, self._jitter))))
+        return ns
+
+    def _state(self, stream: Stream) -> _StreamState:
+        return self._sstate[stream.id]
+
+    def _next_op(self) -> OpId:
+        return OpId(len(self.det.nodes))
+
+    def _info(self, name: str, agent: int, agent_name: str, kind: OpKind, start: int,
+              end: int, label: SyncLabel | None, source: str) -> NodeInfo:
+        return NodeInfo(self._next_op(), name, agent, agent_name, kind, self.iteration, source,
+                        None if label is None else str(label), start, end)
+
+    def _log(self, n: NodeInfo, issue: int) -> None:
+        self.timeline.append(OpRecord(n.op, n.name, n.agent_name, n.kind, issue, n.start_ns or 0,
+                                      n.end_ns or 0, n.label, n.iteration, n.source))
+
+    def _advance_values(self) -> None:
+        """Run simpy up to the host's clock: every write that landed by now is in memory."""
+        env = self.env
+        while env.peek() <= self.host_ns:
+            env.step()
+
+    def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> list[AccessReq]:
+        return [AccessReq(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
+                for b, s in pairs]
+
+    # -- resources ------------------------------------------------------------------------
+    def stream(self, name: str) -> Stream:
+        if name in self._streams:
+            return self._streams[name]
+        s = Stream(StreamId(len(self._streams)), name)
+        self._streams[name] = s
+        if self._serial_state is not None:
+            self._sstate[s.id] = self._serial_state
+        else:
+            self._sstate[s.id] = _StreamState(self.det.add_agent(name), name)
+        return s
+
+    def event(self, name: str) -> Event:
+        e = Event(EventId(len(self._events)), name)
+        self._events[e.id] = _EventState()
+        return e
+
+    def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, pinned: bool = False,
+               fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
+        shape = tuple(int(d) for d in shape)
+        numel = int(np.prod(shape)) if shape else 1
+        agent = -1 if stream is None or pinned else self._state(stream).agent
+        key = (numel, dtype, pinned, agent)
+        block, joins = self._reuse(key)
+        if block is None:
+            data = torch.full((numel,), GARBAGE, dtype=dtype)
+            block = _Block(len(self._blocks), data, key)
+            self._blocks.append(block)
+            self.det.add_storage(block.id, numel, shape)
+        ids = np.arange(numel, dtype=np.int64).reshape(shape)
+        buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
+        self._buffers.append(buf)
+        if joins:  # the allocator saw the recorded streams' work complete: an HB edge
+            n = self._info(f"alloc:{name}", HOST_AGENT, HOST, OpKind.ALLOC, self.host_ns,
+                           self.host_ns, None, caller_source())
+            self.det.on_op(n, joins=joins)
+            self._log(n, self.host_ns)
+        if fill is not None:
+            if stream is None:
+                self.host_write(buf, None, fill, name=f"init:{name}")
+            else:
+                self.launch(stream, f"fill:{name}", lambda: fill, writes=[buf])
+        return buf
+
+    def _reuse(self, key: tuple) -> tuple[_Block | None, list[OpId]]:
+        if key[2]:  # pinned host memory: not recycled in this model
+            return None, []
+        for i in range(len(self._pool) - 1, -1, -1):  # most recently freed first
+            b = self._pool[i]
+            if b.key == key and all(t <= self.host_ns for _, t in b.pending):
+                del self._pool[i]
+                return b, [op for op, _ in b.pending]
+        return None, []
+
+    def free(self, buf: Buffer) -> None:
+        if buf.freed:
+            raise DeviceUsageError(f"double free of {buf.name!r}")
+        buf.freed = True
+        block = self._blocks[buf.storage]
+        block.pending = []
+        for agent in sorted(block.recorded):
+            last = self.det.last_op(agent)
+            st = next(s for s in self._sstate.values() if s.agent == agent)
+            if last is not None:
+                block.pending.append((last, st.free_at))
+        block.recorded = set()
+        self._pool.append(block)
+        n = self._info(f"free:{buf.name}", HOST_AGENT, HOST, OpKind.FREE, self.host_ns,
+                       self.host_ns, None, caller_source())
+        self.det.on_op(n)
+        self._log(n, self.host_ns)
+
+    def _do_record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None) -> None:
+        self._blocks[buf.storage].recorded.add(self._state(stream).agent)
+
+    # -- work -----------------------------------------------------------------------------
+    def launch(self, stream: Stream, name: str, fn: OpFn, reads: Sequence[AccessSpec] = (),
+               writes: Sequence[AccessSpec] = (), cost_us: float = 0.0,
+               observe: str | None = None) -> None:
+        self._enqueue(stream, name, OpKind.KERNEL, fn, norm_accesses(reads),
+                      norm_accesses(writes), cost_us, observe, caller_source())
+
+    def copy(self, stream: Stream, src: AccessSpec, dst: AccessSpec, *, non_blocking: bool,
+             cost_us: float = 0.0, label: SyncLabel | None = None, name: str = "copy") -> None:
+        (s_buf, s_sel), = norm_accesses([src])
+        d_pair = norm_accesses([dst])
+        fn = (lambda v: v) if s_sel is None else (lambda v: v[torch_sel(s_sel, "cpu")])
+        op = self._enqueue(stream, name, OpKind.COPY, fn, [(s_buf, s_sel)], d_pair, cost_us,
+                           None, caller_source())
+        if not non_blocking and self.sync_enabled(label):
+            self._host_wait(f"{name}.sync", [op], self.det.nodes[op].end_ns or 0, label)
+
+    def _enqueue(self, stream: Stream, name: str, kind: OpKind, fn: OpFn,
+                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
+                 cost_us: float, observe: str | None, source: str) -> OpId:
+        st = self._state(stream)
+        self.host_ns += self._launch_ns
+        issue = self.host_ns
+        start = max(issue, st.free_at) + self._delays.get((name, self.iteration), 0)
+        end = start + self._dur(cost_us)
+        st.free_at = end
+        n = self._info(name, st.agent, st.name, kind, start, end, None, source)
+        self.det.on_op(n, self._reqs(reads, False) + self._reqs(writes, True))
+        self._log(n, issue)
+        self._schedule_values(n, fn, reads, writes, observe)
+        if self.serial:
+            self._host_wait(f"{name}.serial_sync", [n.op], end, None)
+        return n.op
+
+    def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
+                         writes: list[tuple[Buffer, Sel]], observe: str | None) -> None:
+        env = self.env
+        out: list[Any] = []
+        iteration = self.iteration
+
+        def on_start(_: simpy.Event) -> None:
+            snaps = [self._blocks[b.storage].data.view(b.shape).clone() for b, _s in reads]
+            if observe is not None:
+                vals = [v if s is None else v[torch_sel(s, "cpu")]
+                        for v, (_b, s) in zip(snaps, reads, strict=True)]
+                self.observations.setdefault((observe, iteration), []).extend(vals)
+            res = fn(*snaps)
+            out.append(res if isinstance(res, tuple) else (res,))
+
+        def on_end(_: simpy.Event) -> None:
+            for (b, s), v in zip(writes, out[0], strict=True):
+                view = self._blocks[b.storage].data.view(b.shape)
+                if s is None:
+                    view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
+                else:
+                    view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
+
+        _At(env, n.start_ns or 0, simpy.events.NORMAL, on_start)
+        if writes:
+            _At(env, n.end_ns or 0, simpy.events.URGENT, on_end)
+
+    def host_work(self, name: str, cost_us: float) -> None:
+        start = self.host_ns
+        self.host_ns += self._dur(cost_us)
+        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WORK, start, self.host_ns, None,
+                       caller_source())
+        self.det.on_op(n)
+        self._log(n, start)
+
+    def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
+        self._check_host_access(buf, name)
+        self._advance_values()
+        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_READ, self.host_ns, self.host_ns,
+                       None, caller_source())
+        self.det.on_op(n, self._reqs([(buf, sel)], False))
+        self._log(n, self.host_ns)
+        view = self._blocks[buf.storage].data.view(buf.shape)
+        return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()
+
+    def host_write(self, buf: Buffer, sel: Sel, value: Any, name: str = "host_write") -> None:
+        if buf.pinned or not name.startswith("init:"):
+            self._check_host_access(buf, name)
+        self._advance_values()
+        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WRITE, self.host_ns, self.host_ns,
+                       None, caller_source())
+        self.det.on_op(n, self._reqs([(buf, sel)], True))
+        self._log(n, self.host_ns)
+        view = self._blocks[buf.storage].data.view(buf.shape)
+        v = torch.as_tensor(value, dtype=buf.dtype)
+        if sel is None:
+            view.copy_(v.expand(buf.shape))
+        else:
+            view[torch_sel(sel, "cpu")] = v
+
+    def _check_host_access(self, buf: Buffer, name: str) -> None:
+        if buf.freed:
+            raise DeviceUsageError(f"{name}: host access to freed buffer {buf.name!r}")
+        if not buf.pinned:
+            raise DeviceUsageError(
+                f"{name}: the host cannot touch device buffer {buf.name!r}; copy it to a "
+                "pinned buffer first")
+
+    # -- sync -----------------------------------------------------------------------------
+    def _stream_node(self, stream: Stream, name: str, kind: OpKind, label: SyncLabel | None,
+                     at: int) -> NodeInfo:
+        st = self._state(stream)
+        return self._info(name, st.agent, st.name, kind, at, at, label, caller_source())
+
+    def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None:
+        st = self._state(stream)
+        self.host_ns += self._launch_ns
+        at = max(self.host_ns, st.free_at)
+        n = self._stream_node(stream, f"record:{event.name}", OpKind.RECORD, label, at)
+        self.det.on_record(event.id, n)
+        self._log(n, self.host_ns)
+        self._events[event.id].complete_at = at
+
+    def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None:
+        st = self._state(stream)
+        self.host_ns += self._launch_ns
+        done = self._events[event.id].complete_at
+        if done is not None:
+            st.free_at = max(st.free_at, done)
+        at = max(self.host_ns, st.free_at)
+        n = self._stream_node(stream, f"wait:{event.name}", OpKind.WAIT, label, at)
+        self.det.on_wait(event.id, n)
+        self._log(n, self.host_ns)
+
+    def _do_wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None) -> None:
+        tmp = self.event(f"{other.name}->{waiter.name}")
+        self._do_record(tmp, other, label)
+        self._do_wait_event(waiter, tmp, label)
+
+    def _do_synchronize(self, target: Stream | Event | None, label: SyncLabel | None) -> None:
+        if isinstance(target, Event):
+            op = self.det.event_op(target.id)
+            done = self._events[target.id].complete_at
+            if op is None or done is None:  # never recorded: returns at once
+                return
+            self._host_wait(f"sync:{target.name}", [op], done, label)
+            return
+        states = list(self._sstate.values()) if target is None else [self._state(target)]
+        ops = [o for s in states if (o := self.det.last_op(s.agent)) is not None]
+        done = max((s.free_at for s in states), default=0)
+        name = "sync:device" if target is None else f"sync:{target.name}"
+        self._host_wait(name, ops, done, label)
+
+    def _host_wait(self, name: str, ops: list[OpId], done: int, label: SyncLabel | None) -> None:
+        start = self.host_ns
+        self.host_ns = max(self.host_ns, done)
+        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_SYNC, start, self.host_ns, label,
+                       caller_source())
+        self.det.on_op(n, joins=ops)
+        self._log(n, start)
+
+    def query(self, event: Event) -> bool:
+        done = self._events[event.id].complete_at
+        return done is not None and done <= self.host_ns
+
+    # -- results --------------------------------------------------------------------------
+    def finish(self) -> DeviceRun:
+        """Let all issued work land (no HB edge: nothing in the program waits) and return
+        the run's timeline, races and skipped syncs."""
+        self.env.run()
+        end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
+        return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end)
+
+    def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
+        """Out-of-band look at memory now (tests, oracle): no access is recorded."""
+        view = self._blocks[buf.storage].data.view(buf.shape)
+        return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()
