@@ -130,7 +130,7 @@ def caller_source() -> str:
     while f is not None:
         fn = f.f_code.co_filename
         rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
-        if not any(s in rel for s in _SKIP_SOURCE):
+        if not rel.startswith(_SKIP_SOURCE):
             return f"{rel}:{f.f_lineno}"
         f = f.f_back
     return ""

@@ -282,6 +282,8 @@ class SimDevice(Device):
         iteration = self.iteration
 
         def on_start(_: simpy.Event) -> None:
+            if out:  # a zero-length op already ran at its end event (same instant)
+                return
             snaps = [self._blocks[b.storage].data.view(b.shape).clone() for b, _s in reads]
             if observe is not None:
                 vals = [v if s is None else v[torch_sel(s, "cpu")]
@@ -290,7 +292,9 @@ class SimDevice(Device):
             res = fn(*snaps)
             out.append(res if isinstance(res, tuple) else (res,))
 
-        def on_end(_: simpy.Event) -> None:
+        def on_end(ev: simpy.Event) -> None:
+            if not out:
+                on_start(ev)
             for (b, s), v in zip(writes, out[0], strict=True):
                 view = self._blocks[b.storage].data.view(b.shape)
                 if s is None:

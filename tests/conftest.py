@@ -1,0 +1,20 @@
+"""Shared fixtures; the trace-DSL helpers are in tests/dsl.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.device import SimDevice  # noqa: E402
+
+
+@pytest.fixture
+def dev() -> SimDevice:
+    """A simulated device with 1 µs launch cost, so times are easy to read."""
+    return SimDevice(host_launch_us=1.0)
