@@ -3,6 +3,8 @@ the sync restored, asserting the detector's verdict and the simulated times (1 Â
 
 from __future__ import annotations
 
+import itertools
+
 import networkx as nx
 import pytest
 import torch
@@ -160,7 +162,7 @@ def test_query_orders_nothing(dev: SimDevice) -> None:
 # -- host syncs and copies -------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["none", "event", "stream", "device"])
 def test_host_read_of_pinned_memory_needs_a_sync_after_a_non_blocking_d2h(dev, how) -> None:
-    s, f = two_streams(dev)
+    _s, f = two_streams(dev)
     b = dev.buffer("b", (4,), torch.int64, fill=7, stream=f)
     pin = dev.buffer("pin", (4,), torch.int64, pinned=True, fill=0)
     e = dev.event("copy_done")
@@ -282,7 +284,7 @@ def test_serial_mode_is_the_oracle_one_stream_and_no_overlap() -> None:
     assert run.races == [] and vals == _program(SimDevice())
     kernels = [t for t in run.timeline if t.kind == OpKind.KERNEL]
     assert {t.agent for t in kernels} == {"serial"}
-    assert all(a.end_ns <= b.start_ns for a, b in zip(kernels, kernels[1:], strict=False))
+    assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(kernels))
 
 
 def test_hb_graph_exports_to_networkx_and_agrees_with_the_clocks(dev: SimDevice) -> None:
