@@ -14,6 +14,7 @@ the file (its stem).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 import tomllib
@@ -145,7 +146,7 @@ def _keys(raw: dict[str, Any], cls: type, prefix: str, out: Problems) -> dict[st
     for key, value in raw.items():
         where = key_path(prefix, key)
         if key not in fields:
-            out.add(where, _unknown(key, value, fields))
+            out.add(where, _unknown(cls, key, value, fields))
             continue
         f, tp = fields[key]
         partial = PARTIAL_TABLES.get((cls, key))
@@ -172,12 +173,20 @@ def _table_name(cls: type) -> str:
     return next((f.name for f, tp in user_fields(Scenario) if tp is cls), cls.__name__)
 
 
-def _unknown(key: str, value: Any, fields: dict[str, Any]) -> str:
+def _unknown(cls: type, key: str, value: Any, fields: dict[str, Any]) -> str:
+    """Why ``key`` is rejected, with the likeliest fix: a near spelling, the table the key
+    belongs to, or the list of valid keys."""
+    if any(f.name == key for f in dataclasses.fields(cls)):
+        return "is set by the loader, not by the file; remove it"
     what = "unknown table" if isinstance(value, dict) else "unknown key"
     lowered = {name.lower(): name for name in fields}
     close = difflib.get_close_matches(key.lower(), list(lowered), n=1)
     if close:
         return f"{what}; did you mean {lowered[close[0]]}?"
+    homes = [f"{f.name}.{key}" for f, tp in user_fields(Scenario)
+             if is_table(tp) and tp is not cls and any(g.name == key for g, _ in user_fields(tp))]
+    if homes:
+        return f"{what}; did you mean {' or '.join(homes)}?"
     return f"{what}; valid keys: {', '.join(fields)}"
 
 

@@ -193,7 +193,7 @@ def _check_mutation(s: Scenario, i: int, out: Problems) -> None:
     resolved = dataclasses.replace(s.protocol, **m.set)
     for field, keys, reason in protocol_violations(resolved):
         touched = sorted(set(keys) & m.set.keys())
-        involved = [f"protocol.{x}" for x in keys] + [f"{k}.set.{x}" for x in keys]
+        involved = [f"{k}.set.{x}" if x in m.set else f"protocol.{x}" for x in keys]
         if touched and out.ok(*involved):
             blame = field if field in m.set else touched[0]
             out.add(f"{k}.set.{blame}", f"with this override, {reason}")
