@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.device import SimDevice  # noqa: E402
+from sim.device import SimDevice
 
 
 def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
@@ -53,7 +53,8 @@ def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
                 b = rng.randrange(4)
                 r = pools[b][rng.randrange(64)]
                 w = pools[b][rng.randrange(64)]
-                dev.launch(stream, "k", lambda v, n=len(w): zero[:n], reads=[(bufs[b], r)],
+                out = zero[: len(w)]
+                dev.launch(stream, "k", lambda v, out=out: out, reads=[(bufs[b], r)],
                            writes=[(bufs[b], w)], cost_us=rng.randint(1, 50))
                 issued += 1
         dev.record(ev, fwd)
