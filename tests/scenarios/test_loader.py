@@ -14,8 +14,19 @@ from model.config import Expect, Mode, Scenario, WarBarrier
 from model.errors import HarnessError, ScenarioError
 from scenarios.expand import expand, scenario_to_dict
 from scenarios.keyref import render
-from scenarios.loader import load_paths, load_scenario
+from scenarios.loader import _keys, load_paths, load_scenario
+from scenarios.rules import Problems
 from scenarios.schema import SYNC_LABELS, all_fields, element_type, is_table
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FutureTable:
+    """A table model/config.py might grow: the loader must check it with no change."""
+
+    depth: int = dataclasses.field(default=1, metadata={"help": "d", "range": (1, 3)})
+    mode: Mode = dataclasses.field(default=Mode.SPEC_V2, metadata={"help": "m"})
+    labels: tuple[str, ...] = dataclasses.field(default=(), metadata={"help": "l"})
+
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -461,3 +472,16 @@ def test_key_in_the_wrong_table_and_tables_of_the_wrong_shape(tmp_path, monkeypa
     ]
     assert lines[3:] == ['x.toml: mutation[0].set: expected a table of [protocol] keys, '
                          'got "war_barrier=none"']
+
+
+def test_a_new_schema_field_is_validated_without_loader_changes() -> None:
+    lines: list[str] = []
+    raw = {"depth": 4, "mode": "spec", "labels": ["a", 1], "deep": 2}
+    values = _keys(raw, FutureTable, "future", Problems("f.toml", lines))
+    assert lines == [
+        "f.toml: future.depth: expected 1..3, got 4",
+        'f.toml: future.mode: expected one of non_spec|spec_v2, got "spec"',
+        "f.toml: future.labels[1]: expected a string, got 1",
+        "f.toml: future.deep: unknown key; did you mean depth?",
+    ]
+    assert values == {"labels": ("a",)}  # the valid element is kept; the array is distrusted
