@@ -159,6 +159,7 @@ class Device(ABC):
     def __init__(self, removed: Iterable[SyncLabel | str] = ()) -> None:
         self.removed: frozenset[SyncLabel] = frozenset(SyncLabel(r) for r in removed)
         self.skipped_syncs: list[tuple[str, int]] = []
+        self.labels_used: set[str] = set()  # every label the protocol reached, kept or removed
         self.iteration = -1
         self.observations: dict[tuple[str, int], list[torch.Tensor]] = {}
 
@@ -169,6 +170,8 @@ class Device(ABC):
 
     def sync_enabled(self, label: SyncLabel | None) -> bool:
         """False when the scenario removed ``label``; the skip is logged once per call."""
+        if label is not None:
+            self.labels_used.add(str(label))
         if label is None or label not in self.removed:
             return True
         self.skipped_syncs.append((str(label), self.iteration))

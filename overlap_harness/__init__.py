@@ -1,0 +1,1 @@
+"""overlap-harness: the command line that wires scenarios, the protocol model and devices."""

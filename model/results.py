@@ -1,0 +1,51 @@
+"""What a scenario run produces: the records the CLI prints and ``reports`` renders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.metrics import Metrics
+from model.trace import OpRecord, Race
+
+
+@dataclass(slots=True)
+class CaseResult:
+    """One scenario run (the base run or one mutation) on one device.
+
+    ``verdict`` is what the detector computed ("race" when it found any race, "race_free"
+    otherwise, "error" when the run could not complete); ``ok`` says whether it matches the
+    scenario's expectation, including every race the scenario lists being among those found.
+    ``value_diffs`` are the oracle comparison's differences (a manifest race shown as values).
+    """
+
+    run_id: str
+    scenario: str
+    mutation: str
+    path: str
+    expect: str
+    verdict: str
+    ok: bool
+    races: list[Race] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    value_diffs: list[dict[str, Any]] = field(default_factory=list)
+    metrics: Metrics | None = None
+    removed: tuple[str, ...] = ()
+    skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
+    error: str | None = None
+    timeline: list[OpRecord] = field(default_factory=list, repr=False)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def manifest(self) -> bool:
+        """A race showed in this run's values or timing."""
+        return bool(self.value_diffs) or any(r.manifest for r in self.races)
+
+    @property
+    def name(self) -> str:
+        """``scenario`` or ``scenario[mutation]``."""
+        return f"{self.scenario}[{self.mutation}]" if self.mutation else self.scenario
+
+    def race_keys(self) -> list[str]:
+        """Distinct ``"KIND buffer"`` keys found, sorted."""
+        return sorted({r.key for r in self.races})

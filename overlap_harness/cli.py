@@ -1,0 +1,148 @@
+"""The command line: ``overlap-harness run PATH...`` and friends.
+
+Exit status: 0 when every verdict matches its expectation, 1 when one does not, 2 on bad
+input (one line per problem on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from model.errors import HarnessError, ScenarioError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Progress:
+    """A one-line progress bar on a terminal; a line per 10% otherwise (CI logs)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, i: int, n: int, what: str) -> None:
+        if not self.enabled or n == 0:
+            return
+        if self.tty:
+            bar = "#" * (30 * i // n)
+            end = "\n" if i == n else ""
+            sys.stderr.write(f"\r[{bar:<30}] {i}/{n} {what[:50]:<50}{end}")
+            sys.stderr.flush()
+        elif (tenth := 10 * i // n) != self.last:
+            self.last = tenth
+            sys.stderr.write(f"[{i}/{n}] {what}\n")
+
+
+def _table(rows: list[list[str]], head: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in rows]
+    return "\n".join(lines)
+
+
+def _us(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1000:.0f}"
+
+
+def results_table(results) -> str:
+    """The results table: scenario, mutation, verdict, races, manifest, host stall, bubbles."""
+    head = ["scenario", "mutation", "expect", "verdict", "races", "manifest",
+            "host stall us", "fwd bubbles us", "ok"]
+    rows = []
+    for r in results:
+        m = r.metrics
+        races = ", ".join(r.race_keys()) or "-"
+        rows.append([r.scenario, r.mutation or "base", r.expect, r.verdict,
+                     races if len(races) < 60 else races[:57] + "...",
+                     "yes" if r.manifest else "no", _us(m and m.host_stall_ns),
+                     _us(m and m.forward_idle_ns), "ok" if r.ok else "FAIL"])
+    return _table(rows, head)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from overlap_harness.runner import run_scenarios
+    from reports.jsonout import to_json
+    from reports.junit import write_junit
+    from scenarios.loader import load_paths
+
+    scenarios = load_paths(args.paths)
+    results = run_scenarios(scenarios, progress=_Progress(not args.quiet))
+    print(results_table(results))
+    for r in results:
+        if not r.ok:
+            print(f"\nFAIL {r.name}: expected {r.expect}, computed {r.verdict}"
+                  + (f" ({r.error})" if r.error else ""))
+            if r.missing:
+                print("  expected races not found: " + ", ".join(r.missing))
+            for race in r.races[:5]:
+                print("  " + race.describe().replace("\n", "\n  "))
+    if args.json:
+        text = to_json(results)
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.json).write_text(text)
+    if args.junit:
+        write_junit(results, args.junit)
+    if args.necessity:
+        _print_necessity(scenarios)
+    failed = sum(not r.ok for r in results)
+    print(f"\n{len(results) - failed} passed, {failed} failed")
+    return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def _print_necessity(scenarios) -> None:
+    from overlap_harness.necessity import necessity, race_free_base
+
+    rows = []
+    for sc in scenarios:
+        if not race_free_base(sc):
+            continue
+        for row in necessity(sc):
+            rows.append([row.scenario, row.label, "necessary" if row.necessary else "redundant",
+                         ", ".join(row.races) or "-", "yes" if row.manifest else "no",
+                         _us(row.stall_saved_ns), _us(row.idle_saved_ns)])
+    print("\nSync necessity (each label removed alone)")
+    print(_table(rows, ["scenario", "sync", "verdict", "races when removed", "manifest",
+                        "stall saved us", "idle saved us"]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to render the docs' usage)."""
+    p = argparse.ArgumentParser(
+        prog="overlap-harness",
+        description="Simulate and verify overlap-scheduling protocols: races by happens-before.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run scenario files or folders on the simulated device")
+    r.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    r.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
+    r.add_argument("--junit", metavar="FILE", help="write JUnit XML, one case per run")
+    r.add_argument("--necessity", action="store_true",
+                   help="remove each sync of each race-free scenario in turn; print which "
+                        "are necessary")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``overlap-harness`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ScenarioError as exc:
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except HarnessError as exc:
+        print(f"overlap-harness: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

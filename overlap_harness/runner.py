@@ -1,0 +1,105 @@
+"""Run scenarios on the simulated device: the overlapped run, its serial oracle, the verdict.
+
+This is the one place that wires ``scenarios`` (what to run), ``model.protocol`` (the program)
+and ``sim`` (the device) together; ``reports`` and the CLI read the :class:`CaseResult`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from model.protocol.oracle import compare_runs
+
+from model.config import Expect, Scenario
+from model.errors import HarnessError
+from model.metrics import compute_metrics
+from model.protocol import run_protocol
+from model.results import CaseResult
+from scenarios.expand import RunSpec, expand, scenario_to_dict
+from sim.device import SimDevice
+
+RACE = str(Expect.RACE)
+RACE_FREE = str(Expect.RACE_FREE)
+
+
+def _as_dict(diff: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(diff):
+        return {k: _plain(v) for k, v in dataclasses.asdict(diff).items()}
+    return dict(diff)
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return v
+
+
+def simulate(
+    scenario: Scenario,
+    removed: Iterable[str] = (),
+    *,
+    serial: bool = False,
+    delays: Mapping[tuple[str, int], float] | None = None,
+    jitter: float | None = None,
+    seed: int | None = None,
+) -> tuple[Any, SimDevice]:
+    """Run the protocol of ``scenario`` once on a fresh SimDevice; returns (outcome, device)."""
+    t = scenario.timing
+    dev = SimDevice(
+        removed,
+        host_launch_us=t.host_launch,
+        jitter=t.jitter if jitter is None else jitter,
+        seed=scenario.check.seed if seed is None else seed,
+        serial=serial,
+        delays=delays,
+    )
+    outcome = run_protocol(dev, scenario)
+    return outcome, dev
+
+
+def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
+             jitter: float | None = None, seed: int | None = None) -> CaseResult:
+    """Run one expanded scenario (base or mutation) and its oracle; compute the verdict."""
+    sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    base = CaseResult(
+        run_id=spec.run_id, scenario=sc.name, mutation=spec.mutation_name, path=sc.path,
+        expect=str(spec.expect), verdict="error", ok=False, removed=tuple(sorted(spec.removed)),
+        config=scenario_to_dict(sc),
+    )
+    try:
+        outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed)
+        run = dev.finish()
+        oracle, odev = simulate(sc, spec.removed, serial=True)
+        odev.finish()
+    except HarnessError as exc:
+        base.error = str(exc)
+        return base
+    base.races = run.races
+    base.timeline = run.timeline
+    base.skipped_syncs = run.skipped_syncs
+    base.metrics = compute_metrics(run.timeline)
+    base.value_diffs = [_as_dict(d) for d in compare_runs(outcome, dev.observations,
+                                                            oracle, odev.observations)]
+    base.verdict = RACE if run.races else RACE_FREE
+    found = set(base.race_keys())
+    base.missing = [k for k in spec.races if k not in found]
+    base.ok = base.verdict == str(spec.expect) and not base.missing
+    return base
+
+
+def run_scenarios(
+    scenarios: Iterable[Scenario],
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[CaseResult]:
+    """Expand every scenario into its runs and run them all, reporting progress."""
+    specs = [s for sc in scenarios for s in expand(sc)]
+    results = []
+    for i, spec in enumerate(specs):
+        if progress is not None:
+            progress(i, len(specs), spec.run_id)
+        results.append(run_spec(spec))
+    if progress is not None:
+        progress(len(specs), len(specs), "")
+    return results
