@@ -65,12 +65,14 @@ def results_table(results) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from scenarios.loader import load_paths
+
+    scenarios = load_paths(args.paths)  # bad input stops here, before anything runs
+
     from overlap_harness.runner import run_scenarios
     from reports.jsonout import to_json
     from reports.junit import write_junit
-    from scenarios.loader import load_paths
 
-    scenarios = load_paths(args.paths)
     results = run_scenarios(scenarios, progress=_Progress(not args.quiet))
     print(results_table(results))
     for r in results:
