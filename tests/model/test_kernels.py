@@ -170,14 +170,18 @@ def test_rebuild_reallocates_only_when_steps_change():
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def gather_buffers(pool: int, k: int, hidden: int, p_dtype: str, h_dtype: str | None, seed: int):
+def gather_buffers(
+    pool: int, k: int, hidden: int, p_dtype: str, h_dtype: str | None, seed: int, strided=False
+):
+    """Relay buffers of P rows; ``strided`` takes every other column of wider buffers."""
     gen = torch.Generator().manual_seed(seed)
-    topk_p = torch.rand(pool, k, generator=gen).to(DTYPES[p_dtype])
-    topk_index = torch.randint(0, 32000, (pool, k), generator=gen)
-    tokens = torch.randint(-1, 32000, (pool,), generator=gen)
+    c = 2 if strided else 1
+    topk_p = torch.rand(pool, k * c, generator=gen).to(DTYPES[p_dtype])[:, ::c]
+    topk_index = torch.randint(0, 32000, (pool, k * c), generator=gen)[:, ::c]
+    tokens = torch.randint(-1, 32000, (pool * c,), generator=gen)[::c]
     hid = None
     if h_dtype is not None:
-        hid = torch.randn(pool, hidden, generator=gen).to(DTYPES[h_dtype])
+        hid = torch.randn(pool, hidden * c, generator=gen).to(DTYPES[h_dtype])[:, ::c]
     return topk_p, topk_index, tokens, hid
 
 
@@ -195,10 +199,11 @@ def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     m=st.integers(0, 80),
     p_dtype=st.sampled_from(["float32", "bfloat16"]),
     h_dtype=st.sampled_from([None, "float32", "bfloat16"]),
+    strided=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_fused_gather_equals_unfused(pool, k, hidden, m, p_dtype, h_dtype, seed):
-    bufs = gather_buffers(pool, k, hidden, p_dtype, h_dtype, seed)
+def test_fused_gather_equals_unfused(pool, k, hidden, m, p_dtype, h_dtype, strided, seed):
+    bufs = gather_buffers(pool, k, hidden, p_dtype, h_dtype, seed, strided)
     indices = torch.randint(0, pool, (m,), generator=torch.Generator().manual_seed(seed))
     ref = gather_spec_extras(indices, *bufs, impl="unfused")
     fused = gather_spec_extras(indices, *bufs, impl="fused")
