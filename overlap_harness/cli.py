@@ -114,6 +114,29 @@ def _print_necessity(scenarios) -> None:
                         "stall saved us", "idle saved us"]))
 
 
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    from overlap_harness.whatif import HEAD, format_rows, whatif
+    from scenarios.loader import load_scenario
+
+    sc = load_scenario(args.scenario)
+    print(f"What-if on {sc.name} ({sc.workload.iterations} iterations)")
+    print(_table(format_rows(whatif(sc)), HEAD))
+    return EXIT_OK
+
+
+def _cmd_explore(args: argparse.Namespace) -> int:
+    from overlap_harness.runner import explore_specs
+    from scenarios.loader import load_paths
+
+    scenarios = load_paths(args.paths)
+    rows, failed = explore_specs(scenarios, budget=args.explore,
+                                 time_limit_s=args.time_limit,
+                                 progress=_Progress(not args.quiet))
+    print(_table(rows, ["run", "races", "manifest", "source", "tried", "shrunk delays"]))
+    print(f"\n{len(rows) - failed} manifest, {failed} not made manifest")
+    return EXIT_MISMATCH if failed else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to render the docs' usage)."""
     p = argparse.ArgumentParser(
@@ -129,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "are necessary")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
+    w = sub.add_parser("whatif", help="run the protocol variants side by side on one scenario")
+    w.add_argument("scenario", help="a scenario .toml file")
+    w.set_defaults(func=_cmd_whatif)
+    e = sub.add_parser("explore", help="find and shrink a manifest schedule for every racy run")
+    e.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    e.add_argument("--explore", type=int, default=64, metavar="N",
+                   help="schedules to try per racy run (default 64)")
+    e.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="seconds per racy run")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=_cmd_explore)
     return p
 
 

@@ -103,3 +103,46 @@ def run_scenarios(
     if progress is not None:
         progress(len(specs), len(specs), "")
     return results
+
+
+def explore_specs(
+    scenarios: Iterable[Scenario],
+    budget: int = 64,
+    time_limit_s: float | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[list[list[str]], int]:
+    """Explore every run the detector finds racy; rows for a table and the count not made
+    manifest."""
+    from overlap_harness.explore import Trial, explore
+
+    specs = [s for sc in scenarios for s in expand(sc)]
+    rows, failed = [], 0
+    for i, spec in enumerate(specs):
+        if progress is not None:
+            progress(i, len(specs), spec.run_id)
+        sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+
+        def trial(delays, jitter, seed, sc=sc, spec=spec) -> Trial:
+            outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed)
+            run = dev.finish()
+            oracle, odev = simulate(sc, spec.removed, serial=True)
+            odev.finish()
+            diffs = compare_runs(outcome, dev.observations, oracle, odev.observations)
+            return Trial(run.races, bool(diffs) or any(r.manifest for r in run.races))
+
+        try:
+            base = trial({}, 0.0, sc.check.seed)
+        except HarnessError:
+            continue
+        if not base.races:
+            continue
+        ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed)
+        keys = ", ".join(sorted({r.key for r in base.races}))
+        shrunk = "-" if ex.shrunk is None else ", ".join(
+            f"{n}@{it}+{us:.0f}us" for (n, it), us in sorted(ex.shrunk.items())) or "(none)"
+        rows.append([spec.run_id, keys, "yes" if ex.manifest else "NO", ex.source or "-",
+                     str(ex.tried), shrunk])
+        failed += not ex.manifest
+    if progress is not None:
+        progress(len(specs), len(specs), "")
+    return rows, failed

@@ -1,0 +1,86 @@
+"""What-if: the protocol variants side by side on one workload, metrics and race verdict.
+
+Each variant is the scenario's protocol with a few keys overridden; all run on the same
+workload and cost model in one process, so the rows compare as ratios. The variants are the
+ones SGLang's history argued about (PROTOCOL.md §2, §8):
+
+- ``verify_done``: seq_lens synced by the legacy verify_done wait (before #25879);
+- ``d2h_on_schedule``: the seq_lens D2H as a blocking ``.cpu()`` on S under the barrier;
+- ``publish_after_draft_extend``: publish_ready recorded after draft-extend;
+- ``read_done``: the read-done event barrier (#28363) instead of the loop-top wait_stream;
+- ``after_launch``: the barrier right after each launch (#31687);
+- ``no_barrier``: no WAR barrier at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from model.config import Scenario
+from model.errors import HarnessError
+from model.metrics import Metrics, compute_metrics
+from overlap_harness.runner import simulate
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ref": {},
+    "verify_done": {"seq_lens_sync": "verify_done"},
+    "d2h_on_schedule": {"seq_lens_d2h": "schedule_stream"},
+    "publish_after_draft_extend": {"publish_point": "after_draft_extend"},
+    "read_done": {"war_barrier": "read_done"},
+    "after_launch": {"war_barrier": "after_launch"},
+    "no_barrier": {"war_barrier": "none"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfRow:
+    """One variant's figures on the shared workload."""
+
+    variant: str
+    overrides: dict[str, Any]
+    metrics: Metrics | None
+    races: tuple[str, ...]
+    error: str | None = None
+
+
+def _apply(sc: Scenario, overrides: dict[str, Any]) -> Scenario:
+    p = sc.protocol
+    typed = {}
+    for k, v in overrides.items():
+        cur = getattr(p, k)
+        typed[k] = type(cur)(v)
+    return dataclasses.replace(sc, protocol=dataclasses.replace(p, **typed))
+
+
+def whatif(sc: Scenario, variants: dict[str, dict[str, Any]] | None = None) -> list[WhatIfRow]:
+    """Run every variant of ``sc`` (default: :data:`VARIANTS`) and return one row each."""
+    rows = []
+    for name, ov in (variants or VARIANTS).items():
+        try:
+            _, dev = simulate(_apply(sc, ov))
+            run = dev.finish()
+        except HarnessError as exc:
+            rows.append(WhatIfRow(name, ov, None, (), str(exc)))
+            continue
+        keys = tuple(sorted({r.key for r in run.races}))
+        rows.append(WhatIfRow(name, ov, compute_metrics(run.timeline), keys))
+    return rows
+
+
+def format_rows(rows: list[WhatIfRow]) -> list[list[str]]:
+    """Table cells: variant, iteration, host stall, forward idle, overlap, verdict."""
+    out = []
+    for r in rows:
+        if r.metrics is None:
+            out.append([r.variant, "-", "-", "-", "-", f"error: {r.error}"])
+            continue
+        m = r.metrics
+        verdict = "race: " + ", ".join(r.races) if r.races else "race-free"
+        out.append([r.variant, f"{m.iteration_ns / 1000:.0f}", f"{m.host_stall_ns / 1000:.0f}",
+                    f"{m.forward_idle_ns / 1000:.0f}", f"{m.overlap_ratio:.2f}", verdict])
+    return out
+
+
+HEAD = ["variant", "iteration us", "host stall us", "fwd idle us", "overlap", "verdict"]
