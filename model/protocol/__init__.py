@@ -1,0 +1,59 @@
+"""The overlap-scheduler protocol model (PROTOCOL.md §1–3, §7), written only against
+:class:`model.device.Device`.
+
+Entry point: :func:`run_protocol` runs a scenario's workload through the overlap loop on a
+device and returns the host-side :class:`ProtocolOutcome`; :func:`compare_runs` holds an
+overlapped run against the serial oracle, value by value.
+"""
+
+from __future__ import annotations
+
+from model.config import ProtocolConfig, Scenario, Timing, Workload
+from model.device import Device
+from model.protocol.context import Ctx, StreamAliasError
+from model.protocol.oracle import ValueDiff, compare_runs
+from model.protocol.outcome import DebugFailure, ProtocolOutcome, RequestOutcome
+from model.protocol.scheduler import Scheduler
+
+__all__ = [
+    "DebugFailure",
+    "ProtocolOutcome",
+    "RequestOutcome",
+    "StreamAliasError",
+    "ValueDiff",
+    "compare_runs",
+    "run_protocol",
+]
+
+
+def run_protocol(
+    dev: Device,
+    scenario: Scenario | tuple[ProtocolConfig, Workload, Timing],
+) -> ProtocolOutcome:
+    """Run the scenario's workload through the overlap loop on ``dev``.
+
+    Args:
+        dev: the device (simulated, serial oracle, or CUDA). Its ``removed`` labels are the
+            mutation; its ``observations`` collect the values read by observed ops.
+        scenario: a :class:`Scenario` or a ``(protocol, workload, timing)`` triple.
+
+    Returns:
+        The host-side outcome: per request the tokens, the seq_lens the host used, accept
+        lengths; the batches; debug-check failures. The caller calls ``dev.finish()`` for the
+        timeline and the races.
+
+    Raises:
+        StreamAliasError: ``protocol.alias_schedule_forward`` (S and F the same stream, #31681).
+        HarnessError: a gather implementation the device cannot run, or a pool too small.
+    """
+    if isinstance(scenario, Scenario):
+        proto, workload, timing = scenario.protocol, scenario.workload, scenario.timing
+    else:
+        proto, workload, timing = scenario
+    ctx = Ctx(dev, proto, timing)
+    sched = Scheduler(ctx, workload)
+    for n in range(workload.iterations):
+        sched.iteration(n)
+    sched.drain(workload.iterations)
+    ctx.outcome.skipped_syncs = list(dev.skipped_syncs)
+    return ctx.outcome

@@ -1,0 +1,108 @@
+"""The protocol's view of the shared kernels (model/kernels), behind one switchable import.
+
+The gather and the draft chain are written by another module; until they land (or where an
+import fails) the protocol uses the trivial reference versions below, written from
+PROTOCOL.md §4–5. ``KERNELS_SOURCE`` says which ones are in use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from model.errors import HarnessError
+
+try:  # the real kernels
+    from model.kernels.draft_chain import Topk1Chain as _Topk1Chain
+    from model.kernels.draft_chain import organize_draft_results as _organize
+    from model.kernels.gather import available_impls as _available_impls
+    from model.kernels.gather import gather_spec_extras as _gather
+
+    KERNELS_SOURCE = "model.kernels"
+except ImportError:  # pragma: no cover - only before model/kernels lands
+    _gather = None
+    _organize = None
+    _Topk1Chain = None
+    _available_impls = None
+    KERNELS_SOURCE = "model.protocol.kernels fallback"
+
+
+def _fallback_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf):
+    hidden = hidden_buf[indices] if hidden_buf is not None else None
+    return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden
+
+
+def gather_impls(device: str) -> tuple[str, ...]:
+    """The gather implementations that can run on ``device``."""
+    if _available_impls is None:
+        return ("unfused", "fused")
+    return tuple(_available_impls(device))
+
+
+def check_gather_impl(impl: str, device: str) -> None:
+    """Raise :class:`HarnessError` up front when ``impl`` cannot run on ``device``.
+
+    Checked before the run, not inside an op, so a scenario asking for ``triton`` on a CPU
+    device fails with one clear line instead of an error deep in the simulator.
+    """
+    usable = gather_impls(device)
+    if impl not in usable:
+        raise HarnessError(
+            f"protocol.gather = {impl!r} cannot run on device {device!r} "
+            f"(available: {', '.join(usable)}); use 'unfused' or 'fused'"
+        )
+
+
+def gather_spec_extras(
+    indices: torch.Tensor,
+    topk_p_buf: torch.Tensor,
+    topk_index_buf: torch.Tensor,
+    output_tokens_buf: torch.Tensor,
+    hidden_buf: torch.Tensor | None,
+    impl: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Row-gather the four relay buffers by ``indices`` with implementation ``impl``."""
+    if _gather is None:
+        return _fallback_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf)
+    out = _gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf, impl=impl)
+    return out[0], out[1], out[2], out[3]
+
+
+def _fallback_organize(scores, tokens, parents, n):
+    s = torch.cat(list(scores), dim=1).flatten(1)
+    t = torch.cat([x.flatten(1) for x in tokens], dim=1)
+    idx = torch.sort(torch.topk(s, n - 1, dim=-1).indices, dim=-1).values
+    par = (torch.cat(list(parents[:-1]), dim=1) if len(parents) > 1
+           else torch.empty((s.shape[0], 0), dtype=torch.long))
+    return par, idx, torch.gather(t, 1, idx)
+
+
+class DraftOrganizer:
+    """``organize_draft_results`` plus the topk=1 fast path, as the draft worker holds them.
+
+    The fast path (``Topk1Chain``) is used when topk=1 and N = S+1, as in SGLang #26424;
+    otherwise the slow path. ``max_bs`` is the request pool size.
+    """
+
+    def __init__(self, topk: int, num_steps: int, num_draft_tokens: int, max_bs: int) -> None:
+        self.n = num_draft_tokens
+        self.chain: Any = None
+        if topk == 1 and num_draft_tokens == num_steps + 1 and _Topk1Chain is not None:
+            self.chain = _Topk1Chain(num_steps, num_draft_tokens, max(max_bs, 1))
+
+    def draft_tokens(
+        self,
+        scores: Sequence[torch.Tensor],
+        tokens: Sequence[torch.Tensor],
+        parents: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        """The (b, N-1) draft tokens of the tree the verify checks."""
+        if tokens and tokens[0].shape[0] == 0:
+            return torch.zeros((0, self.n - 1), dtype=torch.int64)
+        if self.chain is not None:
+            return self.chain.draft(scores, tokens, parents)[2]
+        if _organize is not None:
+            return _organize(scores, tokens, parents, self.n)[2]
+        return _fallback_organize(scores, tokens, parents, self.n)[2]

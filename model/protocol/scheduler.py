@@ -1,0 +1,397 @@
+"""The overlap event loop (PROTOCOL.md §1): barrier, get_next_batch, run_batch, process(n-1).
+
+Iteration n: the WAR barrier (per ``protocol.war_barrier``), ``get_next_batch`` on S (merge,
+filter, retract, prefill allocation or spec-v2 ``prepare_for_decode``, SWA writes),
+``run_batch`` (resolve seq_lens, the forward-entry fence, gathers, the forward, publish,
+stash, copy_to_cpu), then ``pop_and_process(n-1)`` with its host wait on copy_done and its
+S side effects (KV frees, SWA clears), then delayed sampling (non-spec grammar).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.config import EventKind, WarBarrier, Workload
+from model.device import Buffer, SyncLabel
+from model.protocol import future_map as fm
+from model.protocol import worker
+from model.protocol.context import Ctx
+from model.protocol.outcome import DebugFailure
+from model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
+
+L = SyncLabel
+I64 = torch.int64
+
+
+class Scheduler:
+    """Host-side scheduler state and the per-iteration steps; see the module docstring."""
+
+    def __init__(self, ctx: Ctx, workload: Workload) -> None:
+        self.ctx = ctx
+        self.w = workload
+        self.rows = FreeList(1, ctx.P, "rows")
+        self.slots = FreeList(1, ctx.NS, "KV slots")
+        self.reqs = [Req(r, request_seed(r.id)) for r in workload.requests]
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.prefilling: list[Req] = []  # admitted, chunks left
+        self.last_prefill: list[Req] = []  # to merge at the next get_next_batch
+        self.results: list[Batch] = []
+        for r in self.reqs:
+            ctx.outcome.request(r.id)
+
+    # -- the loop -------------------------------------------------------------------------
+    def iteration(self, n: int) -> None:
+        """One pass of the overlap loop."""
+        ctx, dev = self.ctx, self.ctx.dev
+        dev.set_iteration(n)
+        self.waiting += [r for r in self.reqs if r.spec.arrive == n]
+        if ctx.barrier in (WarBarrier.LOOP_TOP, WarBarrier.READ_DONE):
+            self.war_barrier()
+        batch = self.get_next_batch(n)
+        self.run_batch(batch)
+        if ctx.barrier == WarBarrier.AFTER_LAUNCH:
+            dev.wait_stream(ctx.S, ctx.F, L.WAR_BARRIER)
+        self.results.append(batch)
+        if len(self.results) > 1:
+            self.pop_and_process(self.results.pop(0))
+        if ctx.cfg.delayed_sampling and batch.kind == "decode" and not ctx.spec:
+            self.delayed_sample(batch)
+
+    def drain(self, n: int) -> None:
+        """After the last iteration: process the results still queued."""
+        self.ctx.dev.set_iteration(n)
+        if self.ctx.pending_stash is not None:
+            self.ctx.pending_stash()
+            self.ctx.pending_stash = None
+        while self.results:
+            self.pop_and_process(self.results.pop(0))
+
+    def war_barrier(self) -> None:
+        """S waits on F: on the one-shot read_done event if one was recorded, else all of F."""
+        ctx = self.ctx
+        if ctx.barrier == WarBarrier.READ_DONE and ctx.read_done is not None:
+            ctx.dev.wait_event(ctx.S, ctx.read_done, L.WAR_BARRIER)
+            ctx.read_done = None
+        else:
+            ctx.dev.wait_stream(ctx.S, ctx.F, L.WAR_BARRIER)
+
+    # -- get_next_batch_to_run ------------------------------------------------------------
+    def get_next_batch(self, n: int) -> Batch:
+        """Step 3: merge, filter, retract, then a prefill batch or the decode batch."""
+        ctx, dev = self.ctx, self.ctx.dev
+        dev.host_work("schedule_prep", ctx.t.schedule_prep)
+        events = [e for e in self.w.events if e.at == n]
+        if ctx.legacy and ctx.verify_done_recorded:
+            dev.wait_event(ctx.S, ctx.verify_done, L.VERIFY_DONE_SCHEDULE_WAIT)
+        self.running += self.last_prefill
+        self.last_prefill = []
+        self.running = [r for r in self.running if not r.finished]
+        for e in events:
+            r = self._req(e.id)
+            if e.kind == EventKind.RETRACT and r in self.running:
+                self.retract(r, n)
+            elif e.kind == EventKind.EVICT_SWA and r in self.running:
+                self.clear_swa(r, r.swa_evicted, r.kv_committed, "evict_swa")
+        kinds = {e.kind for e in events}
+        if EventKind.IDLE in kinds:
+            return Batch("idle", n, [])
+        batch = self.new_prefill(n)
+        if batch is None:
+            batch = self.prepare_for_decode(n)
+        batch.skip_publish = {e.id for e in events if e.kind == EventKind.SKIP_PUBLISH}
+        return batch
+
+    def _req(self, rid: str) -> Req:
+        return next((r for r in self.reqs if r.id == rid), Req(self.reqs[0].spec, 0))
+
+    def retract(self, r: Req, n: int) -> None:
+        """Spec retracts from the back: free the row and KV on S; the request re-queues."""
+        self.running.remove(r)
+        self.release(r, "retract_release")
+        r.prefilled = r.chunk = 0
+        r.ready_at = n + 1  # its result of n-1 is processed first
+        self.waiting.append(r)
+        self.ctx.outcome.request(r.id).retracted_at.append(n)
+
+    def release(self, r: Req, op: str) -> None:
+        """Free a request's KV slots and row: on S, read its slot ids; with SWA, clear them."""
+        ctx = self.ctx
+        if r.row is None:
+            return
+        sel = rows_cols([r.row], [(0, r.alloc)], ctx.C)
+        if ctx.swa_map is not None:
+            slots = list(r.slots)
+            ctx.dev.launch(ctx.S, op, lambda r2t: torch.zeros(len(slots), dtype=I64),
+                           reads=[(ctx.req_to_token, sel)], writes=[(ctx.swa_map, slots)],
+                           cost_us=ctx.k_us)
+        else:
+            ctx.dev.launch(ctx.S, op, lambda r2t: None, reads=[(ctx.req_to_token, sel)],
+                           cost_us=ctx.k_us)
+        self.slots.free(r.slots)
+        self.rows.free([r.row])
+        r.row, r.slots, r.swa_evicted = None, [], 0
+
+    def clear_swa(self, r: Req, lo: int, hi: int, op: str) -> None:
+        """SWA eviction on S: clear ``full_to_swa_index_mapping`` for positions [lo, hi)."""
+        ctx = self.ctx
+        if ctx.swa_map is None or hi <= lo:
+            return
+        slots = r.slots_at(lo, hi)
+        ctx.dev.launch(ctx.S, op, lambda: torch.zeros(len(slots), dtype=I64),
+                       writes=[(ctx.swa_map, slots)], cost_us=ctx.k_us)
+        r.swa_evicted = max(r.swa_evicted, hi)
+
+    def grow(self, r: Req, new_alloc: int) -> tuple[int, int]:
+        """Host slot alloc up to ``new_alloc`` columns; returns the new columns [cur, nxt)."""
+        cur = r.alloc
+        nxt = min(max(cur, new_alloc), self.ctx.C)
+        if nxt > cur:
+            r.slots += self.slots.alloc(nxt - cur)
+        return cur, nxt
+
+    def write_alloc(self, reqs: list[Req], ranges: list[tuple[int, int]], op: str) -> None:
+        """On S: ``req_to_token[row, cur:nxt] = slots`` (and SWA mapping entries) per request."""
+        ctx = self.ctx
+        vals = [s for r, (a, b) in zip(reqs, ranges, strict=True) for s in r.slots[a:b]]
+        if not vals:
+            return
+        sel = rows_cols([r.row or 0 for r in reqs], ranges, ctx.C)
+        v = torch.tensor(vals, dtype=I64)
+        writes: list = [(ctx.req_to_token, sel)]
+        if ctx.swa_map is not None:
+            writes.append((ctx.swa_map, vals))
+            sw = torch.remainder(v * 7 + 1, ctx.NS) + 1
+            ctx.dev.launch(ctx.S, op, lambda: (v, sw), writes=writes, cost_us=ctx.k_us)
+        else:
+            ctx.dev.launch(ctx.S, op, lambda: v, writes=writes, cost_us=ctx.k_us)
+
+    def new_prefill(self, n: int) -> Batch | None:
+        """Admit waiting requests (and continue chunked ones) into a prefill batch."""
+        ctx = self.ctx
+        todo = list(self.prefilling)
+        self.waiting = [r for r in self.waiting if not r.finished]
+        ready = [r for r in self.waiting if r.ready_at <= n]
+        while ready and len(self.rows) > 0:
+            r = ready.pop(0)
+            self.waiting.remove(r)
+            r.row = self.rows.alloc()[0]
+            r.fslot = r.row
+            r.target_len = len(r.input_tokens())
+            r.prefilled = r.chunk = 0
+            todo.append(r)
+        if not todo:
+            return None
+        batch = Batch("prefill", n, todo)
+        ranges = []
+        for r in todo:
+            left = r.spec.chunks - r.chunk
+            size = -(-(r.target_len - r.prefilled) // left)
+            s, e = r.prefilled, min(r.target_len, r.prefilled + size)
+            batch.chunk_starts.append(s)
+            batch.chunk_ends.append(e)
+            batch.last_chunk.append(e >= r.target_len)
+            ranges.append(self.grow(r, e + ctx.alloc_len))
+        self.write_alloc(todo, ranges, "prefill_alloc")
+        fm.build_indices(ctx, batch, "build_future_indices")
+        toks = [t for r, s, e in zip(todo, batch.chunk_starts, batch.chunk_ends, strict=True)
+                for t in r.input_tokens()[s:e]]
+        staged = ctx.dev.buffer("prefill_ids_pinned", (len(toks),), I64, pinned=True)
+        ctx.dev.host_write(staged, None, torch.tensor(toks, dtype=I64), name="stage_input_ids")
+        batch.results["staged_ids"] = staged
+        lens = torch.tensor(batch.chunk_ends, dtype=I64)
+        batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.S)
+        ctx.dev.launch(ctx.S, "build_seq_lens", lambda: lens, writes=[batch.seq_lens],
+                       cost_us=ctx.k_us)
+        for r, e, last in zip(todo, batch.chunk_ends, batch.last_chunk, strict=True):
+            r.prefilled, r.chunk = e, r.chunk + 1
+            if last:
+                r.kv_committed = e
+        self.prefilling = [r for r, last in zip(todo, batch.last_chunk, strict=True) if not last]
+        self.last_prefill = [r for r, last in zip(todo, batch.last_chunk, strict=True) if last]
+        return batch
+
+    def prepare_for_decode(self, n: int) -> Batch:
+        """The decode batch: SWA eviction, over-allocation, ``req_to_token[row, cur:nxt]`` on S."""
+        ctx = self.ctx
+        reqs = list(self.running)
+        batch = Batch("decode", n, reqs)
+        ranges = []
+        for r in reqs:
+            if ctx.swa_map is not None:
+                self.clear_swa(r, r.swa_evicted, r.kv_committed - ctx.swa_window, "swa_evict")
+            if ctx.spec:
+                ranges.append(self.grow(r, r.kv_committed + ctx.cfg.alloc_factor * ctx.alloc_len))
+            else:
+                ranges.append(self.grow(r, r.kv_committed + 1))
+        self.write_alloc(reqs, ranges, "prepare_for_decode")
+        if reqs:
+            fm.build_indices(ctx, batch, "merge_filter_indices")
+        if not ctx.spec:  # non-spec: a NEW seq_lens tensor from the host's lengths
+            batch.host_lens = [r.kv_committed for r in reqs]
+            lens = torch.tensor(batch.host_lens, dtype=I64)
+            batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.S)
+            ctx.dev.launch(ctx.S, "build_seq_lens", lambda: lens, writes=[batch.seq_lens],
+                           cost_us=ctx.k_us)
+            for r in reqs:
+                r.kv_committed += 1  # the host knows non-spec lengths exactly
+        return batch
+
+    # -- run_batch ------------------------------------------------------------------------
+    def run_batch(self, batch: Batch) -> None:
+        """Step 4: resolve, fence, gather, forward, publish, stash, copy_to_cpu, pin."""
+        ctx, dev = self.ctx, self.ctx.dev
+        ctx.outcome.batches[batch.iteration] = batch.ids
+        ctx.outcome.batch_kinds[batch.iteration] = batch.kind
+        if batch.kind == "decode" and batch.m and ctx.spec:
+            self._resolve(batch)
+        dev.wait_stream(ctx.F, ctx.S, L.FORWARD_ENTRY)
+        if batch.kind != "decode" or ctx.spec:
+            self._flush_pending_stash()
+        plan = self._plan(batch) if ctx.PL is not None and batch.m else None
+        if batch.kind == "idle" or batch.m == 0:
+            dev.launch(ctx.F, "idle_forward", lambda: None, cost_us=ctx.k_us)
+            batch.copy_done = dev.event("copy_done")
+            dev.record(batch.copy_done, ctx.F)
+        elif batch.kind == "prefill":
+            self._run_prefill(batch)
+        elif ctx.spec:
+            self._run_spec_decode(batch, plan)
+        else:
+            self._run_decode(batch)
+        ctx.pin(batch)
+
+    def _resolve(self, batch: Batch) -> None:
+        ctx = self.ctx
+        fm.check_ring(ctx, batch)
+        cpu = fm.resolve_seq_lens_cpu(ctx, batch)
+        batch.seq_lens_cpu = cpu
+        if cpu is not None:
+            batch.host_lens, batch.exact_lens = cpu, True
+        else:
+            batch.host_lens, batch.exact_lens = [r.kv_committed for r in batch.reqs], False
+        for i, r in enumerate(batch.reqs):
+            used = None if cpu is None else cpu[i]
+            ctx.outcome.request(r.id).seq_lens_cpu[batch.iteration] = used
+            if cpu is not None and cpu[i] + ctx.alloc_len > r.alloc:
+                ctx.outcome.debug_failures.append(DebugFailure(
+                    batch.iteration, r.id, "alloc_overrun",
+                    f"seq_len {cpu[i]} + {ctx.alloc_len} > allocated {r.alloc} columns"))
+
+    def _plan(self, batch: Batch) -> Buffer:
+        """Plan stream: metadata for verify from seq_lens; F waits on PL afterwards."""
+        ctx, dev = self.ctx, self.ctx.dev
+        assert ctx.PL is not None and batch.seq_lens is not None
+        dev.wait_stream(ctx.PL, ctx.S, L.FORWARD_ENTRY)
+        meta = ctx.tmp(batch, "plan_metadata", (batch.m,), I64, ctx.PL)
+        dev.launch(ctx.PL, "plan_metadata", lambda s: s + ctx.N, reads=[batch.seq_lens],
+                   writes=[meta], cost_us=ctx.k_us)
+        dev.wait_stream(ctx.F, ctx.PL, L.PLAN_WAIT)
+        return meta
+
+    def _run_prefill(self, batch: Batch) -> None:
+        ctx, dev = self.ctx, self.ctx.dev
+        staged = batch.results.pop("staged_ids")
+        ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.F)
+        dev.copy(ctx.F, staged, ids, non_blocking=True, cost_us=ctx.d2h_us, name="h2d_input_ids")
+        res = worker.prefill_forward(ctx, batch, ids)
+        if ctx.spec:
+            fm.publish(ctx, batch, res["new_seq_lens"])
+            res = worker.draft_prefill(ctx, batch, res)
+            fm.stash(ctx, batch, res["next_tokens"], res["next_topk_p"], res["next_topk_index"],
+                     res.get("next_hidden"))
+        else:
+            fm.stash(ctx, batch, res["next_tokens"])
+        fm.copy_to_cpu(ctx, batch, {"next_tokens": res["next_tokens"]})
+
+    def _run_spec_decode(self, batch: Batch, plan: Buffer | None) -> None:
+        ctx, dev = self.ctx, self.ctx.dev
+        x = fm.gather_spec_inputs(ctx, batch)
+        res = worker.spec_draft_verify(ctx, batch, x, plan)
+        after_verify = ctx.cfg.publish_point.value == "after_verify"
+        if after_verify:
+            fm.publish(ctx, batch, res["new_seq_lens"])
+        if ctx.barrier == WarBarrier.READ_DONE:
+            ctx.read_done = dev.event("read_done")
+            dev.record(ctx.read_done, ctx.F)
+        res = worker.draft_extend(ctx, batch, res)
+        if not after_verify:
+            fm.publish(ctx, batch, res["new_seq_lens"])
+        fm.stash(ctx, batch, res["next_tokens"], res["next_topk_p"], res["next_topk_index"],
+                 res.get("next_hidden"))
+        keys = ("next_tokens", "accept_lens", "out_tokens")
+        fm.copy_to_cpu(ctx, batch, {k: res[k] for k in keys})
+
+    def _run_decode(self, batch: Batch) -> None:
+        ctx = self.ctx
+        ids = fm.gather_output_tokens(ctx, batch)
+        self._flush_pending_stash()
+        delayed = ctx.cfg.delayed_sampling
+        res = worker.decode_forward(ctx, batch, ids, delayed)
+        if ctx.barrier == WarBarrier.READ_DONE:
+            ctx.read_done = ctx.dev.event("read_done")
+            ctx.dev.record(ctx.read_done, ctx.F)
+        fm.publish(ctx, batch, res["new_seq_lens"])  # non-spec: unread, no event
+        if delayed:
+            batch.logits = res["logits"]
+            return
+        fm.stash(ctx, batch, res["next_tokens"])
+        fm.copy_to_cpu(ctx, batch, {"next_tokens": res["next_tokens"]})
+
+    def _flush_pending_stash(self) -> None:
+        if self.ctx.pending_stash is not None:
+            self.ctx.pending_stash()
+            self.ctx.pending_stash = None
+
+    def delayed_sample(self, batch: Batch) -> None:
+        """Step 7 (non-spec grammar): S builds the grammar mask; F waits on S; sample, stash, copy.
+
+        With ``delayed_stash_after_gather`` the stash is enqueued after the next gather
+        (§9.24's bug) instead of here.
+        """
+        ctx, dev, m = self.ctx, self.ctx.dev, batch.m
+        mask = ctx.tmp(batch, "grammar_mask", (m,), I64, ctx.S)
+        mv = torch.tensor([len(r.tokens) % 3 for r in batch.reqs], dtype=I64)
+        dev.launch(ctx.S, "grammar_mask", lambda: mv, writes=[mask], cost_us=ctx.k_us)
+        dev.wait_stream(ctx.F, ctx.S, L.DELAYED_SAMPLING_ENTRY)
+        nxt = ctx.tmp(batch, "next_token_ids", (m,), I64, ctx.F)
+        dev.launch(ctx.F, "sample", lambda lg, mk: torch.remainder(lg + mk, 997),
+                   reads=[batch.logits, mask], writes=[nxt], cost_us=ctx.k_us, observe="sample")
+        if ctx.cfg.delayed_stash_after_gather:
+            ctx.pending_stash = lambda: fm.stash(ctx, batch, nxt)
+        else:
+            fm.stash(ctx, batch, nxt)
+        fm.copy_to_cpu(ctx, batch, {"next_tokens": nxt})
+
+    # -- pop_and_process ------------------------------------------------------------------
+    def pop_and_process(self, batch: Batch) -> None:
+        """Step 6: the host waits copy_done, reads the results, frees finished requests on S."""
+        ctx, dev = self.ctx, self.ctx.dev
+        assert batch.copy_done is not None
+        dev.synchronize(batch.copy_done, L.COPY_DONE_HOST_SYNC)
+        dev.host_work("process_results", ctx.t.process_results)
+        vals = {k: dev.host_read(b, None, name=f"read_{k}") for k, b in batch.results.items()}
+        for i, r in enumerate(batch.reqs):
+            out = ctx.outcome.request(r.id)
+            if "assert_flags" in vals and int(vals["assert_flags"][i]):
+                ctx.outcome.debug_failures.append(DebugFailure(
+                    batch.iteration, r.id, "poison_assert", "gather saw -1 (never stashed)"))
+            if r.finished or (batch.kind == "prefill" and not batch.last_chunk[i]):
+                continue  # found finished late / intermediate chunk: skipped
+            if batch.kind == "decode" and ctx.spec:
+                a = int(vals["accept_lens"][i])
+                new = [int(t) for t in vals["out_tokens"][i, :a]]
+                out.accept_lens[batch.iteration] = a
+                r.kv_committed += a
+            else:
+                new = [int(vals["next_tokens"][i])]
+            left = r.spec.max_new - len(r.tokens)
+            r.tokens += new[:left]
+            out.tokens = list(r.tokens)
+            if len(r.tokens) >= r.spec.max_new:
+                r.finished = True
+                out.finished_at = batch.iteration
+                self.release(r, "release_kv")
+        for b in batch.results.values():
+            dev.free(b)
+        batch.results = {}
