@@ -11,12 +11,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.device import SimDevice  # noqa: E402
 
 
 @pytest.fixture
-def dev() -> SimDevice:
-    """A simulated device with 1 µs launch cost, so times are easy to read."""
+def dev():
+    """A simulated device with 1 µs launch cost, so times are easy to read. (Imported here:
+    the GPU machine runs its tests without simpy.)"""
+    from sim.device import SimDevice
+
     return SimDevice(host_launch_us=1.0)
 
 
