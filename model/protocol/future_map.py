@@ -183,7 +183,9 @@ def publish(ctx: Ctx, batch: Batch, new_seq_lens: Buffer, stream=None) -> None:
     """``on_publish``: scatter the new seq_lens into ``new_seq_lens_buf``, record publish_ready.
 
     Returns early for an empty batch (DP idle): no scatter and no record. Rows named by a
-    ``skip_publish`` event are left out (§9.21's mutation).
+    ``skip_publish`` event are left out (§9.21's mutation). Non-spec publishes too, unread and
+    with no event. Legacy ``verify_done``: the scatter stands for S's seq_lens being rebound
+    to the forward's output, and ``verify_done`` is recorded after it instead.
     """
     if batch.m == 0:
         return
