@@ -62,8 +62,13 @@ class FutureLayout(StrEnum):
 
 
 class Expect(StrEnum):
+    """The verdicts a run can get: the detector found no race / a race; no race but a debug
+    check fired (poison assert, allocation overrun, ring alias); the harness refused the run."""
+
     RACE_FREE = "race_free"
     RACE = "race"
+    FAULT = "fault"
+    ERROR = "error"
 
 
 class EventKind(StrEnum):
@@ -113,6 +118,7 @@ class ProtocolConfig:
     plan_stream: bool = _f(False, "prepare metadata on the plan stream PL (SGLANG_ENABLE_OVERLAP_PLAN_STREAM)")
     alias_schedule_forward: bool = _f(False, "S and F are the same stream (#31681); the harness rejects it")
     swa: bool = _f(False, "model a sliding-window attention mapping full_to_swa_index_mapping")
+    swa_window: int = _f(6, "sliding-window length in tokens when swa is on", (1, 1 << 20))
     hidden_size: int = _f(4, "draft hidden-state width H", (1, 4096))
     max_context: int = _f(128, "columns of req_to_token", (8, 1 << 20))
 
@@ -164,7 +170,7 @@ class Timing:
 class Check:
     """What the scenario expects."""
 
-    expect: Expect = _f(Expect.RACE_FREE, "race_free or race")
+    expect: Expect = _f(Expect.RACE_FREE, "race_free, race, fault (race-free but a debug check fired) or error (the harness must refuse the run, e.g. S aliasing F)")
     races: tuple[str, ...] = _f((), 'races that must be among those found, as "KIND buffer"')
     explore: int = _f(0, "extra seeded timing perturbations to try for manifest races", (0, 100_000))
     seed: int = _f(0, "seed for jitter and exploration", (0, 2**31 - 1))

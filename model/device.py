@@ -51,6 +51,7 @@ class SyncLabel(StrEnum):
     FUTURE_INDICES_RECORD_STREAM = "future_indices.record_stream"
     BATCH_PIN_RING = "batch_pin_ring"
     PLAN_WAIT = "plan.forward_wait"
+    PLAN_SCHEDULE_WAIT = "plan.schedule_wait"
     DELAYED_SAMPLING_ENTRY = "delayed_sampling.forward_wait"
     MIX_INDICES_KEEP_ALIVE = "mix_running_indices.keep_alive"
     STASH_ORDER = "stash.fifo"

@@ -13,8 +13,9 @@ from model.trace import OpRecord, Race
 class CaseResult:
     """One scenario run (the base run or one mutation) on one device.
 
-    ``verdict`` is what the detector computed ("race" when it found any race, "race_free"
-    otherwise, "error" when the run could not complete); ``ok`` says whether it matches the
+    ``verdict`` is what the run computed: "race" when the detector found any race, else
+    "fault" when a debug check fired (``faults``), else "race_free"; "error" when the harness
+    refused the run (``error``); ``ok`` says whether it matches the
     scenario's expectation, including every race the scenario lists being among those found.
     ``value_diffs`` are the oracle comparison's differences (a manifest race shown as values).
     """
@@ -29,6 +30,7 @@ class CaseResult:
     races: list[Race] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     value_diffs: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)
     metrics: Metrics | None = None
     removed: tuple[str, ...] = ()
     skipped_syncs: list[tuple[str, int]] = field(default_factory=list)

@@ -10,18 +10,19 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from model.protocol.oracle import compare_runs
-
 from model.config import Expect, Scenario
 from model.errors import HarnessError
 from model.metrics import compute_metrics
 from model.protocol import run_protocol
+from model.protocol.oracle import compare_runs
 from model.results import CaseResult
 from scenarios.expand import RunSpec, expand, scenario_to_dict
 from sim.device import SimDevice
 
 RACE = str(Expect.RACE)
 RACE_FREE = str(Expect.RACE_FREE)
+FAULT = str(Expect.FAULT)
+ERROR = str(Expect.ERROR)
 
 
 def _as_dict(diff: Any) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
         odev.finish()
     except HarnessError as exc:
         base.error = str(exc)
+        base.ok = str(spec.expect) == ERROR
         return base
     base.races = run.races
     base.timeline = run.timeline
@@ -82,7 +84,9 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     base.metrics = compute_metrics(run.timeline)
     base.value_diffs = [_as_dict(d) for d in compare_runs(outcome, dev.observations,
                                                             oracle, odev.observations)]
-    base.verdict = RACE if run.races else RACE_FREE
+    base.faults = [f"{f.check} at iteration {f.iteration} ({f.request}): {f.detail}"
+                   for f in outcome.debug_failures]
+    base.verdict = RACE if run.races else FAULT if base.faults else RACE_FREE
     found = set(base.race_keys())
     base.missing = [k for k in spec.races if k not in found]
     base.ok = base.verdict == str(spec.expect) and not base.missing

@@ -19,6 +19,7 @@ def case_to_dict(r: CaseResult, with_timeline: bool = False) -> dict[str, Any]:
         "races": [{**dataclasses.asdict(x), "kind": str(x.kind), "key": x.key,
                    "report": x.describe()} for x in r.races],
         "value_diffs": r.value_diffs,
+        "faults": r.faults,
         "metrics": None if r.metrics is None else dataclasses.asdict(r.metrics),
         "skipped_syncs": [list(s) for s in r.skipped_syncs],
     }

@@ -17,6 +17,7 @@ def failure_text(r: CaseResult) -> str:
     if r.missing:
         lines.append("expected races not found: " + ", ".join(r.missing))
     lines += [race.describe() for race in r.races]
+    lines += [f"debug check: {f}" for f in r.faults]
     lines += [f"value diff: {d}" for d in r.value_diffs[:10]]
     return "\n".join(lines)
 

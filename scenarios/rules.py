@@ -165,10 +165,10 @@ def _check_expectation(expect: Expect, races: tuple[str, ...], prefix: str, out:
             hint = f"; did you mean {close[0]}?" if close else ""
         out.add(f"{prefix}.races[{i}]",
                 f'expected "KIND buffer" with KIND one of {kinds}, got {show(race)}{hint}')
-    if expect is Expect.RACE_FREE and races and out.trusted(f"{prefix}.races") and out.ok(
+    if expect is not Expect.RACE and races and out.trusted(f"{prefix}.races") and out.ok(
         f"{prefix}.expect"
     ):
-        out.add(f"{prefix}.races", f'expect = "race_free" contradicts {len(races)} expected '
+        out.add(f"{prefix}.races", f'expect = "{expect}" contradicts {len(races)} expected '
                                    'race(s); set expect = "race" or races = []')
 
 
