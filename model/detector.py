@@ -237,9 +237,10 @@ class HBDetector:
         q_mode = "write" if acc.write else "read"
         manifest = _inverted(p, p_mode, q, q_mode)
         shape = self._storages[acc.storage].shape
-        buffer = acc.buffer if p_buf == acc.buffer else f"{acc.buffer} (was {p_buf})"
         first, second = _access(p, p_mode, p_buf), _access(q, q_mode, acc.buffer)
-        return Race(kind, buffer, shape, elems, first, second, manifest)
+        if kind == RaceKind.REUSE:
+            return Race(kind, p_buf, shape, elems, first, second, manifest, acc.buffer)
+        return Race(kind, acc.buffer, shape, elems, first, second, manifest)
 
 
 def _access_time(n: NodeInfo, mode: str) -> int | None:

@@ -96,7 +96,9 @@ class Access:
 class Race:
     """Two conflicting accesses that neither happens before the other.
 
-    ``first`` was issued before ``second``. ``elements`` are flat element ids of the buffer
+    ``first`` was issued before ``second``. For a reuse race, ``buffer`` names the memory's
+    earlier owner (still in use) and ``reused_as`` the buffer it was handed out as.
+    ``elements`` are flat element ids of the buffer
     (``shape`` gives the layout); ``manifest`` is True when this run's timing executed the two
     accesses in the opposite order to their issue order (the order the serial oracle runs), so
     the reader saw another value, or the final value differs; ``None`` when unknown.
@@ -109,6 +111,7 @@ class Race:
     first: Access
     second: Access
     manifest: bool | None = None
+    reused_as: str | None = None  # reuse races: the new owner; ``buffer`` is the old one
 
     @property
     def key(self) -> str:
@@ -118,8 +121,10 @@ class Race:
     def describe(self) -> str:
         """The user-facing report: both accesses, the elements, latent or manifest."""
         state = {True: "manifest", False: "latent", None: "unknown"}[self.manifest]
+        reused = f" (reused as {self.reused_as})" if self.reused_as else ""
         return (
-            f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)} "
+            f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)}"
+            f"{reused} "
             f"({state})\n  first:  {self.first.describe()}\n  second: {self.second.describe()}"
         )
 

@@ -241,7 +241,8 @@ def test_allocator_reuse_without_record_stream_races(dev: SimDevice, record: boo
         assert dev.observations[("gather", -1)][0].tolist() == [1, 1, 1, 1]
     else:
         (race,) = assert_races(dev, 1, "reuse")
-        assert race.buffer == "next_indices (was future_indices)" and race.manifest is True
+        assert race.buffer == "future_indices" and race.reused_as == "next_indices"
+        assert race.manifest is True
         assert dev.observations[("gather", -1)][0].tolist() == [9, 9, 9, 9]
 
 
