@@ -34,6 +34,7 @@ class CaseResult:
     metrics: Metrics | None = None
     removed: tuple[str, ...] = ()
     skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
+    labels_used: list[str] = field(default_factory=list)  # every sync label the run reached
     error: str | None = None
     timeline: list[OpRecord] = field(default_factory=list, repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)

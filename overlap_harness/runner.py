@@ -81,6 +81,7 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     base.races = run.races
     base.timeline = run.timeline
     base.skipped_syncs = run.skipped_syncs
+    base.labels_used = sorted(dev.labels_used)
     base.metrics = compute_metrics(run.timeline)
     base.value_diffs = [_as_dict(d) for d in compare_runs(outcome, dev.observations,
                                                             oracle, odev.observations)]

@@ -76,7 +76,7 @@ def scenario(name: str, desc: str, protocol: dict, workload: str, expect: str = 
 
 
 def main() -> None:
-    from suite_table import SUITE  # noqa: PLC0415 - the table lives beside this script
+    from suite_table import SUITE
 
     OUT.mkdir(exist_ok=True)
     for old in OUT.rglob("*.toml"):
