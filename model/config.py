@@ -79,6 +79,7 @@ class EventKind(StrEnum):
     SKIP_PUBLISH = "skip_publish"
     DOUBLE_STASH = "double_stash"
     MIXED_CHUNK = "mixed_chunk"
+    SKIP_SEED = "skip_seed"
 
 
 def _f(default, help: str, range: tuple | None = None):

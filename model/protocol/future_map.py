@@ -16,7 +16,7 @@ from model.protocol.context import Ctx
 from model.protocol.kernels import gather_spec_extras
 from model.protocol.outcome import DebugFailure
 from model.protocol.state import Batch
-from model.protocol.synth import clamp_index
+from model.protocol.synth import clamp_index, take_rows
 
 L = SyncLabel
 I64 = torch.int64
@@ -192,8 +192,7 @@ def publish(ctx: Ctx, batch: Batch, new_seq_lens: Buffer, stream=None) -> None:
     stream = stream or ctx.F
     keep = [i for i, r in enumerate(batch.reqs) if r.id not in batch.skip_publish]
     rows = [batch.slots_out[i] for i in keep]
-    idx = torch.tensor(keep, dtype=I64)
-    ctx.dev.launch(stream, "publish", lambda v, fo: v[idx],
+    ctx.dev.launch(stream, "publish", lambda v, fo: take_rows(v, keep),
                    reads=[new_seq_lens, batch.fo], writes=[(ctx.new_seq_lens_buf, rows)],
                    cost_us=ctx.k_us)
     if ctx.legacy:  # before #25879: S's seq_lens are the forward's output, fenced by verify_done
@@ -209,7 +208,9 @@ def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
     """Scatter the bonus tokens (and top-k, hidden states) into their relay rows.
 
     On F (FIFO before the next gather), or on the side stream with no event back to F when
-    ``stash_stream = side`` (§9.1's bug). Empty batches return early.
+    ``stash_stream = side`` (§9.1's bug). Empty batches return early. Requests in
+    ``batch.skip_stash`` are left out (§9.18's missing seed); those in ``batch.double_stash``
+    are stashed a second time by a ``stash_replay`` launch (§9.17's WW).
     """
     if batch.m == 0:
         return
@@ -217,19 +218,33 @@ def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
     if ctx.side is not None:
         ctx.dev.wait_stream(ctx.side, ctx.F)  # the data is ready; nothing orders it back
         stream = ctx.side
-    rows = list(batch.slots_out)
-    reads: list = [tokens]
-    writes: list = [(ctx.output_tokens_buf, rows)]
+    srcs: list[tuple[Buffer, Buffer | None]] = [(tokens, ctx.output_tokens_buf)]
     if topk_p is not None and topk_index is not None:
         ctx.ensure_spec_bufs(stream)
-        reads += [topk_p, topk_index]
-        writes += [(ctx.topk_p_buf, rows), (ctx.topk_index_buf, rows)]
+        srcs += [(topk_p, ctx.topk_p_buf), (topk_index, ctx.topk_index_buf)]
         if hidden is not None and ctx.hidden_buf is not None:
-            reads.append(hidden)
-            writes.append((ctx.hidden_buf, rows))
-    reads.append(batch.fo)
-    ctx.dev.launch(stream, "stash", lambda *v: tuple(v[:-1]) if len(v) > 2 else v[0],
-                   reads=reads, writes=writes, cost_us=ctx.k_us)
+            srcs.append((hidden, ctx.hidden_buf))
+    keep = [i for i, r in enumerate(batch.reqs) if r.id not in batch.skip_stash]
+    _scatter(ctx, stream, batch, "stash", keep, srcs)
+    dup = [i for i in keep if batch.reqs[i].id in batch.double_stash]
+    _scatter(ctx, stream, batch, "stash_replay", dup, srcs)
+
+
+def _scatter(ctx: Ctx, stream, batch: Batch, name: str, pos: list[int],
+             srcs: list[tuple[Buffer, Buffer | None]]) -> None:
+    """One stash launch: rows ``pos`` of each source into the relay rows of those requests."""
+    if not pos:
+        return
+    rows = [batch.slots_out[i] for i in pos]
+    reads: list = [src for src, _ in srcs] + [batch.fo]
+    writes: list = [(dst, rows) for _, dst in srcs]
+    full = len(pos) == batch.m
+
+    def fn(*v):
+        vals = tuple(x if full else take_rows(x, pos) for x in v[:-1])
+        return vals if len(vals) > 1 else vals[0]
+
+    ctx.dev.launch(stream, name, fn, reads=reads, writes=writes, cost_us=ctx.k_us)
 
 
 def copy_to_cpu(ctx: Ctx, batch: Batch, bufs: dict[str, Buffer]) -> None:

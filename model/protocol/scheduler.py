@@ -37,6 +37,7 @@ class Scheduler:
         self.prefilling: list[Req] = []  # admitted, chunks left
         self.last_prefill: list[Req] = []  # to merge at the next get_next_batch
         self.results: list[Batch] = []
+        self.replayed: set[str] = set()  # double-stashed: their next stash already happened
         for r in self.reqs:
             ctx.outcome.request(r.id)
 
@@ -99,8 +100,23 @@ class Scheduler:
         batch = self.new_prefill(n)
         if batch is None:
             batch = self.prepare_for_decode(n)
-        batch.skip_publish = {e.id for e in events if e.kind == EventKind.SKIP_PUBLISH}
+        self._relay_events(batch, events)
         return batch
+
+    def _relay_events(self, batch: Batch, events: list) -> None:
+        """Apply the relay-bug events of this iteration to ``batch`` (§9.17, §9.18, §9.21).
+
+        ``double_stash``: the request's row is stashed twice (a replayed result); the host counts
+        the replay as the request's next stash, so its stash in the next batch is dropped and
+        the slot sees W W R R. ``skip_seed``: the request's stash (its prefill's seed of the
+        first decode) is not written, so the next gather reads a never-stashed slot.
+        """
+        ids = set(batch.ids)
+        of = lambda kind: {e.id for e in events if e.kind == kind}  # noqa: E731
+        batch.skip_publish = of(EventKind.SKIP_PUBLISH)
+        batch.double_stash = of(EventKind.DOUBLE_STASH) & ids
+        batch.skip_stash = (of(EventKind.SKIP_SEED) | self.replayed) & ids
+        self.replayed = (self.replayed - batch.skip_stash) | batch.double_stash
 
     def _req(self, rid: str) -> Req:
         return next((r for r in self.reqs if r.id == rid), Req(self.reqs[0].spec, 0))

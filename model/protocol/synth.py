@@ -41,6 +41,11 @@ def kv_value(tok: torch.Tensor, pos: torch.Tensor | int, slot: torch.Tensor) -> 
     return mix(tok, pos, slot)
 
 
+def take_rows(v: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Rows ``positions`` (host-known ints) of ``v``, gathered on ``v``'s device."""
+    return v.index_select(0, torch.tensor(positions, dtype=torch.int64, device=v.device))
+
+
 def clamp_index(idx: torch.Tensor, n: int) -> torch.Tensor:
     """Garbage indices (a stale or never-written id) read the nearest valid element."""
     return idx.to(torch.int64).clamp(0, max(n - 1, 0))

@@ -1,0 +1,90 @@
+"""Relay logic bugs of PROTOCOL.md §9.17, §9.18 and §9.21: no race, so the debug checks of
+#26108 (-1 poison of output_tokens_buf) and #30471 (-1 poison of new_seq_lens_buf) are what
+catches them; without the poison the wrong value is read silently. Each case has its twin
+without the event, which must be clean."""
+
+from __future__ import annotations
+
+import dataclasses as dc
+
+from model.config import EventKind as EK
+from model.config import Gather, Mode, ProtocolConfig, Request, Timing, Workload, WorkloadEvent
+from model.protocol import compare_runs, run_protocol
+from sim.device import GARBAGE, SimDevice
+
+R = Request
+SPEC = ProtocolConfig(gather=Gather.UNFUSED, debug_poison=True)
+NONSPEC = dc.replace(SPEC, mode=Mode.NON_SPEC)
+STEADY = Workload(iterations=7, requests=(R("A", 0, 10, 40), R("B", 0, 6, 40)))
+
+
+def run_pair(proto: ProtocolConfig, wl: Workload):
+    """Overlapped run and its serial oracle: (outcome, observations, races, diffs)."""
+    dev = SimDevice()
+    out = run_protocol(dev, (proto, wl, Timing()))
+    races = dev.finish().races
+    odev = SimDevice(serial=True)
+    o_out = run_protocol(odev, (proto, wl, Timing()))
+    assert odev.finish().races == []
+    return out, dev.observations, races, compare_runs(out, dev.observations, o_out,
+                                                      odev.observations)
+
+
+def with_events(*events: WorkloadEvent, wl: Workload = STEADY) -> Workload:
+    return dc.replace(wl, events=events)
+
+
+def gathered(obs, n: int, pos: int) -> int:
+    """Non-spec: the token the decode gather of iteration ``n`` read for batch row ``pos``."""
+    return int(obs[("gather_output_tokens", n)][0][pos])
+
+
+def checks(out) -> set[tuple[int, str, str]]:
+    return {(f.iteration, f.request, f.check) for f in out.debug_failures}
+
+
+# -- §9.17 WWRR (#26108) -------------------------------------------------------------------
+
+def test_double_stash_poison_fires_on_the_second_gather() -> None:
+    """Stash twice at 3 (the replay stands in for A's stash at 4): gather 4 reads the value
+    and invalidates; gather 5 reads -1."""
+    for proto in (SPEC, NONSPEC):
+        out, _, races, diffs = run_pair(proto, with_events(WorkloadEvent(3, EK.DOUBLE_STASH, "A")))
+        assert races == [] and diffs == []
+        assert checks(out) == {(5, "A", "poison_assert")}, out.debug_failures
+
+
+def test_double_stash_without_poison_reads_one_value_twice() -> None:
+    proto = dc.replace(NONSPEC, debug_poison=False)
+    out, obs, races, diffs = run_pair(proto, with_events(WorkloadEvent(3, EK.DOUBLE_STASH, "A")))
+    assert races == [] and diffs == [] and out.debug_failures == []
+    assert out.batches[4][0] == out.batches[5][0] == "A"
+    assert gathered(obs, 5, 0) == gathered(obs, 4, 0)  # W W R R: the second read is stale
+    _, good, _, _ = run_pair(proto, STEADY)
+    assert gathered(good, 5, 0) != gathered(good, 4, 0)
+
+
+def test_double_stash_twin_is_clean() -> None:
+    for proto in (SPEC, NONSPEC):
+        out, _, races, diffs = run_pair(proto, STEADY)
+        assert races == [] and diffs == [] and out.debug_failures == []
+
+
+# -- §9.18 gather before any stash -----------------------------------------------------------
+
+def test_missing_seed_poison_fires_on_the_first_gather() -> None:
+    for proto in (SPEC, NONSPEC):
+        out, _, races, diffs = run_pair(proto, with_events(WorkloadEvent(0, EK.SKIP_SEED, "B")))
+        assert races == [] and diffs == []
+        assert checks(out) == {(1, "B", "poison_assert")}, out.debug_failures
+
+
+def test_missing_seed_without_poison_reads_garbage() -> None:
+    proto = dc.replace(NONSPEC, debug_poison=False)
+    out, obs, races, _ = run_pair(proto, with_events(WorkloadEvent(0, EK.SKIP_SEED, "B")))
+    assert races == [] and out.debug_failures == []
+    assert out.batches[1] == ["A", "B"]
+    assert gathered(obs, 1, 1) == GARBAGE  # torch.empty: never written
+    assert gathered(obs, 1, 0) >= 0
+    _, good, _, _ = run_pair(proto, STEADY)
+    assert gathered(good, 1, 1) >= 0
