@@ -7,6 +7,8 @@ A thin adapter from :class:`model.device.Device` to torch.cuda, so the protocol 
   is tracked here, so waiting on it is a no-op and ``query`` says False, as in SimDevice);
 - buffers are CUDA tensors, or pinned CPU tensors (``pinned=True``); memory comes from, and
   goes back to, the real caching allocator (``free`` drops the last reference);
+- host values an op writes, and index lists, reach the GPU through
+  :class:`gpu_check.staging.Stager` (no hidden host sync, no copy queued behind a delay);
 - an op's ``cost_us`` is reproduced by ``torch.cuda._sleep`` before its work, at the rate
   :mod:`gpu_check.calibration` measured, and ``delays`` add an extra sleep before an op (the
   injected delays that force the interleaving the simulator predicts);
@@ -23,7 +25,9 @@ simulator uses, so a GPU run's races come from the same code.
 Differences from SimDevice: a kernel reads its live inputs after its cost sleep (the simulator
 snapshots them at its start), so the forced-delay traces keep racing accesses far apart; a
 freed block is recognised as reused only when a new buffer of the same size and dtype lands
-at the same address (a smaller buffer carved from it is not seen as reuse).
+at the same address (a smaller buffer carved from it is not seen as reuse). CUDA loads a
+kernel's module lazily at its first launch, which can wait for the GPU to go idle: run a
+program once unmeasured (:func:`gpu_check.traces.warm_up`) before the run that counts.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 
 from gpu_check.calibration import Calibration, calibrate, cycles_for
 from gpu_check.recorder import TraceRecorder, ms_to_ns
+from gpu_check.staging import Stager, prewarm
 from model.detector import HOST_AGENT, AccessReq
 from model.device import (
     AccessSpec,
@@ -65,19 +70,6 @@ def is_view_sel(sel: Sel) -> bool:
     if sel is None or isinstance(sel, int | slice):
         return True
     return isinstance(sel, tuple) and all(isinstance(s, int | slice) for s in sel)
-
-
-def cuda_sel(sel: Sel) -> Any:
-    """``sel`` for indexing a CUDA tensor, without a host sync: index lists and CPU tensors
-    travel through pinned memory with ``non_blocking`` (a plain ``torch.as_tensor(...,
-    device="cuda")`` would synchronize the current stream and undo the forced delays)."""
-    if isinstance(sel, tuple):
-        return tuple(cuda_sel(s) for s in sel)
-    if isinstance(sel, list | np.ndarray):
-        sel = torch.as_tensor(np.asarray(sel, dtype=np.int64))
-    if isinstance(sel, torch.Tensor) and sel.device.type != "cuda":
-        return sel.contiguous().pin_memory().to("cuda", non_blocking=True)
-    return sel
 
 
 class CudaDevice(Device):
@@ -108,6 +100,7 @@ class CudaDevice(Device):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         self.cal = calibration or calibrate()
+        self._stager = Stager()
         self.rec = TraceRecorder()
         self._delays = dict(delays or {})
         self._streams: dict[str, Stream] = {}
@@ -142,6 +135,16 @@ class CudaDevice(Device):
     def _clock(self, ev: torch.cuda.Event) -> int:
         return ms_to_ns(self._ref.elapsed_time(ev))
 
+    def _dsel(self, sel: Sel) -> Any:
+        """``sel`` for indexing a CUDA tensor on the current stream, staged without a sync."""
+        if isinstance(sel, tuple):
+            return tuple(self._dsel(x) for x in sel)
+        if isinstance(sel, list | np.ndarray):
+            sel = torch.as_tensor(np.asarray(sel, dtype=np.int64))
+        if isinstance(sel, torch.Tensor) and sel.device.type != "cuda":
+            return self._stager.to_device(sel, torch.cuda.current_stream())
+        return sel
+
     def _sleep_us(self, us: float) -> None:
         if us > 0:
             torch.cuda._sleep(cycles_for(us, self.cal.cycles_per_us))
@@ -152,7 +155,8 @@ class CudaDevice(Device):
             return self._streams[name]
         s = Stream(StreamId(len(self._streams)), name)
         self._streams[name] = s
-        self._cs[s.id] = torch.cuda.Stream()
+        self._cs[s.id] = cs = torch.cuda.Stream()
+        prewarm(cs)
         self._agent[s.id] = self.rec.add_agent(name)
         return s
 
@@ -232,7 +236,7 @@ class CudaDevice(Device):
             vals = [self._tensors[b.id] for b, _s in reads_]
             if observe is not None:
                 obs = self.observations.setdefault((observe, self.iteration), [])
-                obs.extend((v if s is None else v[cuda_sel(s)]).clone()
+                obs.extend((v if s is None else v[self._dsel(s)]).clone()
                            for v, (_b, s) in zip(vals, reads_, strict=True))
             res = fn(*vals)
             if writes_:
@@ -258,11 +262,11 @@ class CudaDevice(Device):
         v = torch.as_tensor(value, dtype=buf.dtype) if not isinstance(value, torch.Tensor) \
             else value.to(buf.dtype)
         if v.device.type != "cuda":
-            v = v.contiguous().pin_memory().to("cuda", non_blocking=True)
+            v = self._stager.to_device(v, torch.cuda.current_stream())
         if sel is None:
             t.copy_(v.expand(buf.shape))
         else:
-            t[cuda_sel(sel)] = v
+            t[self._dsel(sel)] = v
 
     def copy(self, stream: Stream, src: AccessSpec, dst: AccessSpec, *, non_blocking: bool,
              cost_us: float = 0.0, label: SyncLabel | None = None, name: str = "copy") -> None:
@@ -276,11 +280,11 @@ class CudaDevice(Device):
         with torch.cuda.stream(self._cs[stream.id]):
             start, work = self._begin(name, cost_us)
             st, dt = self._tensors[sb.id], self._tensors[db.id]
-            v = st if ss is None else st[ss if sb.pinned else cuda_sel(ss)]
+            v = st if ss is None else st[ss if sb.pinned else self._dsel(ss)]
             if db.pinned or ds is None or is_view_sel(ds):
                 (dt if ds is None else dt[ds]).copy_(v, non_blocking=True)
             else:
-                dt[cuda_sel(ds)] = v.to("cuda", non_blocking=True)
+                dt[self._dsel(ds)] = v.to("cuda", non_blocking=True)
             end = self._stamp()
         op = self.rec.add(name, self._agent[stream.id], OpKind.COPY, iteration=self.iteration,
                           source=caller_source(), issue=issue, start=start, work=work, end=end,
@@ -316,12 +320,14 @@ class CudaDevice(Device):
                 view.copy_(v.expand(view.shape))
             else:
                 t[torch_sel(sel, "cpu")] = v
-        else:  # host initialisation of device memory: done before the host goes on
+        else:  # host initialisation of device memory, on its allocation stream, then waited
+            cur = torch.cuda.current_stream()
+            d = self._stager.to_device(v, cur)
             if sel is None:
-                t.copy_(v.to("cuda").expand(t.shape))
+                t.copy_(d.expand(t.shape))
             else:
-                t[cuda_sel(sel)] = v.to("cuda")
-            torch.cuda.current_stream().synchronize()
+                t[self._dsel(sel)] = d
+            cur.synchronize()
         self._host_node(name, OpKind.HOST_WRITE, start, self.now(), self._reqs([(buf, sel)], True))
 
     def _check_host_access(self, buf: Buffer, name: str) -> None:
