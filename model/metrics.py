@@ -5,6 +5,9 @@
   bubbles that cost forward occupancy.
 - ``iteration_ns``: mean steady-state time per scheduler iteration (first forward op of
   iteration n to that of n+1).
+- ``resolve_stall_ns``: the part of the host stall spent getting seq_lens to the host
+  (``resolve_seq_lens_cpu``'s D2H-stream sync, blocking ``.cpu()``, or HIP host wait): how
+  late the host is released to launch the next forward.
 - ``overlap_ratio``: share of the host's own work (scheduling, result processing) that ran
   while the forward stream was busy: host preparation hidden under the forward.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from model.trace import HOST, OpKind, OpRecord
 
 FORWARD = "forward"
+RESOLVE_LABELS = frozenset({"d2h.host_sync", "seq_lens.cpu_sync", "publish_ready.host_wait"})
 _BUSY = (OpKind.KERNEL, OpKind.COPY)
 
 
@@ -26,6 +30,7 @@ class Metrics:
     """Overlap figures of one run, in nanoseconds (see the module docstring)."""
 
     host_stall_ns: int
+    resolve_stall_ns: int
     forward_idle_ns: int
     iteration_ns: int
     overlap_ratio: float
@@ -58,6 +63,8 @@ def compute_metrics(timeline: Sequence[OpRecord], forward: str = FORWARD) -> Met
     """Metrics of one run from its timeline."""
     stall = sum(t.end_ns - t.start_ns for t in timeline
                 if t.agent == HOST and t.kind == OpKind.HOST_SYNC)
+    resolve = sum(t.end_ns - t.start_ns for t in timeline
+                  if t.agent == HOST and t.kind == OpKind.HOST_SYNC and t.label in RESOLVE_LABELS)
     fwd = sorted((t for t in timeline if t.agent == forward and t.kind in _BUSY),
                  key=lambda t: t.start_ns)
     busy = _union([(t.start_ns, t.end_ns) for t in fwd])
@@ -74,4 +81,4 @@ def compute_metrics(timeline: Sequence[OpRecord], forward: str = FORWARD) -> Met
     total_work = sum(e - s for s, e in work)
     ratio = _overlap(work, busy) / total_work if total_work else 0.0
     end = max((t.end_ns for t in timeline), default=0)
-    return Metrics(stall, idle, iteration, round(ratio, 4), end)
+    return Metrics(stall, resolve, idle, iteration, round(ratio, 4), end)

@@ -4,7 +4,8 @@ Each variant is the scenario's protocol with a few keys overridden; all run on t
 workload and cost model in one process, so the rows compare as ratios. The variants are the
 ones SGLang's history argued about (PROTOCOL.md §2, §8):
 
-- ``verify_done``: seq_lens synced by the legacy verify_done wait (before #25879);
+- ``verify_done``: seq_lens synced by the legacy verify_done wait (before #25879, so
+  with no WAR barrier), beside ``publish_ready_no_barrier`` (#25879 itself);
 - ``d2h_on_schedule``: the seq_lens D2H as a blocking ``.cpu()`` on S under the barrier;
 - ``publish_after_draft_extend``: publish_ready recorded after draft-extend;
 - ``read_done``: the read-done event barrier (#28363) instead of the loop-top wait_stream;
@@ -25,7 +26,8 @@ from overlap_harness.runner import simulate
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "ref": {},
-    "verify_done": {"seq_lens_sync": "verify_done"},
+    "verify_done": {"seq_lens_sync": "verify_done", "war_barrier": "none"},
+    "publish_ready_no_barrier": {"war_barrier": "none"},
     "d2h_on_schedule": {"seq_lens_d2h": "schedule_stream"},
     "publish_after_draft_extend": {"publish_point": "after_draft_extend"},
     "read_done": {"war_barrier": "read_done"},
@@ -70,17 +72,20 @@ def whatif(sc: Scenario, variants: dict[str, dict[str, Any]] | None = None) -> l
 
 
 def format_rows(rows: list[WhatIfRow]) -> list[list[str]]:
-    """Table cells: variant, iteration, host stall, forward idle, overlap, verdict."""
+    """Table cells: variant, iteration, host stall, resolve stall, forward idle, overlap,
+    verdict."""
     out = []
     for r in rows:
         if r.metrics is None:
-            out.append([r.variant, "-", "-", "-", "-", f"error: {r.error}"])
+            out.append([r.variant, "-", "-", "-", "-", "-", f"error: {r.error}"])
             continue
         m = r.metrics
         verdict = "race: " + ", ".join(r.races) if r.races else "race-free"
         out.append([r.variant, f"{m.iteration_ns / 1000:.0f}", f"{m.host_stall_ns / 1000:.0f}",
-                    f"{m.forward_idle_ns / 1000:.0f}", f"{m.overlap_ratio:.2f}", verdict])
+                    f"{m.resolve_stall_ns / 1000:.0f}", f"{m.forward_idle_ns / 1000:.0f}",
+                    f"{m.overlap_ratio:.2f}", verdict])
     return out
 
 
-HEAD = ["variant", "iteration us", "host stall us", "fwd idle us", "overlap", "verdict"]
+HEAD = ["variant", "iteration us", "host stall us", "resolve stall us", "fwd idle us",
+        "overlap", "verdict"]
