@@ -30,9 +30,6 @@ from model.protocol.kernels import DraftOrganizer, check_gather_impl
 from model.protocol.outcome import ProtocolOutcome
 from model.protocol.state import Batch
 
-SWA_WINDOW = 6
-"""Positions the SWA layers attend to; older ones have their mapping entries cleared."""
-
 
 class StreamAliasError(HarnessError):
     """The schedule and forward streams are one stream (#31681): every race would vanish."""
@@ -74,7 +71,7 @@ class Ctx:
         self.k = cfg.topk
         self.ts = cfg.topk * cfg.num_steps
         self.alloc_len = max(self.ts, self.N)
-        self.swa_window = SWA_WINDOW if cfg.swa else 0
+        self.swa_window = cfg.swa_window if cfg.swa else 0
         # costs
         self.k_us = timing.schedule_kernel
         fwd, vs = timing.forward, timing.verify_share
@@ -90,7 +87,8 @@ class Ctx:
             dev.buffer("full_to_swa_index_mapping", (self.NS,), i64, fill=0) if cfg.swa else None)
         self.output_tokens_buf = dev.buffer(
             "output_tokens_buf", (self.FP,), i64, fill=-1 if cfg.debug_poison else None)
-        self.new_seq_lens_buf = dev.buffer("new_seq_lens_buf", (self.FP,), i64)
+        self.new_seq_lens_buf = dev.buffer(  # -1 poison from #30471 on
+            "new_seq_lens_buf", (self.FP,), i64, fill=-1 if cfg.debug_poison else None)
         self.seq_lens_mirror: Buffer | None = (
             dev.buffer("new_seq_lens_cpu_pinned", (self.FP,), i64, pinned=True)
             if self.use_d2h else None)

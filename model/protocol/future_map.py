@@ -72,8 +72,12 @@ def resolve_seq_lens_cpu(ctx: Ctx, batch: Batch) -> list[int] | None:
     publish the event was never recorded and resolve uses ``.cpu()``. HIP: the host waits on
     ``publish_ready`` instead of a stream wait, and uses ``.cpu()``. Legacy verify_done: S
     already waited on verify_done in scheduling, so no publish_ready wait here.
+
+    With ``debug_poison`` (#30471) the gathered values are asserted >= 0 on S and the rows
+    are re-poisoned to -1 on S once the CPU copy is done, so a resolve without a fresh
+    publish of its row reads -1 and result processing reports ``seq_lens_poison``.
     """
-    dev, cfg = ctx.dev, ctx.cfg
+    dev = ctx.dev
     if not ctx.legacy and ctx.publish_recorded:
         if ctx.cuda:
             dev.wait_event(ctx.S, ctx.publish_ready, L.PUBLISH_READY_SCHEDULE_WAIT)
@@ -85,7 +89,24 @@ def resolve_seq_lens_cpu(ctx: Ctx, batch: Batch) -> list[int] | None:
     dev.launch(ctx.S, "gather_seq_lens", lambda buf, fi: buf[clamp_index(fi, fp)],
                reads=[(ctx.new_seq_lens_buf, rows), batch.fi], writes=[batch.seq_lens],
                cost_us=ctx.k_us, observe="gather_seq_lens")
-    if cfg.seq_lens_d2h.value == "none":
+    if ctx.cfg.debug_poison:
+        flags = ctx.tmp(batch, "seq_lens_flags", (batch.m,), I64, ctx.S)
+        batch.flags["seq_lens_flags"] = flags
+        dev.launch(ctx.S, "assert_seq_lens", lambda s: (s < 0).to(I64),
+                   reads=[batch.seq_lens], writes=[flags], cost_us=ctx.k_us)
+    cpu = _seq_lens_to_host(ctx, batch, rows)
+    if ctx.cfg.debug_poison:
+        m = len(rows)
+        dev.launch(ctx.S, "repoison_seq_lens",
+                   lambda fi: torch.full((m,), -1, dtype=I64, device=fi.device),
+                   reads=[batch.fi], writes=[(ctx.new_seq_lens_buf, rows)], cost_us=ctx.k_us)
+    return cpu
+
+
+def _seq_lens_to_host(ctx: Ctx, batch: Batch, rows: list[int]) -> list[int] | None:
+    """The CPU copy of the gathered seq_lens: from D, a blocking ``.cpu()`` on S, or none."""
+    dev = ctx.dev
+    if ctx.cfg.seq_lens_d2h.value == "none":
         return None
     if ctx.use_d2h and ctx.publish_recorded:
         assert ctx.D is not None and ctx.seq_lens_mirror is not None
@@ -169,10 +190,10 @@ def _poison(ctx: Ctx, batch: Batch, gathered: Buffer) -> None:
         return
     m = batch.m
     flags = ctx.tmp(batch, "assert_flags", (m,), I64, ctx.F)
-    batch.results["assert_flags"] = flags  # device side; copy_to_cpu swaps in pinned
+    batch.flags["assert_flags"] = flags  # device side; copy_to_cpu brings it back
 
     def assert_invalidate(v):
-        return torch.full((m,), -1, dtype=I64), (v < 0).to(I64)
+        return torch.full((m,), -1, dtype=I64, device=v.device), (v < 0).to(I64)
 
     ctx.dev.launch(ctx.F, "assert_invalidate", assert_invalidate, reads=[gathered],
                    writes=[(ctx.output_tokens_buf, list(batch.slots_in)), flags],
@@ -251,9 +272,8 @@ def copy_to_cpu(ctx: Ctx, batch: Batch, bufs: dict[str, Buffer]) -> None:
     """Non-blocking D2H of the results into pinned memory on F, then a NEW copy_done event."""
     dev = ctx.dev
     batch.copy_done = dev.event("copy_done")
-    flags = batch.results.pop("assert_flags", None)
-    if flags is not None:
-        bufs = {**bufs, "assert_flags": flags}
+    bufs = {**bufs, **batch.flags}
+    batch.flags = {}
     for name, src in bufs.items():
         dst = dev.buffer(f"{name}_cpu", src.shape, src.dtype, pinned=True)
         dev.copy(ctx.F, src, dst, non_blocking=True, cost_us=ctx.d2h_us, name=f"d2h_{name}")

@@ -36,6 +36,7 @@ class DebugFailure:
     """A debug check that fired: the -1 poison assert, or a harness-side consistency check.
 
     ``check`` is one of ``"poison_assert"`` (a gather saw -1: SGLANG_IS_IN_CI's assert),
+    ``"seq_lens_poison"`` (a seq_lens resolve saw -1: its row had no fresh publish, #30471),
     ``"alloc_overrun"`` (the device seq_len + N ran past the row's allocated columns, §9.11),
     ``"ring_alias"`` (the old FutureMap ring handed a request's slot to another, #13713).
     """

@@ -21,6 +21,10 @@ from model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
 
 L = SyncLabel
 I64 = torch.int64
+DEBUG_FLAGS = (  # (result key, DebugFailure.check, detail) of the async device asserts
+    ("assert_flags", "poison_assert", "gather saw -1 (never stashed)"),
+    ("seq_lens_flags", "seq_lens_poison", "resolve saw -1 (no fresh publish, #30471)"),
+)
 
 
 class Scheduler:
@@ -298,7 +302,7 @@ class Scheduler:
         """Plan stream: metadata for verify from seq_lens; F waits on PL afterwards."""
         ctx, dev = self.ctx, self.ctx.dev
         assert ctx.PL is not None and batch.seq_lens is not None
-        dev.wait_stream(ctx.PL, ctx.S, L.FORWARD_ENTRY)
+        dev.wait_stream(ctx.PL, ctx.S, L.PLAN_SCHEDULE_WAIT)
         meta = ctx.tmp(batch, "plan_metadata", (batch.m,), I64, ctx.PL)
         dev.launch(ctx.PL, "plan_metadata", lambda s: s + ctx.N, reads=[batch.seq_lens],
                    writes=[meta], cost_us=ctx.k_us)
@@ -389,9 +393,10 @@ class Scheduler:
         vals = {k: dev.host_read(b, None, name=f"read_{k}") for k, b in batch.results.items()}
         for i, r in enumerate(batch.reqs):
             out = ctx.outcome.request(r.id)
-            if "assert_flags" in vals and int(vals["assert_flags"][i]):
-                ctx.outcome.debug_failures.append(DebugFailure(
-                    batch.iteration, r.id, "poison_assert", "gather saw -1 (never stashed)"))
+            for flag, check, what in DEBUG_FLAGS:
+                if flag in vals and int(vals[flag][i]):
+                    ctx.outcome.debug_failures.append(DebugFailure(batch.iteration, r.id,
+                                                                   check, what))
             if r.finished or (batch.kind == "prefill" and not batch.last_chunk[i]):
                 continue  # found finished late / intermediate chunk: skipped
             if batch.kind == "decode" and ctx.spec:

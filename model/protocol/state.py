@@ -109,6 +109,7 @@ class Batch:
     exact_lens: bool = True  # False: host_lens is a lower bound (backend opted out)
     pinned: list[Buffer] = field(default_factory=list)  # batch tensors for the pin ring
     results: dict[str, Buffer] = field(default_factory=dict)  # pinned D2H targets
+    flags: dict[str, Buffer] = field(default_factory=dict)  # debug-check flags (device side)
     copy_done: Event | None = None
     skip_publish: set[str] = field(default_factory=set)
     double_stash: set[str] = field(default_factory=set)  # stashed twice (§9.17)

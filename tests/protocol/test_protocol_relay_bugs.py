@@ -88,3 +88,34 @@ def test_missing_seed_without_poison_reads_garbage() -> None:
     assert gathered(obs, 1, 0) >= 0
     _, good, _, _ = run_pair(proto, STEADY)
     assert gathered(good, 1, 1) >= 0
+
+
+# -- §9.21 merge a prefill into running, publish skipped (#30471 poison) --------------------
+
+MERGE = Workload(iterations=6, requests=(R("A", 0, 10, 40), R("B", 0, 6, 40),
+                                         R("C", 3, 5, 40), R("D", 3, 7, 40)))
+
+
+def test_merged_prefill_without_publish_fires_seq_lens_poison() -> None:
+    """Prefill [C, D] at 3 skips C's publish; the merged decode at 4 resolves C's row: -1."""
+    out, _, races, diffs = run_pair(SPEC, with_events(WorkloadEvent(3, EK.SKIP_PUBLISH, "C"),
+                                                      wl=MERGE))
+    assert out.batches[4] == ["A", "B", "C", "D"]
+    assert races == [] and diffs == []
+    assert {(f.iteration, f.request) for f in out.failures("seq_lens_poison")} == {(4, "C")}
+    assert out.requests["C"].seq_lens_cpu[4] == -1
+
+
+def test_merged_prefill_without_publish_and_poison_reads_garbage() -> None:
+    proto = dc.replace(SPEC, debug_poison=False)
+    out, _, races, _ = run_pair(proto, with_events(WorkloadEvent(3, EK.SKIP_PUBLISH, "C"),
+                                                   wl=MERGE))
+    assert races == [] and out.debug_failures == []
+    assert out.requests["C"].seq_lens_cpu[4] == GARBAGE
+    assert out.requests["D"].seq_lens_cpu[4] == 7
+
+
+def test_merged_prefill_twin_is_clean() -> None:
+    out, _, races, diffs = run_pair(SPEC, MERGE)
+    assert races == [] and diffs == [] and out.debug_failures == []
+    assert out.requests["C"].seq_lens_cpu[4] == 5
