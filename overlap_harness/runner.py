@@ -143,6 +143,7 @@ def explore_specs(
             continue
         ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed)
         keys = ", ".join(sorted({r.key for r in base.races}))
+        keys = keys if len(keys) <= 70 else keys[:67] + "..."
         shrunk = "-" if ex.shrunk is None else ", ".join(
             f"{n}@{it}+{us:.0f}us" for (n, it), us in sorted(ex.shrunk.items())) or "(none)"
         rows.append([spec.run_id, keys, "yes" if ex.manifest else "NO", ex.source or "-",
