@@ -166,15 +166,21 @@ def gather_spec_inputs(ctx: Ctx, batch: Batch) -> dict[str, Buffer | None]:
     return out
 
 
-def gather_output_tokens(ctx: Ctx, batch: Batch) -> Buffer:
-    """Step 4c, non-spec decode: gather ``output_tokens_buf[req_pool_indices]`` on F."""
+def gather_output_tokens(ctx: Ctx, batch: Batch, indices: Buffer | None = None) -> Buffer:
+    """Step 4c, non-spec decode: gather ``output_tokens_buf[req_pool_indices]`` on F.
+
+    A mixed batch passes its ``mix_running_indices`` as ``indices`` (their lifetime is the
+    caller's keep-alive); otherwise the batch's ``future_indices``, with ``record_stream(F)``.
+    """
     dev, F = ctx.dev, ctx.F
-    assert batch.fi is not None
-    dev.record_stream(batch.fi, F, L.FUTURE_INDICES_RECORD_STREAM)
+    if indices is None:
+        assert batch.fi is not None
+        indices = batch.fi
+        dev.record_stream(indices, F, L.FUTURE_INDICES_RECORD_STREAM)
     ids = ctx.tmp(batch, "input_ids", (batch.m,), I64, F)
     fp = ctx.FP
     dev.launch(F, "gather_output_tokens", lambda buf, fi: buf[clamp_index(fi, fp)],
-               reads=[(ctx.output_tokens_buf, list(batch.slots_in)), batch.fi], writes=[ids],
+               reads=[(ctx.output_tokens_buf, list(batch.slots_in)), indices], writes=[ids],
                cost_us=ctx.k_us, observe="gather_output_tokens")
     _poison(ctx, batch, ids)
     return ids

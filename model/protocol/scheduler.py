@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 
 from model.config import EventKind, WarBarrier, Workload
-from model.device import Buffer, SyncLabel
+from model.device import SyncLabel
+from model.errors import HarnessError
 from model.protocol import future_map as fm
-from model.protocol import worker
 from model.protocol.context import Ctx
 from model.protocol.outcome import DebugFailure
+from model.protocol.run_batch import delayed_sample, run_batch
 from model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
 
 L = SyncLabel
@@ -54,14 +55,14 @@ class Scheduler:
         if ctx.barrier in (WarBarrier.LOOP_TOP, WarBarrier.READ_DONE):
             self.war_barrier()
         batch = self.get_next_batch(n)
-        self.run_batch(batch)
+        run_batch(ctx, batch)
         if ctx.barrier == WarBarrier.AFTER_LAUNCH:
             dev.wait_stream(ctx.S, ctx.F, L.WAR_BARRIER)
         self.results.append(batch)
         if len(self.results) > 1:
             self.pop_and_process(self.results.pop(0))
         if ctx.cfg.delayed_sampling and batch.kind == "decode" and not ctx.spec:
-            self.delayed_sample(batch)
+            delayed_sample(ctx, batch)
 
     def drain(self, n: int) -> None:
         """After the last iteration: process the results still queued."""
@@ -104,8 +105,30 @@ class Scheduler:
         batch = self.new_prefill(n)
         if batch is None:
             batch = self.prepare_for_decode(n)
+        elif EventKind.MIXED_CHUNK in kinds and self.running:
+            return self.mix_with_running(batch, events)
         self._relay_events(batch, events)
         return batch
+
+    def mix_with_running(self, pre: Batch, events: list) -> Batch:
+        """A mixed batch (§9.16): the prefill chunk plus the running decodes, non-spec only.
+
+        S builds ``mix_running_indices`` (the decode part's rows) for F's gather of their
+        input ids; ``run_batch`` keeps it alive until then (or not: the #34076 mutation).
+        """
+        ctx = self.ctx
+        if ctx.spec:
+            raise HarnessError(
+                f"workload event mixed_chunk at iteration {pre.iteration}: mixed batches need "
+                'protocol.mode = "non_spec" (spec-v2 does not mix prefill and decode, §7)')
+        dec = self.prepare_for_decode(pre.iteration)
+        for part in (pre, dec):
+            self._relay_events(part, events)
+        mix = ctx.dev.buffer("mix_running_indices", (dec.m,), I64, stream=ctx.S)
+        rows = torch.tensor(dec.rows, dtype=I64)
+        ctx.dev.launch(ctx.S, "mix_running_indices", lambda: rows, writes=[mix],
+                       cost_us=ctx.k_us)
+        return Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec), mix_idx=mix)
 
     def _relay_events(self, batch: Batch, events: list) -> None:
         """Apply the relay-bug events of this iteration to ``batch`` (§9.17, §9.18, §9.21).
@@ -258,135 +281,14 @@ class Scheduler:
         return batch
 
     # -- run_batch ------------------------------------------------------------------------
-    def run_batch(self, batch: Batch) -> None:
-        """Step 4: resolve, fence, gather, forward, publish, stash, copy_to_cpu, pin."""
-        ctx, dev = self.ctx, self.ctx.dev
-        ctx.outcome.batches[batch.iteration] = batch.ids
-        ctx.outcome.batch_kinds[batch.iteration] = batch.kind
-        if batch.kind == "decode" and batch.m and ctx.spec:
-            self._resolve(batch)
-        dev.wait_stream(ctx.F, ctx.S, L.FORWARD_ENTRY)
-        if batch.kind != "decode" or ctx.spec:
-            self._flush_pending_stash()
-        plan = self._plan(batch) if ctx.PL is not None and batch.m else None
-        if batch.kind == "idle" or batch.m == 0:
-            dev.launch(ctx.F, "idle_forward", lambda: None, cost_us=ctx.k_us)
-            batch.copy_done = dev.event("copy_done")
-            dev.record(batch.copy_done, ctx.F)
-        elif batch.kind == "prefill":
-            self._run_prefill(batch)
-        elif ctx.spec:
-            self._run_spec_decode(batch, plan)
-        else:
-            self._run_decode(batch)
-        ctx.pin(batch)
-
-    def _resolve(self, batch: Batch) -> None:
-        ctx = self.ctx
-        fm.check_ring(ctx, batch)
-        cpu = fm.resolve_seq_lens_cpu(ctx, batch)
-        batch.seq_lens_cpu = cpu
-        if cpu is not None:
-            batch.host_lens, batch.exact_lens = cpu, True
-        else:
-            batch.host_lens, batch.exact_lens = [r.kv_committed for r in batch.reqs], False
-        for i, r in enumerate(batch.reqs):
-            used = None if cpu is None else cpu[i]
-            ctx.outcome.request(r.id).seq_lens_cpu[batch.iteration] = used
-            if cpu is not None and cpu[i] + ctx.alloc_len > r.alloc:
-                ctx.outcome.debug_failures.append(DebugFailure(
-                    batch.iteration, r.id, "alloc_overrun",
-                    f"seq_len {cpu[i]} + {ctx.alloc_len} > allocated {r.alloc} columns"))
-
-    def _plan(self, batch: Batch) -> Buffer:
-        """Plan stream: metadata for verify from seq_lens; F waits on PL afterwards."""
-        ctx, dev = self.ctx, self.ctx.dev
-        assert ctx.PL is not None and batch.seq_lens is not None
-        dev.wait_stream(ctx.PL, ctx.S, L.PLAN_SCHEDULE_WAIT)
-        meta = ctx.tmp(batch, "plan_metadata", (batch.m,), I64, ctx.PL)
-        dev.launch(ctx.PL, "plan_metadata", lambda s: s + ctx.N, reads=[batch.seq_lens],
-                   writes=[meta], cost_us=ctx.k_us)
-        dev.wait_stream(ctx.F, ctx.PL, L.PLAN_WAIT)
-        return meta
-
-    def _run_prefill(self, batch: Batch) -> None:
-        ctx, dev = self.ctx, self.ctx.dev
-        staged = batch.results.pop("staged_ids")
-        ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.F)
-        dev.copy(ctx.F, staged, ids, non_blocking=True, cost_us=ctx.d2h_us, name="h2d_input_ids")
-        res = worker.prefill_forward(ctx, batch, ids)
-        if ctx.spec:
-            fm.publish(ctx, batch, res["new_seq_lens"])
-            res = worker.draft_prefill(ctx, batch, res)
-            fm.stash(ctx, batch, res["next_tokens"], res["next_topk_p"], res["next_topk_index"],
-                     res.get("next_hidden"))
-        else:
-            fm.stash(ctx, batch, res["next_tokens"])
-        fm.copy_to_cpu(ctx, batch, {"next_tokens": res["next_tokens"]})
-
-    def _run_spec_decode(self, batch: Batch, plan: Buffer | None) -> None:
-        ctx, dev = self.ctx, self.ctx.dev
-        x = fm.gather_spec_inputs(ctx, batch)
-        res = worker.spec_draft_verify(ctx, batch, x, plan)
-        after_verify = ctx.cfg.publish_point.value == "after_verify"
-        if after_verify:
-            fm.publish(ctx, batch, res["new_seq_lens"])
-        if ctx.barrier == WarBarrier.READ_DONE:
-            ctx.read_done = dev.event("read_done")
-            dev.record(ctx.read_done, ctx.F)
-        res = worker.draft_extend(ctx, batch, res)
-        if not after_verify:
-            fm.publish(ctx, batch, res["new_seq_lens"])
-        fm.stash(ctx, batch, res["next_tokens"], res["next_topk_p"], res["next_topk_index"],
-                 res.get("next_hidden"))
-        keys = ("next_tokens", "accept_lens", "out_tokens")
-        fm.copy_to_cpu(ctx, batch, {k: res[k] for k in keys})
-
-    def _run_decode(self, batch: Batch) -> None:
-        ctx = self.ctx
-        ids = fm.gather_output_tokens(ctx, batch)
-        self._flush_pending_stash()
-        delayed = ctx.cfg.delayed_sampling
-        res = worker.decode_forward(ctx, batch, ids, delayed)
-        if ctx.barrier == WarBarrier.READ_DONE:
-            ctx.read_done = ctx.dev.event("read_done")
-            ctx.dev.record(ctx.read_done, ctx.F)
-        fm.publish(ctx, batch, res["new_seq_lens"])  # non-spec: unread, no event
-        if delayed:
-            batch.logits = res["logits"]
-            return
-        fm.stash(ctx, batch, res["next_tokens"])
-        fm.copy_to_cpu(ctx, batch, {"next_tokens": res["next_tokens"]})
-
-    def _flush_pending_stash(self) -> None:
-        if self.ctx.pending_stash is not None:
-            self.ctx.pending_stash()
-            self.ctx.pending_stash = None
-
-    def delayed_sample(self, batch: Batch) -> None:
-        """Step 7 (non-spec grammar): S builds the grammar mask; F waits on S; sample, stash, copy.
-
-        With ``delayed_stash_after_gather`` the stash is enqueued after the next gather
-        (§9.24's bug) instead of here.
-        """
-        ctx, dev, m = self.ctx, self.ctx.dev, batch.m
-        mask = ctx.tmp(batch, "grammar_mask", (m,), I64, ctx.S)
-        mv = torch.tensor([len(r.tokens) % 3 for r in batch.reqs], dtype=I64)
-        dev.launch(ctx.S, "grammar_mask", lambda: mv, writes=[mask], cost_us=ctx.k_us)
-        dev.wait_stream(ctx.F, ctx.S, L.DELAYED_SAMPLING_ENTRY)
-        nxt = ctx.tmp(batch, "next_token_ids", (m,), I64, ctx.F)
-        dev.launch(ctx.F, "sample", lambda lg, mk: torch.remainder(lg + mk, 997),
-                   reads=[batch.logits, mask], writes=[nxt], cost_us=ctx.k_us, observe="sample")
-        if ctx.cfg.delayed_stash_after_gather:
-            ctx.pending_stash = lambda: fm.stash(ctx, batch, nxt)
-        else:
-            fm.stash(ctx, batch, nxt)
-        fm.copy_to_cpu(ctx, batch, {"next_tokens": nxt})
-
     # -- pop_and_process ------------------------------------------------------------------
     def pop_and_process(self, batch: Batch) -> None:
         """Step 6: the host waits copy_done, reads the results, frees finished requests on S."""
         ctx, dev = self.ctx, self.ctx.dev
+        if batch.parts:  # mixed: each part has its results and copy_done
+            for part in batch.parts:
+                self.pop_and_process(part)
+            return
         assert batch.copy_done is not None
         dev.synchronize(batch.copy_done, L.COPY_DONE_HOST_SYNC)
         dev.host_work("process_results", ctx.t.process_results)

@@ -93,7 +93,7 @@ class Batch:
     the ones publish and stash write (equal to ``slots_in`` at REF, fresh slots in the ring).
     """
 
-    kind: str  # "prefill" | "decode" | "idle"
+    kind: str  # "prefill" | "decode" | "mixed" | "idle"
     iteration: int
     reqs: list[Req]
     chunk_ends: list[int] = field(default_factory=list)  # prefill: positions done after it
@@ -117,6 +117,8 @@ class Batch:
     grammar_mask: Buffer | None = None
     logits: Buffer | None = None
     rows: list[int] = field(default_factory=list)  # request-pool rows, fixed at creation
+    parts: tuple[Batch, ...] = ()  # mixed: (prefill part, decode part)
+    mix_idx: Buffer | None = None  # mixed: mix_running_indices (S-built, read by F's gather)
 
     def __post_init__(self) -> None:
         self.rows = [r.row or 0 for r in self.reqs]

@@ -1,0 +1,89 @@
+"""Mixed batches (non-spec, PROTOCOL.md §9.16, #34076) and late-found finishes (§7).
+
+A mixed chunk's ``mix_running_indices`` is built on S and read by F's gather; without its
+keep-alive the host drops it when run_batch returns and the next S allocation of that size (a
+later prefill's ``future_indices``) reuses the block under the pending gather. Without a WAR
+barrier (HIP, or none) nothing else orders that S write after the gather."""
+
+from __future__ import annotations
+
+import dataclasses as dc
+
+import pytest
+
+from model.config import EventKind as EK
+from model.config import (
+    Mode,
+    Platform,
+    ProtocolConfig,
+    Request,
+    Timing,
+    WarBarrier,
+    Workload,
+    WorkloadEvent,
+)
+from model.errors import HarnessError
+from model.protocol import compare_runs, run_protocol
+from model.trace import RaceKind
+from sim.device import SimDevice
+
+R = Request
+KEEP = "mix_running_indices.keep_alive"
+NOSYNC = ProtocolConfig(mode=Mode.NON_SPEC, war_barrier=WarBarrier.NONE, debug_poison=True)
+MIXED = Workload(
+    iterations=7,
+    requests=(R("A", 0, 10, 40), R("B", 0, 6, 40), R("X", 3, 5, 40), R("C", 4, 5, 40),
+              R("D", 4, 7, 40)),
+    events=(WorkloadEvent(3, EK.MIXED_CHUNK, "X"),),
+)
+
+
+def run(proto: ProtocolConfig, wl: Workload, removed: tuple[str, ...] = (), delays=None):
+    """Overlapped run and its serial oracle: (outcome, races, diffs)."""
+    dev = SimDevice(removed=removed, delays=delays)
+    out = run_protocol(dev, (proto, wl, Timing()))
+    races = dev.finish().races
+    odev = SimDevice(removed=removed, serial=True)
+    o_out = run_protocol(odev, (proto, wl, Timing()))
+    assert odev.finish().races == []
+    return out, races, compare_runs(out, dev.observations, o_out, odev.observations)
+
+
+def reuse_of_mix(races):
+    return [r for r in races if r.kind == RaceKind.REUSE and r.buffer == "mix_running_indices"]
+
+
+@pytest.mark.parametrize("proto", [NOSYNC, dc.replace(NOSYNC, war_barrier=WarBarrier.LOOP_TOP,
+                                                       platform=Platform.HIP)],
+                         ids=["no_barrier", "hip"])
+def test_mix_indices_without_keep_alive_are_reused_under_the_gather(proto) -> None:
+    out, races, _ = run(proto, MIXED, (KEEP,))
+    assert out.batch_kinds[3] == "mixed" and out.batches[3] == ["X", "A", "B"]
+    hits = reuse_of_mix(races)
+    assert hits, sorted({(str(r.kind), r.buffer) for r in races})
+    assert {(r.first.op_name, r.first.agent, r.first.iteration) for r in hits} == {
+        ("gather_output_tokens", "forward", 3)}
+    assert {(r.second.agent, r.second.iteration) for r in hits} == {("schedule", 4)}
+    good, twin, diffs = run(proto, MIXED)
+    assert twin == [] and diffs == [] and good.debug_failures == []
+    assert all(len(good.requests[r].tokens) > 0 for r in "ABXCD")
+
+
+def test_delayed_gather_makes_the_reuse_manifest() -> None:
+    delays = {("gather_output_tokens", 3): 3000.0}
+    out, races, diffs = run(NOSYNC, MIXED, (KEEP,), delays)
+    assert any(r.manifest for r in reuse_of_mix(races))
+    assert diffs and out.failures("poison_assert")  # the gather read C's/D's fresh rows
+    _, twin, twin_diffs = run(NOSYNC, MIXED, (), delays)
+    assert twin == [] and twin_diffs == []
+
+
+def test_loop_top_barrier_orders_the_reuse_after_the_gather() -> None:
+    """At REF (CUDA, loop-top barrier) S waits for all of forward n before reallocating."""
+    out, races, diffs = run(dc.replace(NOSYNC, war_barrier=WarBarrier.LOOP_TOP), MIXED, (KEEP,))
+    assert out.batch_kinds[3] == "mixed" and races == [] and diffs == []
+
+
+def test_mixed_chunk_needs_non_spec() -> None:
+    with pytest.raises(HarnessError, match="mixed_chunk"):
+        run_protocol(SimDevice(), (dc.replace(NOSYNC, mode=Mode.SPEC_V2), MIXED, Timing()))
