@@ -24,7 +24,7 @@ class ValueDiff:
     """One value that differs from the oracle's.
 
     Args:
-        key: what differs: ``"tokens"``, ``"seq_lens_cpu"``, ``"accept_lens"``,
+        key: what differs: ``"tokens"``, ``"skipped_at"``, ``"seq_lens_cpu"``, ``"accept_lens"``,
             ``"debug_failures"``, ``"batch"``, or an observed op's key (``"gather_seq_lens"``).
         iteration: the scheduler iteration (-1 for whole-run values such as tokens).
         request: the request it concerns, where known.
@@ -67,9 +67,10 @@ def _outcome_diffs(got: ProtocolOutcome, exp: ProtocolOutcome) -> list[ValueDiff
         if g is None or e is None:
             out.append(ValueDiff("request", -1, rid, 0, g is not None, e is not None))
             continue
-        d = _first_list_diff(g.tokens, e.tokens)
-        if d:
-            out.append(ValueDiff("tokens", -1, rid, *d))
+        for key in ("tokens", "skipped_at"):
+            d = _first_list_diff(getattr(g, key), getattr(e, key))
+            if d:
+                out.append(ValueDiff(key, -1, rid, *d))
         for key in ("seq_lens_cpu", "accept_lens"):
             gv, ev = getattr(g, key), getattr(e, key)
             for n in sorted(set(gv) | set(ev)):

@@ -22,6 +22,8 @@ class RequestOutcome:
         accept_lens: per decode iteration, the accept length read back from the device.
         finished_at: iteration whose result finished it; None while running at the end.
         retracted_at: iterations at which it was retracted.
+        skipped_at: iterations whose batch still held it after it finished (found finished
+            late, §7): their results were skipped.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -29,6 +31,7 @@ class RequestOutcome:
     accept_lens: dict[int, int] = field(default_factory=dict)
     finished_at: int | None = None
     retracted_at: list[int] = field(default_factory=list)
+    skipped_at: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

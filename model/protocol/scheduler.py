@@ -145,6 +145,11 @@ class Scheduler:
         batch.skip_stash = (of(EventKind.SKIP_SEED) | self.replayed) & ids
         self.replayed = (self.replayed - batch.skip_stash) | batch.double_stash
 
+    def _late_finishes(self) -> set[str]:
+        """Requests a ``finish_late`` event finishes while this iteration processes results."""
+        n = self.ctx.dev.iteration
+        return {e.id for e in self.w.events if e.kind == EventKind.FINISH_LATE and e.at == n}
+
     def _req(self, rid: str) -> Req:
         return next((r for r in self.reqs if r.id == rid), Req(self.reqs[0].spec, 0))
 
@@ -283,7 +288,14 @@ class Scheduler:
     # -- run_batch ------------------------------------------------------------------------
     # -- pop_and_process ------------------------------------------------------------------
     def pop_and_process(self, batch: Batch) -> None:
-        """Step 6: the host waits copy_done, reads the results, frees finished requests on S."""
+        """Step 6: the host waits copy_done, reads the results, frees finished requests on S.
+
+        A request already finished is found in the batch launched after its finish (§7: it
+        "stays in batch n"): its result is skipped and the skip recorded in ``skipped_at``.
+        A ``finish_late`` event at the current iteration makes the host find its request
+        finished here (a stop condition, not ``max_new``), after the batch that still holds it
+        was launched.
+        """
         ctx, dev = self.ctx, self.ctx.dev
         if batch.parts:  # mixed: each part has its results and copy_done
             for part in batch.parts:
@@ -299,8 +311,11 @@ class Scheduler:
                 if flag in vals and int(vals[flag][i]):
                     ctx.outcome.debug_failures.append(DebugFailure(batch.iteration, r.id,
                                                                    check, what))
-            if r.finished or (batch.kind == "prefill" and not batch.last_chunk[i]):
-                continue  # found finished late / intermediate chunk: skipped
+            if r.finished:
+                out.skipped_at.append(batch.iteration)  # found finished late: skipped
+                continue
+            if batch.kind == "prefill" and not batch.last_chunk[i]:
+                continue  # intermediate chunk
             if batch.kind == "decode" and ctx.spec:
                 a = int(vals["accept_lens"][i])
                 new = [int(t) for t in vals["out_tokens"][i, :a]]
@@ -311,7 +326,7 @@ class Scheduler:
             left = r.spec.max_new - len(r.tokens)
             r.tokens += new[:left]
             out.tokens = list(r.tokens)
-            if len(r.tokens) >= r.spec.max_new:
+            if len(r.tokens) >= r.spec.max_new or r.id in self._late_finishes():
                 r.finished = True
                 out.finished_at = batch.iteration
                 self.release(r, "release_kv")

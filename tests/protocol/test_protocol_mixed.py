@@ -87,3 +87,32 @@ def test_loop_top_barrier_orders_the_reuse_after_the_gather() -> None:
 def test_mixed_chunk_needs_non_spec() -> None:
     with pytest.raises(HarnessError, match="mixed_chunk"):
         run_protocol(SimDevice(), (dc.replace(NOSYNC, mode=Mode.SPEC_V2), MIXED, Timing()))
+
+
+# -- finish_late (§7) ------------------------------------------------------------------------
+
+SPEC = ProtocolConfig(debug_poison=True)  # REF
+LATE = Workload(iterations=7, requests=(R("A", 0, 10, 40), R("B", 0, 6, 40), R("C", 4, 5, 40)),
+                events=(WorkloadEvent(3, EK.FINISH_LATE, "A"),))
+
+
+def test_finish_late_is_skipped_and_race_free_at_ref() -> None:
+    """Processing batch 2 at iteration 3 finds A finished; batch 3 still holds A and its
+    result is skipped; C gets A's row at 4, behind the loop-top barrier."""
+    out, races, diffs = run(SPEC, LATE)
+    assert races == [] and diffs == [] and out.debug_failures == []
+    a = out.requests["A"]
+    assert a.finished_at == 2 and a.skipped_at == [3]
+    assert "A" in out.batches[3] and "A" not in out.batches[4] and "C" in out.batches[4]
+    twin, twin_races, _ = run(SPEC, dc.replace(LATE, events=()))
+    assert twin_races == [] and twin.requests["A"].skipped_at == []
+    assert len(twin.requests["A"].tokens) > len(a.tokens)
+
+
+def test_finish_late_with_swa_races_at_ref_31687() -> None:
+    """With SWA the late finish's release clears mapping entries forward 3 still reads."""
+    _, races, _ = run(dc.replace(SPEC, swa=True), LATE)
+    war = [r for r in races if r.kind == RaceKind.WAR and r.buffer == "full_to_swa_index_mapping"]
+    assert war and {(r.second.op_name, r.second.iteration) for r in war} == {("release_kv", 3)}
+    _, fixed, _ = run(dc.replace(SPEC, swa=True, war_barrier=WarBarrier.AFTER_LAUNCH), LATE)
+    assert fixed == []
