@@ -162,7 +162,8 @@ SUITE = [
     ("variants", "plan_stream", dict(
         desc="SGLANG_ENABLE_OVERLAP_PLAN_STREAM: metadata prepared on PL, F waits on PL",
         protocol={**REF, "plan_stream": True}, workload="steady",
-        mutations=[rm("plan.forward_wait", races=["RAW plan_metadata"])])),
+        mutations=[rm("plan.forward_wait", races=["RAW plan_metadata"]),
+                   rm("plan.schedule_wait", races=["RAW seq_lens"])])),
     ("variants", "read_done_barrier", dict(
         desc="#28363: S waits on the runner's one-shot read_done event instead of all of F",
         protocol={**REF, "war_barrier": "read_done"}, workload="recycle",
