@@ -101,6 +101,8 @@ class Ctx:
         self.verify_done = dev.event("verify_done")
         self.verify_done_recorded = False
         self.read_done = None  # the one-shot event of war_barrier = read_done
+        self.stash_done = dev.event("stash_done")  # stash_stream = side: F waits it (stash.fifo)
+        self.stash_recorded = False
         # state
         self.organizer = DraftOrganizer(cfg.topk, cfg.num_steps, self.N, self.P)
         self.outcome = ProtocolOutcome()

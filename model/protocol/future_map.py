@@ -128,6 +128,7 @@ def gather_spec_inputs(ctx: Ctx, batch: Batch) -> dict[str, Buffer | None]:
     dev, F, m = ctx.dev, ctx.F, batch.m
     assert batch.fi is not None
     dev.record_stream(batch.fi, F, L.FUTURE_INDICES_RECORD_STREAM)
+    _after_stash(ctx)
     ctx.ensure_spec_bufs(F)
     assert ctx.topk_p_buf is not None and ctx.topk_index_buf is not None
     rows = list(batch.slots_in)
@@ -177,6 +178,7 @@ def gather_output_tokens(ctx: Ctx, batch: Batch, indices: Buffer | None = None) 
         assert batch.fi is not None
         indices = batch.fi
         dev.record_stream(indices, F, L.FUTURE_INDICES_RECORD_STREAM)
+    _after_stash(ctx)
     ids = ctx.tmp(batch, "input_ids", (batch.m,), I64, F)
     fp = ctx.FP
     dev.launch(F, "gather_output_tokens", lambda buf, fi: buf[clamp_index(fi, fp)],
@@ -234,8 +236,10 @@ def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
           topk_index: Buffer | None = None, hidden: Buffer | None = None) -> None:
     """Scatter the bonus tokens (and top-k, hidden states) into their relay rows.
 
-    On F (FIFO before the next gather), or on the side stream with no event back to F when
-    ``stash_stream = side`` (§9.1's bug). Empty batches return early. Requests in
+    On F (FIFO before the next gather), or, with ``stash_stream = side``, on the side stream
+    after it waits on F, followed by a ``stash_done`` record that F waits on before its next
+    gather (label ``stash.fifo``; removed, §9.1's bug). The side stream's reads are covered
+    by ``record_stream`` so the pin ring may free them. Empty batches return early. Requests in
     ``batch.skip_stash`` are left out (§9.18's missing seed); those in ``batch.double_stash``
     are stashed a second time by a ``stash_replay`` launch (§9.17's WW).
     """
@@ -243,7 +247,7 @@ def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
         return
     stream = ctx.F
     if ctx.side is not None:
-        ctx.dev.wait_stream(ctx.side, ctx.F)  # the data is ready; nothing orders it back
+        ctx.dev.wait_stream(ctx.side, ctx.F)  # the data is ready
         stream = ctx.side
     srcs: list[tuple[Buffer, Buffer | None]] = [(tokens, ctx.output_tokens_buf)]
     if topk_p is not None and topk_index is not None:
@@ -255,6 +259,18 @@ def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
     _scatter(ctx, stream, batch, "stash", keep, srcs)
     dup = [i for i in keep if batch.reqs[i].id in batch.double_stash]
     _scatter(ctx, stream, batch, "stash_replay", dup, srcs)
+    if ctx.side is not None:
+        for src in [s for s, _ in srcs] + [batch.fo]:
+            if src is not None:
+                ctx.dev.record_stream(src, ctx.side)
+        ctx.dev.record(ctx.stash_done, ctx.side)
+        ctx.stash_recorded = True
+
+
+def _after_stash(ctx: Ctx) -> None:
+    """Before a gather on F: wait for the side stream's last stash (``stash.fifo``)."""
+    if ctx.side is not None and ctx.stash_recorded:
+        ctx.dev.wait_event(ctx.F, ctx.stash_done, L.STASH_ORDER)
 
 
 def _scatter(ctx: Ctx, stream, batch: Batch, name: str, pos: list[int],

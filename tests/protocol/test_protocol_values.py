@@ -18,6 +18,7 @@ from model.config import (
     PublishPoint,
     Request,
     SeqLensD2H,
+    StashStream,
     Timing,
     WarBarrier,
     Workload,
@@ -59,6 +60,8 @@ VARIANTS = {
     "hip_forced_barrier": {"platform": Platform.HIP, "force_barrier": True},
     "plan_stream": {"plan_stream": True},
     "delayed_sampling": {"mode": Mode.NON_SPEC, "delayed_sampling": True},
+    "side_stash": {"stash_stream": StashStream.SIDE},
+    "side_stash_nonspec": {"stash_stream": StashStream.SIDE, "mode": Mode.NON_SPEC},
 }
 
 
