@@ -131,7 +131,7 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     scenarios = load_paths(args.paths)
     rows, failed = explore_specs(scenarios, budget=args.explore,
                                  time_limit_s=args.time_limit,
-                                 progress=_Progress(not args.quiet))
+                                 progress=_Progress(not args.quiet), jobs=args.jobs)
     print(_table(rows, ["run", "races", "manifest", "source", "tried", "shrunk delays"]))
     print(f"\n{len(rows) - failed} manifest, {failed} not made manifest")
     return EXIT_MISMATCH if failed else EXIT_OK
@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="schedules to try per racy run (default 64)")
     e.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="seconds per racy run")
+    e.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                   help="explore runs in N processes (multiprocessing pool)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=_cmd_explore)
     return p

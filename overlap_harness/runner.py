@@ -7,6 +7,8 @@ and ``sim`` (the device) together; ``reports`` and the CLI read the :class:`Case
 from __future__ import annotations
 
 import dataclasses
+import functools
+import multiprocessing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -110,45 +112,69 @@ def run_scenarios(
     return results
 
 
+def _trial(sc: Scenario, removed: frozenset[str]):
+    from overlap_harness.explore import Trial
+
+    def trial(delays, jitter, seed) -> Trial:
+        outcome, dev = simulate(sc, removed, delays=delays, jitter=jitter, seed=seed)
+        run = dev.finish()
+        oracle, odev = simulate(sc, removed, serial=True)
+        odev.finish()
+        diffs = compare_runs(outcome, dev.observations, oracle, odev.observations)
+        return Trial(run.races, bool(diffs) or any(r.manifest for r in run.races))
+
+    return trial
+
+
+def explore_spec(spec: RunSpec, budget: int = 64,
+                 time_limit_s: float | None = None) -> list[str] | None:
+    """Explore one run; a table row, or None when the detector finds it race-free.
+
+    A top-level function so a process pool can run it (``explore_specs(jobs=N)``)."""
+    from overlap_harness.explore import explore
+
+    sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    trial = _trial(sc, spec.removed)
+    try:
+        base = trial({}, 0.0, sc.check.seed)
+    except HarnessError:
+        return None
+    if not base.races:
+        return None
+    ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed)
+    keys = ", ".join(sorted({r.key for r in base.races}))
+    keys = keys if len(keys) <= 70 else keys[:67] + "..."
+    shrunk = "-" if ex.shrunk is None else ", ".join(
+        f"{n}@{it}+{us:.0f}us" for (n, it), us in sorted(ex.shrunk.items())) or "(none)"
+    return [spec.run_id, keys, "yes" if ex.manifest else "NO", ex.source or "-",
+            str(ex.tried), shrunk]
+
+
 def explore_specs(
     scenarios: Iterable[Scenario],
     budget: int = 64,
     time_limit_s: float | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    jobs: int = 1,
 ) -> tuple[list[list[str]], int]:
-    """Explore every run the detector finds racy; rows for a table and the count not made
-    manifest."""
-    from overlap_harness.explore import Trial, explore
-
+    """Explore every run the detector finds racy (in ``jobs`` processes); rows for a table
+    and the count of racy runs not made manifest."""
     specs = [s for sc in scenarios for s in expand(sc)]
-    rows, failed = [], 0
-    for i, spec in enumerate(specs):
-        if progress is not None:
-            progress(i, len(specs), spec.run_id)
-        sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
-
-        def trial(delays, jitter, seed, sc=sc, spec=spec) -> Trial:
-            outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed)
-            run = dev.finish()
-            oracle, odev = simulate(sc, spec.removed, serial=True)
-            odev.finish()
-            diffs = compare_runs(outcome, dev.observations, oracle, odev.observations)
-            return Trial(run.races, bool(diffs) or any(r.manifest for r in run.races))
-
-        try:
-            base = trial({}, 0.0, sc.check.seed)
-        except HarnessError:
-            continue
-        if not base.races:
-            continue
-        ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed)
-        keys = ", ".join(sorted({r.key for r in base.races}))
-        keys = keys if len(keys) <= 70 else keys[:67] + "..."
-        shrunk = "-" if ex.shrunk is None else ", ".join(
-            f"{n}@{it}+{us:.0f}us" for (n, it), us in sorted(ex.shrunk.items())) or "(none)"
-        rows.append([spec.run_id, keys, "yes" if ex.manifest else "NO", ex.source or "-",
-                     str(ex.tried), shrunk])
-        failed += not ex.manifest
+    work = functools.partial(explore_spec, budget=budget, time_limit_s=time_limit_s)
+    if jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            found = []
+            for i, row in enumerate(pool.imap(work, specs)):
+                if progress is not None:
+                    progress(i, len(specs), specs[i].run_id)
+                found.append(row)
+    else:
+        found = []
+        for i, spec in enumerate(specs):
+            if progress is not None:
+                progress(i, len(specs), spec.run_id)
+            found.append(work(spec))
     if progress is not None:
         progress(len(specs), len(specs), "")
-    return rows, failed
+    rows = [r for r in found if r is not None]
+    return rows, sum(r[2] != "yes" for r in rows)
