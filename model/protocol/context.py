@@ -104,7 +104,8 @@ class Ctx:
         self.stash_done = dev.event("stash_done")  # stash_stream = side: F waits it (stash.fifo)
         self.stash_recorded = False
         # state
-        self.organizer = DraftOrganizer(cfg.topk, cfg.num_steps, self.N, self.P)
+        self.organizer = DraftOrganizer(cfg.topk, cfg.num_steps, self.N, self.P,
+                                        dev.torch_device)
         self.outcome = ProtocolOutcome()
         self.ring_counter = 0
         self.ring_owner: dict[int, str] = {}

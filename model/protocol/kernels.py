@@ -75,7 +75,7 @@ def _fallback_organize(scores, tokens, parents, n):
     t = torch.cat([x.flatten(1) for x in tokens], dim=1)
     idx = torch.sort(torch.topk(s, n - 1, dim=-1).indices, dim=-1).values
     par = (torch.cat(list(parents[:-1]), dim=1) if len(parents) > 1
-           else torch.empty((s.shape[0], 0), dtype=torch.long))
+           else torch.empty((s.shape[0], 0), dtype=torch.long, device=s.device))
     return par, idx, torch.gather(t, 1, idx)
 
 
@@ -86,11 +86,12 @@ class DraftOrganizer:
     otherwise the slow path. ``max_bs`` is the request pool size.
     """
 
-    def __init__(self, topk: int, num_steps: int, num_draft_tokens: int, max_bs: int) -> None:
+    def __init__(self, topk: int, num_steps: int, num_draft_tokens: int, max_bs: int,
+                 device: str = "cpu") -> None:
         self.n = num_draft_tokens
         self.chain: Any = None
         if topk == 1 and num_draft_tokens == num_steps + 1 and _Topk1Chain is not None:
-            self.chain = _Topk1Chain(num_steps, num_draft_tokens, max(max_bs, 1))
+            self.chain = _Topk1Chain(num_steps, num_draft_tokens, max(max_bs, 1), device)
 
     def draft_tokens(
         self,
@@ -100,7 +101,7 @@ class DraftOrganizer:
     ) -> torch.Tensor:
         """The (b, N-1) draft tokens of the tree the verify checks."""
         if tokens and tokens[0].shape[0] == 0:
-            return torch.zeros((0, self.n - 1), dtype=torch.int64)
+            return torch.zeros((0, self.n - 1), dtype=torch.int64, device=tokens[0].device)
         if self.chain is not None:
             return self.chain.draft(scores, tokens, parents)[2]
         if _organize is not None:

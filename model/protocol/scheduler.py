@@ -170,7 +170,8 @@ class Scheduler:
         sel = rows_cols([r.row], [(0, r.alloc)], ctx.C)
         if ctx.swa_map is not None:
             slots = list(r.slots)
-            ctx.dev.launch(ctx.S, op, lambda r2t: torch.zeros(len(slots), dtype=I64),
+            ctx.dev.launch(ctx.S, op,
+                           lambda r2t: torch.zeros(len(slots), dtype=I64, device=r2t.device),
                            reads=[(ctx.req_to_token, sel)], writes=[(ctx.swa_map, slots)],
                            cost_us=ctx.k_us)
         else:
@@ -186,7 +187,8 @@ class Scheduler:
         if ctx.swa_map is None or hi <= lo:
             return
         slots = r.slots_at(lo, hi)
-        ctx.dev.launch(ctx.S, op, lambda: torch.zeros(len(slots), dtype=I64),
+        zeros = torch.zeros(len(slots), dtype=I64)  # host constant, staged by the device
+        ctx.dev.launch(ctx.S, op, lambda: zeros,
                        writes=[(ctx.swa_map, slots)], cost_us=ctx.k_us)
         r.swa_evicted = max(r.swa_evicted, hi)
 

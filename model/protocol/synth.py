@@ -23,12 +23,17 @@ VOCAB = 997
 
 
 def mix(*xs: torch.Tensor | int) -> torch.Tensor:
-    """A hash-like integer mix of its arguments (broadcast), in [0, MOD)."""
+    """A hash-like integer mix of its arguments (broadcast), in [0, MOD).
+
+    Python ints stay host constants, so the result lives on the tensors' device (a CPU
+    0-dim tensor when every argument is an int).
+    """
     h: torch.Tensor | int = 17
     for x in xs:
-        x = torch.remainder(torch.as_tensor(x, dtype=torch.int64), MOD)
-        h = torch.remainder(torch.as_tensor(h, dtype=torch.int64) * 7919 + x * 104729 + 12345, MOD)
-    return torch.as_tensor(h, dtype=torch.int64)
+        xr = torch.remainder(x.to(torch.int64), MOD) if isinstance(x, torch.Tensor) else x % MOD
+        h = h * 7919 + xr * 104729 + 12345
+        h = torch.remainder(h, MOD) if isinstance(h, torch.Tensor) else h % MOD
+    return h if isinstance(h, torch.Tensor) else torch.tensor(h, dtype=torch.int64)
 
 
 def prompt_token(seed: int, pos: int) -> int:
@@ -51,31 +56,74 @@ def clamp_index(idx: torch.Tensor, n: int) -> torch.Tensor:
     return idx.to(torch.int64).clamp(0, max(n - 1, 0))
 
 
-def context_hash(
+def take_cols(r2t: torch.Tensor, rows: list[int], start: torch.Tensor, width: int) -> torch.Tensor:
+    """``req_to_token[row_i, start_i : start_i + width]`` per request, as (m, width).
+
+    What the draft/verify kernels copy into ``out_cache_loc``; columns are clamped.
+    """
+    dev = r2t.device
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev).clamp(0, r2t.shape[0] - 1)
+    cols = start.to(torch.int64).reshape(-1, 1) + torch.arange(width, device=dev)
+    return r2t[rows_t[:, None], clamp_index(cols, r2t.shape[1])]
+
+
+def context_hashes(
     req_to_token: torch.Tensor,
     kv_cache: torch.Tensor,
-    row: int,
-    length: int,
+    rows: list[int],
+    lengths: torch.Tensor,
     swa_mapping: torch.Tensor | None = None,
     swa_window: int = 0,
+    writes: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Attention's summary of a request's context: its KV positions ``[0, length)``.
+    """Attention's summary of each request's context: its KV positions ``[0, length)``, (m,).
 
     Reads the slot ids ``req_to_token[row, :length]``, then the KV content in those slots,
     and (with SWA) the mapping entries of the last ``swa_window`` positions; a cleared mapping
-    entry (0) or a wrong slot id changes the hash.
+    entry (0) or a wrong slot id changes the hash. ``writes`` = (slots, values, owner) are the
+    forward's own KV writes, in order: request i sees those of requests 0..i (the last write
+    to a slot wins), as if the requests ran one after another.
     """
-    cols = req_to_token.shape[1]
-    length = max(0, min(int(length), cols))
-    r = min(max(int(row), 0), req_to_token.shape[0] - 1)
-    slots = clamp_index(req_to_token[r, :length], kv_cache.shape[0])
-    pos = torch.arange(length, dtype=torch.int64)
-    h = torch.remainder(torch.remainder(kv_cache[slots] * (pos + 1), MOD).sum(), MOD)
-    if swa_mapping is not None and swa_window > 0 and length:
-        w = slots[max(0, length - swa_window):]
-        mapped = swa_mapping[w]
-        h = mix(h, torch.remainder((mapped * (torch.arange(w.numel()) + 3)).sum(), MOD))
+    dev = req_to_token.device
+    n_rows, cols = req_to_token.shape
+    m = len(rows)
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev).clamp(0, max(n_rows - 1, 0))
+    length = lengths.to(torch.int64).reshape(-1).clamp(0, cols)
+    col = torch.arange(cols, dtype=torch.int64, device=dev)
+    slots = clamp_index(req_to_token[rows_t], kv_cache.shape[0])  # (m, C)
+    vals = kv_cache[slots]
+    if writes is not None and writes[0].numel():
+        ws, wv, wo = writes
+        seen = (slots[:, :, None] == ws[None, None, :]) & (
+            wo[None, None, :] <= torch.arange(m, device=dev)[:, None, None])
+        order = torch.arange(ws.numel(), dtype=torch.int64, device=dev)
+        last = torch.where(seen, order, torch.full_like(order, -1)).amax(dim=-1)
+        vals = torch.where(last >= 0, wv.to(torch.int64)[last.clamp(min=0)], vals)
+    inside = col[None, :] < length[:, None]
+    h = torch.remainder((torch.remainder(vals * (col + 1), MOD) * inside).sum(dim=1), MOD)
+    if swa_mapping is not None and swa_window > 0:
+        start = (length - swa_window).clamp(min=0)
+        j = col[None, :] - start[:, None]
+        window = inside & (j >= 0)
+        s2 = torch.remainder((swa_mapping[slots] * (j + 3) * window).sum(dim=1), MOD)
+        h = torch.where(length > 0, mix(h, s2), h)
     return h
+
+
+def overlay(old: torch.Tensor, positions: list[int], owners: list[int], start: torch.Tensor,
+            vals: torch.Tensor) -> torch.Tensor:
+    """A declared KV write: ``old`` content, with the positions the kernel wrote replaced.
+
+    ``positions``/``owners`` (host ints) name each declared element's position and request;
+    the kernel wrote ``vals[i, j]`` at position ``start[i] + j`` of request i.
+    """
+    dev = old.device
+    pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+    own = torch.tensor(owners, dtype=torch.int64, device=dev)
+    width = vals.shape[1]
+    j = pos - start.to(torch.int64)[own]
+    hit = (j >= 0) & (j < width)
+    return torch.where(hit, vals[own, j.clamp(0, max(width - 1, 0))].to(old.dtype), old)
 
 
 def next_token(prev: torch.Tensor, pos: torch.Tensor | int, ctx: torch.Tensor) -> torch.Tensor:
@@ -90,40 +138,45 @@ def draft_token(
     return torch.remainder(mix(prev, pos, aux, 7), VOCAB)
 
 
-def accept_len(inputs: torch.Tensor, length: torch.Tensor | int, ctx: torch.Tensor, n: int) -> int:
-    """How many of the ``n`` verified tokens are accepted, in 1..n (bonus included)."""
-    w = torch.arange(1, inputs.numel() + 1, dtype=torch.int64)
-    s = torch.remainder((torch.remainder(inputs, MOD) * w).sum(), MOD)
-    return 1 + int(mix(s, length, ctx, 13)) % n
+def accept_len(inputs: torch.Tensor, length: torch.Tensor, ctx: torch.Tensor, n: int
+               ) -> torch.Tensor:
+    """How many of the ``n`` verified tokens (rows of ``inputs``, (m, n)) are accepted, per
+    request in 1..n (bonus included)."""
+    w = torch.arange(1, inputs.shape[1] + 1, dtype=torch.int64, device=inputs.device)
+    s = torch.remainder((torch.remainder(inputs, MOD) * w).sum(dim=1), MOD)
+    return 1 + torch.remainder(mix(s, length, ctx, 13), n)
 
 
 def next_topk(
-    token: torch.Tensor, length: torch.Tensor | int, k: int, ones: bool
+    token: torch.Tensor, length: torch.Tensor, k: int, ones: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft top-k (probabilities float32, ids int64) after ``token`` at ``length``.
+    """Draft top-k (probabilities float32, ids int64), (m, k), after ``token`` at ``length``.
 
     ``ones``: after a decode on CUDA with topk=1 the probabilities are all ones (argmax
-    replaces softmax); after a prefill they are real values.
+    replaces softmax); after a prefill they are real values, small integers / 1000 in float32
+    (one correctly rounded division: the same bits on every device).
     """
-    j = torch.arange(k, dtype=torch.int64)
-    ids = torch.remainder(mix(token, length, j, 3), VOCAB)
+    j = torch.arange(k, dtype=torch.int64, device=token.device)[None, :]
+    t, n = token.reshape(-1, 1), length.reshape(-1, 1)
+    ids = torch.remainder(mix(t, n, j, 3), VOCAB)
     if ones:
-        return torch.ones(k, dtype=torch.float32), ids
-    p = (torch.remainder(mix(token, length, j, 4), 997) + 1).to(torch.float32) / 1000.0
+        return torch.ones(ids.shape, dtype=torch.float32, device=token.device), ids
+    p = (torch.remainder(mix(t, n, j, 4), 997) + 1).to(torch.float32) / 1000.0
     return p, ids
 
 
-def next_hidden(token: torch.Tensor, length: torch.Tensor | int, h: int) -> torch.Tensor:
-    """Draft hidden state (float32, integer-valued) after ``token`` at ``length``."""
-    j = torch.arange(h, dtype=torch.int64)
-    return torch.remainder(mix(token, length, j, 5), 1000).to(torch.float32)
+def next_hidden(token: torch.Tensor, length: torch.Tensor, h: int) -> torch.Tensor:
+    """Draft hidden states (float32, integer-valued), (m, h), after ``token`` at ``length``."""
+    j = torch.arange(h, dtype=torch.int64, device=token.device)[None, :]
+    return torch.remainder(mix(token.reshape(-1, 1), length.reshape(-1, 1), j, 5),
+                           1000).to(torch.float32)
 
 
-def hidden_key(hidden: torch.Tensor | None) -> torch.Tensor:
-    """An integer summary of one hidden-state row for the draft (0 when not relayed)."""
+def hidden_keys(hidden: torch.Tensor | None, b: int, device: torch.device) -> torch.Tensor:
+    """An integer summary of each hidden-state row for the draft (0 when not relayed), (b,)."""
     if hidden is None or hidden.numel() == 0:
-        return torch.tensor(0, dtype=torch.int64)
-    return torch.remainder(hidden.to(torch.int64).sum(), MOD)
+        return torch.zeros(b, dtype=torch.int64, device=device)
+    return torch.remainder(hidden.to(torch.int64).sum(dim=1), MOD)
 
 
 def draft_steps(
@@ -142,24 +195,24 @@ def draft_steps(
     slots (``ocl``, from ``req_to_token``) feed the tokens, so a wrong slot id shows.
     """
     b, k = topk_index.shape
-    zeros = torch.zeros(b, dtype=torch.int64)
-    hk = (torch.stack([hidden_key(None if hidden is None else hidden[i]) for i in range(b)])
-          if b else zeros)
-    slot_key = torch.remainder(ocl.to(torch.int64).sum(dim=1), MOD) if ocl.numel() else zeros
+    dev = topk_index.device
+    ar = torch.arange(k, dtype=torch.int64, device=dev)
+    hk = hidden_keys(hidden, b, dev)
+    slot_key = torch.remainder(ocl.to(torch.int64).sum(dim=1), MOD)
     aux = (hk + slot_key)[:, None]
     tok = draft_token(topk_index, seq_lens[:, None] + 1, aux + bonus[:, None])  # (b,k)
     scores = [topk_p.to(torch.float32)[:, None, :]]
     tokens = [tok]
-    parents = [torch.arange(-1, k, dtype=torch.int64).repeat(b, 1)]
+    parents = [torch.arange(-1, k, dtype=torch.int64, device=dev).repeat(b, 1)]
     prev_scores, prev_tok = topk_p.to(torch.float32), tok
     for i in range(1, num_steps):
         child = draft_token(prev_tok[:, :, None], seq_lens[:, None, None] + 1 + i,
-                            aux[:, :, None] + torch.arange(k)[None, None, :])  # (b,k,k)
+                            aux[:, :, None] + ar[None, None, :])  # (b,k,k)
         pc = (torch.remainder(child, 97) + 1).to(torch.float32) / 100.0
         cum = prev_scores[:, :, None] * pc
         scores.append(cum)
         tokens.append(child.reshape(b, k * k))
-        parents.append((torch.arange(k, dtype=torch.int64) + k * k * (i - 1) + k).repeat(b, 1))
+        parents.append((ar + k * k * (i - 1) + k).repeat(b, 1))
         best = cum.reshape(b, k * k).topk(k, dim=1)
         prev_scores = best.values
         prev_tok = torch.gather(child.reshape(b, k * k), 1, best.indices)

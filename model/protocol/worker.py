@@ -5,6 +5,10 @@ mirror, the resolved seq_lens) and computes its values from the device values it
 stale seq_len or slot id gives a wrong value while the declared accesses stay what the program
 meant. Where the host does not know the exact seq_len (the backend opted out of
 ``seq_lens_cpu``) it declares the window the device value must lie in.
+
+The op functions are device code: on ``CudaDevice`` they run at issue on live CUDA tensors, so
+they are vectorised torch ops on their inputs' device, with host-known values (rows, chunk
+bounds, declared positions) captured as Python ints; no value leaves the device.
 """
 
 from __future__ import annotations
@@ -18,12 +22,6 @@ from model.protocol.state import Batch, Req, rows_cols
 from model.protocol.synth import clamp_index
 
 I64 = torch.int64
-
-
-def _take(r2t: torch.Tensor, row: int, start: torch.Tensor | int, width: int) -> torch.Tensor:
-    """``req_to_token[row, start:start+width]`` as the draft/verify kernels copy it."""
-    cols = clamp_index(torch.as_tensor(start, dtype=I64) + torch.arange(width), r2t.shape[1])
-    return r2t[int(row), cols]
 
 
 def windows(ctx: Ctx, batch: Batch, width: int) -> list[tuple[int, int]]:
@@ -55,18 +53,11 @@ def _write_slots(reqs: list[Req], wins: list[tuple[int, int]]) -> list[int]:
     return [s for r, (lo, hi) in zip(reqs, wins, strict=True) for s in r.slots_at(lo, hi)]
 
 
-def _overlay(
-    old: torch.Tensor, wins: list[tuple[int, int]], writes: list[dict[int, int]]
-) -> torch.Tensor:
-    """The declared KV write: old content, with the positions the kernel wrote replaced."""
-    out = old.clone()
-    off = 0
-    for (lo, hi), w in zip(wins, writes, strict=True):
-        for p, v in w.items():
-            if lo <= p < hi:
-                out[off + p - lo] = v
-        off += hi - lo
-    return out
+def _positions(wins: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Per declared element of a windowed write: its position and its request index."""
+    pos = [p for lo, hi in wins for p in range(lo, hi)]
+    own = [i for i, (lo, hi) in enumerate(wins) for _ in range(lo, hi)]
+    return pos, own
 
 
 def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
@@ -80,22 +71,22 @@ def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
     reads = [ids, *_ctx_reads(ctx, batch, ends), (ctx.kv_cache, wslots)]
     swa, w = ctx.swa_map is not None, ctx.swa_window
 
+    pos, own = _positions(wins)
+    lasts = [sum(e - s for s, e in wins[:i + 1]) - 1 for i in range(m)]
+    cols, ns = ctx.C, ctx.NS
+
     def fn(ids_v, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
-        kv2 = kv.clone()
-        out_t, off, writes = [], 0, []
-        for i in range(m):
-            s, e = starts[i], ends[i]
-            toks = ids_v[off:off + e - s]
-            off += e - s
-            slots = clamp_index(_take(r2t, rows[i], s, e - s), kv.shape[0])
-            vals = synth.kv_value(toks, torch.arange(s, e), slots)
-            kv2[slots] = vals
-            writes.append({s + j: int(vals[j]) for j in range(e - s)})
-            c = synth.context_hash(r2t, kv2, rows[i], e, swa_v, w)
-            out_t.append(int(synth.next_token(toks[-1], e, c)))
-        kvw = _overlay(kv[torch.as_tensor(wslots, dtype=I64)], wins, writes)
-        return kvw, torch.tensor(out_t, dtype=I64), torch.tensor(ends, dtype=I64)
+        dv = ids_v.device
+        p_t = torch.tensor(pos, dtype=I64, device=dv)
+        o_t = torch.tensor(own, dtype=I64, device=dv)
+        row_t = torch.tensor(rows, dtype=I64, device=dv)[o_t]
+        slots = clamp_index(r2t[row_t, clamp_index(p_t, cols)], ns)
+        vals = synth.kv_value(ids_v, p_t, slots)
+        lens = torch.tensor(ends, dtype=I64, device=dv)
+        c = synth.context_hashes(r2t, kv, rows, lens, swa_v, w, (slots, vals, o_t))
+        last = ids_v[torch.tensor(lasts, dtype=I64, device=dv)]
+        return vals, synth.next_token(last, lens, c), lens
 
     dev.launch(F, "prefill_forward", fn, reads=reads,
                writes=[(ctx.kv_cache, wslots), nxt, nsl],
@@ -121,17 +112,10 @@ def _extend(
         writes.append(hid)
 
     def fn(tok, lens):
-        ps, ids, hs = [], [], []
-        for i in range(m):
-            p, x = synth.next_topk(tok[i], lens[i], k, ones and k == 1)
-            ps.append(p)
-            ids.append(x)
-            hs.append(synth.next_hidden(tok[i], lens[i], h))
-        out = [torch.stack(ps) if m else torch.zeros(0, k),
-               torch.stack(ids) if m else torch.zeros(0, k)]
-        if hid is not None:
-            out.append(torch.stack(hs) if m else torch.zeros(0, h))
-        return tuple(out)
+        p, ids = synth.next_topk(tok, lens, k, ones and k == 1)
+        if hid is None:
+            return p, ids
+        return p, ids, synth.next_hidden(tok, lens, h)
 
     dev.launch(F, name, fn, reads=[res["next_tokens"], res["new_seq_lens"]], writes=writes,
                cost_us=ctx.extend_us)
@@ -149,8 +133,7 @@ def spec_draft_verify(ctx: Ctx, batch: Batch, x: dict[str, Buffer | None],
     rows, sl = batch.rows, batch.seq_lens
     assert sl is not None
     docl = ctx.tmp(batch, "draft_out_cache_loc", (m, ts), I64, F)
-    dev.launch(F, "draft_out_cache_loc",
-               lambda s, r2t: torch.stack([_take(r2t, rows[i], s[i], ts) for i in range(m)]),
+    dev.launch(F, "draft_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, ts),
                reads=[sl, (ctx.req_to_token, rows_cols(rows, windows(ctx, batch, ts), ctx.C))],
                writes=[docl], cost_us=ctx.k_us, observe="draft_out_cache_loc")
     drafts = ctx.tmp(batch, "draft_tokens", (m, N - 1), I64, F)
@@ -165,8 +148,7 @@ def spec_draft_verify(ctx: Ctx, batch: Batch, x: dict[str, Buffer | None],
     dreads += [x["hidden"]] if has_h else []
     dev.launch(F, "draft", draft, reads=dreads, writes=[drafts], cost_us=ctx.draft_us)
     vocl = ctx.tmp(batch, "out_cache_loc", (m, N), I64, F)
-    dev.launch(F, "verify_out_cache_loc",
-               lambda s, r2t: torch.stack([_take(r2t, rows[i], s[i], N) for i in range(m)]),
+    dev.launch(F, "verify_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, N),
                reads=[sl, (ctx.req_to_token, rows_cols(rows, windows(ctx, batch, N), ctx.C))],
                writes=[vocl], cost_us=ctx.k_us, observe="verify_out_cache_loc")
     return _verify(ctx, batch, x["bonus"], drafts, vocl, plan)
@@ -186,30 +168,27 @@ def _verify(ctx: Ctx, batch: Batch, bonus, drafts, vocl, plan) -> dict[str, Buff
         reads.append(plan)
     swa, w = ctx.swa_map is not None, ctx.swa_window
 
+    pos, own = _positions(wins)
+
     def fn(b, d, s, ocl, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
         kv_old = rest[1] if swa else rest[0]
-        pl = rest[-1] if plan is not None else None
-        nt, acc, nsl, outs, writes = [], [], [], [], []
-        for i in range(m):
-            n0 = int(s[i])
-            c = synth.context_hash(r2t, kv, rows[i], n0, swa_v, w)
-            if pl is not None:
-                c = synth.mix(c, pl[i])
-            inp = torch.cat([b[i:i + 1], d[i]])
-            a = synth.accept_len(inp, n0, c, N)
-            nb = int(synth.next_token(inp[a - 1], n0 + a, c))
-            vals = synth.kv_value(inp, torch.arange(n0, n0 + N), ocl[i])
-            writes.append({n0 + j: int(vals[j]) for j in range(N)})
-            row = [int(t) for t in d[i, :a - 1]] + [nb] + [-1] * (N - a)
-            nt.append(nb)
-            acc.append(a)
-            nsl.append(n0 + a)
-            outs.append(row)
-        kvw = _overlay(kv_old[torch.as_tensor(wslots, dtype=I64)], wins, writes)
-        t = torch.tensor
-        return (kvw, t(nt, dtype=I64), t(acc, dtype=I64), t(nsl, dtype=I64),
-                t(outs, dtype=I64).reshape(m, N))
+        dv = b.device
+        n0 = s.to(I64)
+        c = synth.context_hashes(r2t, kv, rows, n0, swa_v, w)
+        if plan is not None:
+            c = synth.mix(c, rest[-1])
+        inp = torch.cat([b.to(I64)[:, None], d.to(I64)], dim=1)  # (m, N)
+        a = synth.accept_len(inp, n0, c, N)
+        nb = synth.next_token(inp.gather(1, (a - 1)[:, None])[:, 0], n0 + a, c)
+        j = torch.arange(N, dtype=I64, device=dv)[None, :]
+        vals = synth.kv_value(inp, n0[:, None] + j, ocl)
+        kvw = synth.overlay(kv_old[torch.tensor(wslots, dtype=I64, device=dv)], pos, own,
+                            n0, vals)
+        drafts = torch.cat([inp[:, 1:], torch.full_like(inp[:, :1], -1)], dim=1)
+        acc = (a - 1)[:, None]
+        outs = torch.where(j < acc, drafts, torch.where(j == acc, nb[:, None], -1))
+        return kvw, nb, a, n0 + a, outs
 
     dev.launch(F, "verify", fn, reads=reads,
                writes=[(ctx.kv_cache, wslots), res["next_tokens"], res["accept_lens"],
@@ -239,19 +218,20 @@ def decode_forward(ctx: Ctx, batch: Batch, ids: Buffer, delayed: bool) -> dict[s
     his = [n + 1 for n in batch.host_lens]
     swa, w = ctx.swa_map is not None, ctx.swa_window
 
+    pos, own = _positions(wins)
+    ns = ctx.NS
+
     def fn(tok, s, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
-        kv2, nt, writes = kv.clone(), [], []
-        for i in range(m):
-            n0 = int(s[i])
-            slot = clamp_index(_take(r2t, rows[i], n0, 1), kv.shape[0])
-            v = synth.kv_value(tok[i:i + 1], n0, slot)
-            kv2[slot] = v
-            writes.append({n0: int(v[0])})
-            c = synth.context_hash(r2t, kv2, rows[i], n0 + 1, swa_v, w)
-            nt.append(int(synth.next_token(tok[i], n0 + 1, c)))
-        kvw = _overlay(kv[torch.as_tensor(wslots, dtype=I64)], wins, writes)
-        return kvw, torch.tensor(nt, dtype=I64), s + 1
+        dv = tok.device
+        n0 = s.to(I64)
+        slot = clamp_index(synth.take_cols(r2t, rows, n0, 1)[:, 0], ns)
+        v = synth.kv_value(tok, n0, slot)
+        mine = torch.arange(m, dtype=I64, device=dv)
+        c = synth.context_hashes(r2t, kv, rows, n0 + 1, swa_v, w, (slot, v, mine))
+        kvw = synth.overlay(kv[torch.tensor(wslots, dtype=I64, device=dv)], pos, own, n0,
+                            v[:, None])
+        return kvw, synth.next_token(tok, n0 + 1, c), s + 1
 
     reads = [ids, sl, *_ctx_reads(ctx, batch, his)]
     dev.launch(F, "decode_forward", fn, reads=reads,
