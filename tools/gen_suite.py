@@ -38,6 +38,27 @@ W = {
              '  { id = "C", arrive = 2, prompt_len = 12, max_new = 8 },\n'
              '  { id = "D", arrive = 4, prompt_len = 7, max_new = 60 },\n'
              '  { id = "E", arrive = 9, prompt_len = 9, max_new = 60 },\n]\n'),
+    "mixed_chunk": ('iterations = 7\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n'
+                    '  { id = "B", arrive = 0, prompt_len = 6, max_new = 40 },\n'
+                    '  { id = "X", arrive = 3, prompt_len = 5, max_new = 40 },\n'
+                    '  { id = "C", arrive = 4, prompt_len = 5, max_new = 40 },\n'
+                    '  { id = "D", arrive = 4, prompt_len = 7, max_new = 40 },\n]\n'
+                    'events = [{ at = 3, kind = "mixed_chunk", id = "X" }]\n'),
+    "double_stash": ('iterations = 7\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n'
+                     '  { id = "B", arrive = 0, prompt_len = 6, max_new = 40 },\n]\n'
+                     'events = [{ at = 3, kind = "double_stash", id = "A" }]\n'),
+    "skip_seed": ('iterations = 7\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n'
+                  '  { id = "B", arrive = 0, prompt_len = 6, max_new = 40 },\n]\n'
+                  'events = [{ at = 0, kind = "skip_seed", id = "B" }]\n'),
+    "merge_skip_publish": ('iterations = 6\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n'
+                           '  { id = "B", arrive = 0, prompt_len = 6, max_new = 40 },\n'
+                           '  { id = "C", arrive = 3, prompt_len = 5, max_new = 40 },\n'
+                           '  { id = "D", arrive = 3, prompt_len = 7, max_new = 40 },\n]\n'
+                           'events = [{ at = 3, kind = "skip_publish", id = "C" }]\n'),
+    "finish_late": ('iterations = 7\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n'
+                    '  { id = "B", arrive = 0, prompt_len = 6, max_new = 40 },\n'
+                    '  { id = "C", arrive = 4, prompt_len = 5, max_new = 40 },\n]\n'
+                    'events = [{ at = 3, kind = "finish_late", id = "A" }]\n'),
     "solo": ('iterations = 6\nrequests = [\n  { id = "A", arrive = 0, prompt_len = 10, max_new = 40 },\n]\n'),
 }
 

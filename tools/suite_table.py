@@ -34,8 +34,10 @@ SUITE = [
         desc="§9.1: stash(n) precedes gather(n+1) in F's FIFO; a stash moved to a side stream "
              "with no event races the next gather",
         protocol=REF, workload="steady",
-        mutations=[st(races=["RAW output_tokens_buf"], name="stash_on_side_stream",
-                      stash_stream="side")])),
+        mutations=[st("race_free", name="side_stream_with_event", stash_stream="side"),
+                   {"name": "side_stream_no_event", "set": {"stash_stream": "side"},
+                    "remove": ["stash.fifo"], "expect": "race",
+                    "races": ["RAW output_tokens_buf"]}])),
     ("protocol", "s02_schedule_waits_publish", dict(
         desc="§9.2: with no WAR barrier, S's seq_lens gather is ordered after verify only by "
              "its wait on publish_ready",
@@ -103,11 +105,31 @@ SUITE = [
         desc="§9.15: snapshot tensors pinned for fewer than 2 iterations are freed mid-read",
         protocol=NB, workload="steady",
         mutations=[st(name="ring_depth_0", pin_ring_depth=0)])),
+    ("protocol", "s16_mix_running_indices_lifetime", dict(
+        desc="§9.16 (#34076): a mixed chunk's mix_running_indices, built on S, must stay alive "
+             "until F's gather; without the keep-alive the allocator reuses it",
+        protocol={"mode": "non_spec", "war_barrier": "none"}, workload="mixed_chunk",
+        mutations=[rm("mix_running_indices.keep_alive", races=["reuse mix_running_indices"])])),
+    ("protocol", "s17_wwrr_double_stash", dict(
+        desc="§9.17 (#26108): two stashes to one row, then two gathers: the -1 poison assert "
+             "fires on the second gather; without poison the first value is silently lost",
+        protocol=REF, workload="double_stash", expect="fault",
+        mutations=[st("race_free", name="no_poison_silent_loss", debug_poison=False)])),
+    ("protocol", "s18_gather_before_any_stash", dict(
+        desc="§9.18: a missing seed: the gather reads a never-stashed row; the CI assert fires, "
+             "production reads garbage",
+        protocol=REF, workload="skip_seed", expect="fault",
+        mutations=[st("race_free", name="no_poison_reads_garbage", debug_poison=False)])),
     ("protocol", "s19_chunked_prefill_rows", dict(
         desc="§9.19: chunked prefill re-stashes one row per chunk; with row slots only the "
              "last value is read",
         protocol=REF, workload="chunked",
         mutations=[st("fault", name="old_ring_layout", future_layout="ring", ring_size=3)])),
+    ("protocol", "s21_merge_prefill_skip_publish", dict(
+        desc="§9.21: prefill [C, D] merged into running [A, B]; C's publish is skipped, so its "
+             "seq_lens are stale; the #30471 poison of new_seq_lens_buf catches it",
+        protocol=REF, workload="merge_skip_publish", expect="fault",
+        mutations=[st("race_free", name="no_poison_stale_seq_lens", debug_poison=False)])),
     ("protocol", "s23_non_cuda_path", dict(
         desc="§9.23: HIP: no D2H stream, the host waits on publish_ready then .cpu(); "
              "skipping the host wait reads a stale length",
@@ -191,8 +213,9 @@ SUITE = [
     ("variants", "no_hidden_states", dict(
         desc="STANDALONE / multi-layer EAGLE: hidden states not relayed",
         protocol={**REF, "hidden_states": False}, workload="steady",
-        mutations=[st(name="stash_on_side_stream", races=["RAW output_tokens_buf"],
-                      stash_stream="side")])),
+        mutations=[{"name": "side_stream_no_event", "set": {"stash_stream": "side"},
+                    "remove": ["stash.fifo"], "expect": "race",
+                    "races": ["RAW output_tokens_buf"]}])),
     ("variants", "unfused_gather", dict(
         desc="The 4-gather reference instead of the fused spec-extras gather",
         protocol={**REF, "gather": "unfused"}, workload="steady",
@@ -224,6 +247,11 @@ SUITE = [
              "stays race-free",
         protocol=REF, workload="steady", timing={"schedule_prep": 3000.0, "host_launch": 20.0},
         mutations=[rm("publish_ready.d2h_wait", races=["RAW new_seq_lens_buf"])])),
+    ("variants", "finish_late", dict(
+        desc="A request found finished late stays in batch n and is skipped in result "
+             "processing; with SWA its release races the in-flight forward (#31687)",
+        protocol=REF, workload="finish_late",
+        mutations=[st(name="with_swa", races=["WAR full_to_swa_index_mapping"], swa=True)])),
     ("variants", "after_launch_recycle", dict(
         desc="#31687's barrier placement on the recycled-row workload",
         protocol={**REF, "war_barrier": "after_launch"}, workload="recycle",
