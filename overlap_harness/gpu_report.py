@@ -1,0 +1,189 @@
+"""The GPU suite report: replays as JSON-ready rows, a summary, and a Markdown page.
+
+Pure data in, text out: :func:`run_row` turns one :class:`RunReplay` into the JSON row that
+``tests/gpu_check/test_suite_report.py`` checks on CPU, :func:`summarize` gives the headline
+figures and :func:`render_markdown` the page committed beside the JSON as
+``reports/gpu/<date>-<device>.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from overlap_harness.gpu_replay import TIMED, RunReplay, Tally, rel_err
+
+MATCH_TARGET = 0.95  # racy runs: at least 19 of 20 trials show exactly the predicted values
+
+
+def device_slug(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"h200"``: the report file's device part."""
+    words = re.findall(r"[A-Za-z0-9]+", name)
+    return (words[-1] if words else "gpu").lower()
+
+
+def _delays(d: dict[tuple[str, int], float]) -> dict[str, float]:
+    return {f"{n}@{it}": round(us, 1) for (n, it), us in sorted(d.items())}
+
+
+def tally_dict(t: Tally) -> dict[str, Any]:
+    """One schedule's counts as JSON."""
+    return {"delays_us": _delays(t.delays), "trials": t.trials, "equal": t.equal,
+            "same_diffs": t.same_diffs, "equal_oracle": t.equal_oracle,
+            "manifest": t.manifest, "verdicts": dict(t.verdicts), "errors": t.errors,
+            "first_mismatch": t.first_mismatch, "metrics_median": t.median_metrics()}
+
+
+def timing_dict(r: RunReplay) -> dict[str, Any] | None:
+    """Per metric: simulated (launch cost as measured), simulated as the scenario is written,
+    the device's median, and the relative error of the first."""
+    dev = r.main.median_metrics()
+    sim = r.sim_metrics()
+    if dev is None or sim is None:
+        return None
+    written = r.plan.sim_as_written
+    out: dict[str, Any] = {}
+    for k in TIMED:
+        s = getattr(sim, k)
+        out[k] = {"sim": s, "sim_as_written": None if written is None else getattr(written, k),
+                  "gpu": dev[k], "rel_err": rel_err(s, dev[k])}
+    return out
+
+
+def run_row(r: RunReplay) -> dict[str, Any]:
+    """One run of the suite as a report row."""
+    p = r.plan
+    row: dict[str, Any] = {
+        "run_id": p.spec.run_id, "scenario": p.spec.scenario.name,
+        "mutation": p.spec.mutation_name or "base", "expect": str(p.spec.expect),
+        "kind": p.kind, "sim_verdict": p.sim_verdict, "error": p.error,
+        "gpu_verdicts": dict(r.main.verdicts), "main": tally_dict(r.main),
+        "timing": timing_dict(r), "csan": r.csan,
+    }
+    if p.kind == "race_free":
+        row["agreement"] = r.agreement
+    if p.kind == "racy":
+        row["schedule"] = {"source": p.schedule_source,
+                           "explore_delays_us": _delays(p.explore_delays or {}),
+                           "delays_us": _delays(p.delays), "tight_pairs_left": p.tight_left}
+        row["predicted_diffs"] = p.predicted_diffs
+        row["match"] = r.main.equal
+        row["baseline"] = None if r.baseline is None else tally_dict(r.baseline)
+    return row
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Headline figures over the report rows."""
+    free = [r for r in rows if r["kind"] == "race_free"]
+    racy = [r for r in rows if r["kind"] == "racy"]
+    tr = sum(r["main"]["trials"] for r in free)
+    agree = sum(min(r["main"]["equal"], r["main"]["equal_oracle"]) for r in free)
+    good = [r for r in racy if r["main"]["trials"]
+            and r["match"] >= MATCH_TARGET * r["main"]["trials"]]
+    errs: dict[str, list[float]] = {k: [] for k in TIMED}
+    for r in rows:
+        for k, v in (r["timing"] or {}).items():
+            if v["rel_err"] is not None:
+                errs[k].append(abs(v["rel_err"]))
+    return {
+        "runs": len(rows), "race_free_runs": len(free), "racy_runs": len(racy),
+        "error_runs": sum(r["kind"] == "error" for r in rows),
+        "race_free_trials": tr, "race_free_trials_agreeing": agree,
+        "race_free_agreement_pct": round(100 * agree / tr, 2) if tr else None,
+        "race_free_runs_all_agreeing": sum(bool(r["agreement"]) for r in free),
+        "racy_trials": sum(r["main"]["trials"] for r in racy),
+        "racy_trials_matching": sum(r["match"] for r in racy),
+        "racy_runs_at_target": len(good),
+        "baseline_trials": sum(r["baseline"]["trials"] for r in racy if r["baseline"]),
+        "baseline_manifest": sum(r["baseline"]["manifest"] for r in racy if r["baseline"]),
+        "timing_median_abs_rel_err": {k: round(statistics.median(v), 3) if v else None
+                                      for k, v in errs.items()},
+        "csan": dict(_count(r["csan"]["verdict"] for r in rows if r.get("csan"))),
+    }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def passed(summary: dict[str, Any]) -> bool:
+    """Every race-free run agrees in every trial; every racy run reaches the target."""
+    return (summary["race_free_runs_all_agreeing"] == summary["race_free_runs"]
+            and summary["racy_runs_at_target"] == summary["racy_runs"])
+
+
+def _frac(k: int, n: int) -> str:
+    return f"{k}/{n}" if n else "-"
+
+
+def _err(t: dict[str, Any] | None, key: str) -> str:
+    if not t:
+        return "-"
+    v = t[key]
+    e = "-" if v["rel_err"] is None else f"{100 * v['rel_err']:+.0f}%"
+    return f"{v['sim'] / 1000:.0f}/{v['gpu'] / 1000:.0f} ({e})"
+
+
+def _verdicts(c: dict[str, int]) -> str:
+    return ", ".join(f"{k}×{n}" if n > 1 else k for k, n in sorted(c.items())) or "-"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report page: where and how it ran, the headline figures, one row per run."""
+    s = report["summary"]
+    lines = [
+        "# The suite on real CUDA streams: differential replay against the simulator", "",
+        f"- device: {report['device']}", f"- driver: {report['driver']}",
+        f"- torch: {report['torch']} (CUDA {report['cuda']}), Python {report['python']}",
+        f"- date: {report['date']}", f"- command: `{report['command']}`",
+        f"- trials: {report['trials']} a schedule; host launch cost measured "
+        f"{report['host_launch_us']:.1f} µs (the simulations below use it); `_sleep` "
+        f"{report['calibration']['cycles_per_us']:.1f} cycles/µs; delay floor "
+        f"{report['floor_us']:.0f} µs, racing accesses widened to {report['min_gap_us']:.0f} µs",
+        f"- data: `{report['json_name']}` (same folder)", "",
+        "## Headline", "",
+        f"- race-free runs: {s['race_free_runs_all_agreeing']}/{s['race_free_runs']} agree in "
+        f"every trial; {s['race_free_trials_agreeing']}/{s['race_free_trials']} trials "
+        f"bit-identical to the simulator and the oracle ({s['race_free_agreement_pct']}%)",
+        f"- racy runs under injected delays: {s['racy_runs_at_target']}/{s['racy_runs']} at "
+        f"≥{MATCH_TARGET:.0%}; {s['racy_trials_matching']}/{s['racy_trials']} trials show "
+        "exactly the predicted values",
+        f"- racy runs without delays (baseline): {s['baseline_manifest']}/"
+        f"{s['baseline_trials']} trials show wrong values",
+        "- timing, median |relative error| of the model: " + ", ".join(
+            f"{k} {v:.0%}" if v is not None else f"{k} -"
+            for k, v in s["timing_median_abs_rel_err"].items()),
+    ]
+    if s["csan"]:
+        lines.append("- CSAN verdicts: " + _verdicts(s["csan"]))
+    lines += ["", "## Runs", "",
+              "Values: trials equal to the simulated run (race-free) or to the prediction "
+              "under the delays (racy). Times: µs per iteration, host stall, forward idle as "
+              "sim/GPU (relative error).", "",
+              "| run | expect | sim | GPU detector | values | baseline wrong | iteration "
+              "| host stall | fwd idle | CSAN |", "| --- " * 10 + "|"]
+    for r in report["runs"]:
+        m = r["main"]
+        vals = _frac(min(m["equal"], m["equal_oracle"]) if r["kind"] == "race_free"
+                     else m["equal"], m["trials"]) if r["kind"] != "error" else "-"
+        base = _frac(r["baseline"]["manifest"], r["baseline"]["trials"]) \
+            if r.get("baseline") else "-"
+        csan = r["csan"]["verdict"] if r.get("csan") else "-"
+        t = r["timing"]
+        lines.append(f"| {r['scenario']}[{r['mutation']}] | {r['expect']} | {r['sim_verdict']} "
+                     f"| {_verdicts(r['gpu_verdicts'])} | {vals} | {base} "
+                     f"| {_err(t, 'iteration_ns')} | {_err(t, 'host_stall_ns')} "
+                     f"| {_err(t, 'forward_idle_ns')} | {csan} |")
+    bad = [r for r in report["runs"] if r["kind"] != "error"
+           and (r["main"]["errors"] or r["main"]["first_mismatch"])]
+    if bad:
+        lines += ["", "## Mismatches and errors", ""]
+        for r in bad:
+            what = r["main"]["errors"] or r["main"]["first_mismatch"]
+            lines.append(f"- {r['run_id']}: " + "; ".join(what)[:400])
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,145 @@
+"""The GPU replay's logic on CPU: SimDevice stands in for CudaDevice through the device factory.
+
+Delay scaling, widening of tight racing pairs, the launch-cost estimate, the trial tallies, the
+report rows and page, and the CLI's refusal without CUDA. The simulated device is
+deterministic, so a replay on it must agree in every trial: any miss is a bug of the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.errors import HarnessError
+from overlap_harness.cli import EXIT_BAD_INPUT, main
+from overlap_harness.gpu_plan import (
+    FLOOR_US,
+    Plan,
+    plan_spec,
+    scale_delays,
+    sim_run,
+    tight_pairs,
+)
+from overlap_harness.gpu_replay import Tally, TrialResult, launch_cost_us, rel_err, replay
+from overlap_harness.gpu_report import device_slug, passed, render_markdown, run_row, summarize
+from scenarios.expand import RunSpec, expand
+from scenarios.loader import load_paths
+
+SUITE = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def sim_factory(plan: Plan, delays: Mapping[tuple[str, int], float]):
+    """The simulated device in CudaDevice's place: same removed syncs, launch cost, delays."""
+    from sim.device import SimDevice
+
+    return SimDevice(plan.spec.removed, host_launch_us=plan.host_launch_us, delays=delays)
+
+
+def spec(path: str, mutation: str) -> RunSpec:
+    (sc,) = load_paths([SUITE / path])
+    return next(s for s in expand(sc) if (s.mutation_name or "base") == mutation)
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, Plan]:
+    """A race-free run, a racy run made manifest by a targeted delay, a racy run that is
+    manifest without delays, all planned with a GPU-like 25 µs launch cost."""
+    return {
+        "free": plan_spec(spec("protocol/s07_swa_mapping_war.toml", "base"), 25.0),
+        "targeted": plan_spec(spec("protocol/s07_swa_mapping_war.toml", "war_barrier"), 25.0),
+        "baseline": plan_spec(spec("protocol/s03_d2h_waits_publish.toml",
+                                   "publish_ready.d2h_wait"), 25.0),
+    }
+
+
+def test_scale_raises_every_delay_to_the_floor_and_keeps_larger_ones() -> None:
+    got = scale_delays({("verify", 3): 30.0, ("publish", 0): 2500.0}, floor_us=2000.0)
+    assert got == {("verify", 3): 2000.0, ("publish", 0): 2500.0}
+    assert scale_delays({("a", 1): 1500.0}, floor_us=100.0, factor=2.0) == {("a", 1): 3000.0}
+    assert scale_delays({}) == {}
+
+
+def test_launch_cost_of_a_simulated_run_is_its_host_launch(plans: dict[str, Plan]) -> None:
+    _view, run = sim_run(plans["free"].scenario, plans["free"].spec.removed)
+    assert launch_cost_us(run.timeline) == pytest.approx(25.0)
+    with pytest.raises(HarnessError, match="no two consecutive stream ops"):
+        launch_cost_us([])
+
+
+def test_plans_classify_and_predict(plans: dict[str, Plan]) -> None:
+    free, targeted, base = plans["free"], plans["targeted"], plans["baseline"]
+    assert (free.kind, free.sim_verdict, free.delays) == ("race_free", "race_free", {})
+    assert targeted.kind == "racy" and targeted.schedule_source.startswith("targeted")
+    assert all(v >= FLOOR_US for k, v in targeted.delays.items()
+               if k in (targeted.explore_delays or {}))
+    assert targeted.predicted_diffs and base.predicted_diffs  # wrong values predicted
+    assert base.schedule_source == "baseline" and base.tight_left == 0
+
+
+def test_widened_schedule_leaves_no_tight_movable_pair(plans: dict[str, Plan]) -> None:
+    p = plans["targeted"]
+    _view, run = sim_run(p.scenario, p.spec.removed, p.delays)
+    assert [need for _r, need in tight_pairs(run) if need > 0] == []
+
+
+def test_replay_on_the_simulator_agrees_in_every_trial(plans: dict[str, Plan]) -> None:
+    free = replay(plans["free"], sim_factory, trials=3)
+    assert free.agreement and free.main.equal == free.main.trials == 3
+    assert free.main.verdicts == {"race_free": 3}
+    racy = replay(plans["targeted"], sim_factory, trials=3, baseline_trials=2)
+    assert racy.main.equal == racy.main.same_diffs == racy.main.manifest == 3
+    assert racy.match_rate() == 1.0 and racy.main.verdicts == {"race": 3}
+    assert racy.baseline is not None and racy.baseline.trials == 2
+    assert racy.baseline.equal == 2  # the no-delay run is the simulator's own, too
+
+
+def test_a_device_that_ignores_the_delays_is_caught(plans: dict[str, Plan]) -> None:
+    def no_delays(plan: Plan, _delays: Mapping[tuple[str, int], float]):
+        return sim_factory(plan, {})
+
+    r = replay(plans["targeted"], no_delays, trials=2, baseline_trials=1, warm_up=False)
+    assert r.main.equal == 0 and r.main.first_mismatch
+    assert r.match_rate() == 0.0
+
+
+def test_tally_counts_errors_once_each() -> None:
+    t = Tally()
+    for _ in range(3):
+        t.add(TrialResult(None, "error", error="CUDA error: boom"), None, None)
+    assert (t.trials, t.verdicts["error"], t.errors) == (3, 3, ["CUDA error: boom"])
+    assert t.median_metrics() is None
+
+
+def test_report_rows_summary_and_page(plans: dict[str, Plan]) -> None:
+    replays = [replay(plans["free"], sim_factory, trials=2),
+               replay(plans["targeted"], sim_factory, trials=2, baseline_trials=1)]
+    rows = [run_row(r) for r in replays]
+    assert rows[0]["agreement"] is True and rows[1]["match"] == 2
+    assert rows[1]["schedule"]["delays_us"] and rows[1]["baseline"]["trials"] == 1
+    assert rows[0]["timing"]["iteration_ns"]["rel_err"] == 0.0  # same device, same model
+    s = summarize(rows)
+    assert (s["race_free_agreement_pct"], s["racy_runs_at_target"]) == (100.0, 1)
+    assert passed(s)
+    report = {"device": "sim", "driver": "-", "torch": torch.__version__, "cuda": None,
+              "python": "3", "date": "2026-01-01", "command": "x", "trials": 2,
+              "host_launch_us": 25.0, "floor_us": FLOOR_US, "min_gap_us": 300.0,
+              "calibration": {"cycles_per_us": 1.0}, "json_name": "x.json",
+              "summary": s, "runs": rows}
+    page = render_markdown(report)
+    assert "| s07_swa_mapping_war[war_barrier] | race | race | race×2 | 2/2 | " in page
+    assert "1/1 at ≥95%" in page
+
+
+def test_device_slug_and_rel_err() -> None:
+    assert device_slug("NVIDIA H200") == "h200"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "hbm3"
+    assert rel_err(110.0, 100.0) == pytest.approx(0.1) and rel_err(1.0, 0.0) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
+def test_gpu_check_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpu-check", str(SUITE)]) == EXIT_BAD_INPUT
+    assert "gpu-check needs a CUDA device" in capsys.readouterr().err

@@ -1,0 +1,133 @@
+"""The newest committed GPU suite report (reports/gpu/<date>-<device>.json, written by
+``overlap-harness gpu-check``) covers the current suite and agrees with the model.
+
+Runs on CPU: the report is committed, the simulator's verdicts are recomputed here. It fails
+when the suite has runs the report lacks (the report is stale: run gpu-check again), when a
+race-free run's values differed from the simulator's or the oracle's in any trial, when a
+racy run showed the predicted values in fewer than 95% of its trials, when a sim verdict in
+the report is not what the simulator computes now, or when the figures do not add up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from overlap_harness.gpu_report import MATCH_TARGET, summarize
+from scenarios.expand import RunSpec, expand
+from scenarios.loader import load_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_REPORTS = ROOT / "reports" / "gpu"
+
+
+def newest_suite_report() -> Path | None:
+    """The suite report with the latest date (other GPU reports have other kinds)."""
+    found = []
+    for p in GPU_REPORTS.glob("*.json"):
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("kind") == "gpu-suite":
+            found.append((data["date"], p.name, p))
+    return max(found)[2] if found else None
+
+
+REPORT = newest_suite_report()
+pytestmark = pytest.mark.skipif(
+    REPORT is None, reason="no GPU suite report committed yet: reports/gpu/<date>-<device>.json "
+    "is written by `overlap-harness gpu-check scenarios` on a CUDA machine")
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    assert REPORT is not None
+    return json.loads(REPORT.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["run_id"]: r for r in report["runs"]}
+
+
+@pytest.fixture(scope="module")
+def specs() -> list[RunSpec]:
+    return [s for sc in load_paths([ROOT / "scenarios"]) for s in expand(sc)]
+
+
+def test_where_when_and_how_it_ran(report: dict[str, Any]) -> None:
+    assert report["device"] and report["driver"] and report["torch"]
+    assert dt.datetime.fromisoformat(report["date"]).year >= 2025
+    assert "gpu-check" in report["command"] and report["trials"] >= 1
+    assert report["host_launch_us"] > 0 and report["calibration"]["cycles_per_us"] > 0
+    assert (GPU_REPORTS / REPORT.with_suffix(".md").name).is_file()
+
+
+def test_the_report_covers_every_run_of_the_suite(specs: list[RunSpec],
+                                                  rows: dict[str, dict[str, Any]]) -> None:
+    missing = [s.run_id for s in specs if s.run_id not in rows]
+    assert not missing, f"{len(missing)} runs of scenarios/ are not in {REPORT.name} (stale " \
+        f"report: rerun `overlap-harness gpu-check scenarios`): {missing[:8]}"
+
+
+def test_race_free_runs_agree_in_every_trial(report: dict[str, Any],
+                                             rows: dict[str, dict[str, Any]]) -> None:
+    bad = {}
+    for rid, r in rows.items():
+        if r["kind"] != "race_free":
+            continue
+        m = r["main"]
+        ok = m["trials"] == report["trials"] and m["equal"] == m["equal_oracle"] == m["trials"]
+        if not (ok and r["agreement"]):
+            bad[rid] = (m["equal"], m["equal_oracle"], m["trials"], m["first_mismatch"][:1],
+                        m["errors"][:1])
+    assert not bad, bad
+
+
+def test_racy_runs_show_the_predicted_values(report: dict[str, Any],
+                                             rows: dict[str, dict[str, Any]]) -> None:
+    bad = {}
+    for rid, r in rows.items():
+        if r["kind"] != "racy":
+            continue
+        m = r["main"]
+        if m["trials"] != report["trials"] or r["match"] < MATCH_TARGET * m["trials"]:
+            bad[rid] = (r["match"], m["trials"], m["first_mismatch"][:1], m["errors"][:1])
+        assert r["match"] == m["equal"] <= m["same_diffs"], rid  # equal values: equal diffs
+        if r["predicted_diffs"]:  # a trial with the predicted values shows wrong values
+            assert m["manifest"] >= r["match"], rid
+        assert r["baseline"]["trials"] == report["baseline_trials"], rid
+    assert not bad, bad
+
+
+def test_the_detector_on_the_gpu_trace_agrees_with_the_sim(
+        rows: dict[str, dict[str, Any]]) -> None:
+    bad = {rid: (r["sim_verdict"], r["gpu_verdicts"]) for rid, r in rows.items()
+           if set(r["gpu_verdicts"]) != {r["sim_verdict"]}}
+    assert not bad, bad
+
+
+def test_sim_verdicts_are_what_the_simulator_computes_now(
+        specs: list[RunSpec], rows: dict[str, dict[str, Any]]) -> None:
+    from overlap_harness.runner import run_spec
+
+    differ = {}
+    for spec in specs:
+        row = rows.get(spec.run_id)
+        if row is None:
+            continue  # reported by the coverage test
+        now = run_spec(dataclasses.replace(spec)).verdict
+        kind = {"race": "racy", "error": "error"}.get(now, "race_free")
+        if (row["sim_verdict"], row["kind"]) != (now, kind):
+            differ[spec.run_id] = (row["sim_verdict"], row["kind"], now)
+    assert not differ, differ
+
+
+def test_the_summary_adds_up(report: dict[str, Any]) -> None:
+    assert report["summary"] == summarize(report["runs"])
+    s = report["summary"]
+    assert s["runs"] == s["race_free_runs"] + s["racy_runs"] + s["error_runs"]
+    assert s["race_free_agreement_pct"] == 100.0
