@@ -137,6 +137,19 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
+def _cmd_gpu_check(args: argparse.Namespace) -> int:
+    from overlap_harness.gpu_suite import run_gpu_check
+
+    argv = [*args.paths, "--trials", str(args.trials), "--out", args.out]
+    if args.baseline_trials is not None:
+        argv += ["--baseline-trials", str(args.baseline_trials)]
+    if args.with_torch_sanitizer:
+        argv.append("--with-torch-sanitizer")
+    return run_gpu_check(args.paths, trials=args.trials, baseline_trials=args.baseline_trials,
+                         sanitizer=args.with_torch_sanitizer, out=Path(args.out),
+                         jobs=args.jobs, argv=argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to render the docs' usage)."""
     p = argparse.ArgumentParser(
@@ -165,6 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="explore runs in N processes (multiprocessing pool)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=_cmd_explore)
+    g = sub.add_parser("gpu-check", help="replay every run on real CUDA streams against the "
+                       "simulator; write reports/gpu/<date>-<device>.json and .md")
+    g.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    g.add_argument("--trials", type=int, default=20, metavar="N",
+                   help="trials per schedule (default 20)")
+    g.add_argument("--baseline-trials", type=int, default=None, metavar="N",
+                   help="no-delay trials of each racy run (default: --trials)")
+    g.add_argument("--with-torch-sanitizer", action="store_true",
+                   help="also run each spec once under PyTorch's CUDA sanitizer")
+    g.add_argument("--out", default="reports/gpu", metavar="DIR",
+                   help="folder for the report (default reports/gpu)")
+    g.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="processes planning on the simulator (default: CPUs, at most 16)")
+    g.set_defaults(func=_cmd_gpu_check)
     return p
 
 
