@@ -161,6 +161,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     if s["csan"]:
         lines.append("- CSAN verdicts: " + _verdicts(s["csan"]))
+    if report.get("not_replayed"):
+        lines.append(f"- NOT replayed (deadline): {len(report['not_replayed'])} runs: "
+                     + ", ".join(report["not_replayed"]))
     lines += ["", "## Runs", "",
               "Values: trials equal to the simulated run (race-free) or to the prediction "
               "under the delays (racy). Times: µs per iteration, host stall, forward idle as "
