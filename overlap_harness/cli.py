@@ -147,7 +147,7 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         argv.append("--with-torch-sanitizer")
     return run_gpu_check(args.paths, trials=args.trials, baseline_trials=args.baseline_trials,
                          sanitizer=args.with_torch_sanitizer, out=Path(args.out),
-                         jobs=args.jobs, argv=argv)
+                         jobs=args.jobs, deadline_s=args.deadline, argv=argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the report (default reports/gpu)")
     g.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="processes planning on the simulator (default: CPUs, at most 16)")
+    g.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="start no new run after S seconds; report the runs done")
     g.set_defaults(func=_cmd_gpu_check)
     return p
 
