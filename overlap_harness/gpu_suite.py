@@ -48,6 +48,14 @@ def plan_blob(spec: RunSpec, host_launch_us: float) -> bytes:
     return pickle.dumps(plan_spec(spec, host_launch_us))
 
 
+def _one_thread() -> None:
+    """Pool initializer: one torch thread a worker. The simulator's tensors are tiny, and 16
+    workers of 16 threads each were seen to spin the planning 10x slower on a 16-core host."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def cuda_factory(cal: Any) -> Any:
     """A :data:`DeviceFactory` making ``SentinelCudaDevice``s with one calibration."""
     from overlap_harness.gpu_device import SentinelCudaDevice
@@ -135,7 +143,7 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
     work = functools.partial(plan_blob, host_launch_us=host_launch_us)
     jobs = jobs or min(16, os.cpu_count() or 1)
     replays: list[RunReplay] = []
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+    with multiprocessing.get_context("spawn").Pool(jobs, _one_thread) as pool:
         for i, blob in enumerate(pool.imap(work, specs)):
             if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
                 print(f"deadline: {len(specs) - i} runs not replayed", flush=True)
