@@ -42,7 +42,7 @@ import torch
 
 from gpu_check.calibration import Calibration, calibrate, cycles_for
 from gpu_check.recorder import TraceRecorder, ms_to_ns
-from gpu_check.staging import Stager, prewarm
+from gpu_check.staging import Stager, intended_sync, prewarm
 from model.detector import HOST_AGENT, AccessReq
 from model.device import (
     AccessSpec,
@@ -61,6 +61,7 @@ from model.device import (
     torch_sel,
 )
 from model.errors import DeviceUsageError
+from model.protocol.synth import staging
 from model.trace import DeviceRun, OpId, OpKind
 
 
@@ -238,7 +239,9 @@ class CudaDevice(Device):
                 obs = self.observations.setdefault((observe, self.iteration), [])
                 obs.extend((v if s is None else v[self._dsel(s)]).clone()
                            for v, (_b, s) in zip(vals, reads_, strict=True))
-            res = fn(*vals)
+            cur = self._cs[stream.id]
+            with staging(lambda t: self._stager.to_device(t, cur)):
+                res = fn(*vals)
             if writes_:
                 outs = res if isinstance(res, tuple) else (res,)
                 for (b, s), v in zip(writes_, outs, strict=True):
@@ -327,7 +330,8 @@ class CudaDevice(Device):
                 t.copy_(d.expand(t.shape))
             else:
                 t[self._dsel(sel)] = d
-            cur.synchronize()
+            with intended_sync():
+                cur.synchronize()
         self._host_node(name, OpKind.HOST_WRITE, start, self.now(), self._reqs([(buf, sel)], True))
 
     def _check_host_access(self, buf: Buffer, name: str) -> None:
@@ -396,7 +400,8 @@ class CudaDevice(Device):
 
     def _host_wait(self, name: str, ops: list[OpId], wait: Any, label: SyncLabel | None) -> None:
         start = self.now()
-        wait()
+        with intended_sync():
+            wait()
         self._host_node(name, OpKind.HOST_SYNC, start, self.now(), joins=ops, label=label)
 
     def query(self, event: Event) -> bool:

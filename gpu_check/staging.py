@@ -14,9 +14,28 @@ event), and the device tensor is marked as used by that stream so the allocator 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 ALIGN = 64
+
+
+@contextmanager
+def intended_sync() -> Iterator[None]:
+    """Mark a host sync the program means (a protocol sync, a ring wrap): PyTorch's sync
+    debug mode (``torch.cuda.set_sync_debug_mode``) is off inside, so an audit run under it
+    (:mod:`gpu_check.sync_audit`) reports only the syncs nobody asked for."""
+    mode = torch.cuda.get_sync_debug_mode()
+    if mode == 0:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def prewarm(stream: torch.cuda.Stream) -> None:
@@ -46,7 +65,8 @@ class Stager:
         if size > self.arena.numel():
             return None
         if self.pos + size > self.arena.numel():
-            self.stream.synchronize()  # earlier copies out of the ring have all run
+            with intended_sync():  # earlier copies out of the ring have all run
+                self.stream.synchronize()
             self.pos = 0
         slot = self.arena[self.pos : self.pos + nbytes]
         self.pos += size

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from gpu_check.device import CudaDevice
+from gpu_check.staging import intended_sync
 from model.device import Buffer, Stream
 from sim.device import GARBAGE
 
@@ -61,4 +62,5 @@ class SentinelCudaDevice(CudaDevice):
         with torch.cuda.stream(cs):
             t.fill_(GARBAGE)
         if idle:
-            cs.synchronize()
+            with intended_sync():
+                cs.synchronize()

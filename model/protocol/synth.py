@@ -4,8 +4,15 @@ Every output is a deterministic integer function of the op's inputs (token ids, 
 slot ids read from ``req_to_token``, KV content read through those slots, SWA mapping
 entries), so one stale or clobbered input gives a visibly different output, on the simulated
 device and on a GPU alike. There is no learning and no floating-point reduction: the float
-outputs (top-k probabilities, hidden states) are small integers divided by a power of ten, made
-from integers the same way on every device.
+outputs (top-k probabilities, hidden states) are small integers divided by a power of two, so
+every float is exact and bit-identical on every device (a division by a power of ten is not:
+CUDA divides by a scalar as a multiply by its rounded reciprocal, the CPU divides correctly
+rounded, and the two differ in the last bit).
+
+Host-known index lists reach the op's device through :func:`ints`, which a device that runs
+op functions at issue time (``gpu_check.CudaDevice``) routes through its own asynchronous
+staging (:func:`staging`): ``torch.tensor(list, device="cuda")`` would block the host until
+the op's stream is idle, so every op would read its inputs at issue time, not when it runs.
 
 All functions take and return CPU or device ``torch.int64`` tensors (floats where named) and
 never raise on garbage input: indices are clamped, values reduced modulo :data:`MOD`, so a race
@@ -14,12 +21,45 @@ shows up as a wrong value, not a crash of the simulator.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 MOD = 1_000_003
 """All hashed values live in [0, MOD)."""
 VOCAB = 997
 """Token ids live in [0, VOCAB); -1 is the debug poison."""
+
+
+_STAGE: ContextVar[Callable[[torch.Tensor], torch.Tensor] | None] = ContextVar(
+    "protocol_stage", default=None)
+
+
+@contextmanager
+def staging(stage: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """While active, :func:`ints` hands its CPU tensor to ``stage`` (which returns a device
+    copy the current stream may use) instead of copying it with a host sync."""
+    token = _STAGE.set(stage)
+    try:
+        yield
+    finally:
+        _STAGE.reset(token)
+
+
+def ints(values: Sequence[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Host-known ints (a list, or a CPU int64 tensor) as an int64 tensor on ``device``.
+
+    On a CPU device, a plain tensor. On another device, through the active :func:`staging`
+    hook when there is one (no host sync), else by a plain (synchronizing) copy.
+    """
+    t = values if isinstance(values, torch.Tensor) else torch.tensor(
+        values, dtype=torch.int64, device="cpu")
+    if torch.device(device).type == t.device.type:
+        return t
+    stage = _STAGE.get()
+    return t.to(device) if stage is None else stage(t)
 
 
 def mix(*xs: torch.Tensor | int) -> torch.Tensor:
@@ -48,7 +88,7 @@ def kv_value(tok: torch.Tensor, pos: torch.Tensor | int, slot: torch.Tensor) -> 
 
 def take_rows(v: torch.Tensor, positions: list[int]) -> torch.Tensor:
     """Rows ``positions`` (host-known ints) of ``v``, gathered on ``v``'s device."""
-    return v.index_select(0, torch.tensor(positions, dtype=torch.int64, device=v.device))
+    return v.index_select(0, ints(positions, v.device))
 
 
 def clamp_index(idx: torch.Tensor, n: int) -> torch.Tensor:
@@ -62,7 +102,7 @@ def take_cols(r2t: torch.Tensor, rows: list[int], start: torch.Tensor, width: in
     What the draft/verify kernels copy into ``out_cache_loc``; columns are clamped.
     """
     dev = r2t.device
-    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev).clamp(0, r2t.shape[0] - 1)
+    rows_t = ints(rows, dev).clamp(0, r2t.shape[0] - 1)
     cols = start.to(torch.int64).reshape(-1, 1) + torch.arange(width, device=dev)
     return r2t[rows_t[:, None], clamp_index(cols, r2t.shape[1])]
 
@@ -87,7 +127,7 @@ def context_hashes(
     dev = req_to_token.device
     n_rows, cols = req_to_token.shape
     m = len(rows)
-    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev).clamp(0, max(n_rows - 1, 0))
+    rows_t = ints(rows, dev).clamp(0, max(n_rows - 1, 0))
     length = lengths.to(torch.int64).reshape(-1).clamp(0, cols)
     col = torch.arange(cols, dtype=torch.int64, device=dev)
     slots = clamp_index(req_to_token[rows_t], kv_cache.shape[0])  # (m, C)
@@ -118,8 +158,8 @@ def overlay(old: torch.Tensor, positions: list[int], owners: list[int], start: t
     the kernel wrote ``vals[i, j]`` at position ``start[i] + j`` of request i.
     """
     dev = old.device
-    pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-    own = torch.tensor(owners, dtype=torch.int64, device=dev)
+    pos = ints(positions, dev)
+    own = ints(owners, dev)
     width = vals.shape[1]
     j = pos - start.to(torch.int64)[own]
     hit = (j >= 0) & (j < width)
@@ -153,15 +193,15 @@ def next_topk(
     """Draft top-k (probabilities float32, ids int64), (m, k), after ``token`` at ``length``.
 
     ``ones``: after a decode on CUDA with topk=1 the probabilities are all ones (argmax
-    replaces softmax); after a prefill they are real values, small integers / 1000 in float32
-    (one correctly rounded division: the same bits on every device).
+    replaces softmax); after a prefill they are real values, integers in 1..997 divided by
+    1024 in float32 (exact, so the same bits on every device).
     """
     j = torch.arange(k, dtype=torch.int64, device=token.device)[None, :]
     t, n = token.reshape(-1, 1), length.reshape(-1, 1)
     ids = torch.remainder(mix(t, n, j, 3), VOCAB)
     if ones:
         return torch.ones(ids.shape, dtype=torch.float32, device=token.device), ids
-    p = (torch.remainder(mix(t, n, j, 4), 997) + 1).to(torch.float32) / 1000.0
+    p = (torch.remainder(mix(t, n, j, 4), 997) + 1).to(torch.float32) / 1024.0
     return p, ids
 
 
@@ -208,7 +248,7 @@ def draft_steps(
     for i in range(1, num_steps):
         child = draft_token(prev_tok[:, :, None], seq_lens[:, None, None] + 1 + i,
                             aux[:, :, None] + ar[None, None, :])  # (b,k,k)
-        pc = (torch.remainder(child, 97) + 1).to(torch.float32) / 100.0
+        pc = (torch.remainder(child, 97) + 1).to(torch.float32) / 128.0  # exact: 2**-7
         cum = prev_scores[:, :, None] * pc
         scores.append(cum)
         tokens.append(child.reshape(b, k * k))

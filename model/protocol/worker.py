@@ -8,7 +8,8 @@ meant. Where the host does not know the exact seq_len (the backend opted out of
 
 The op functions are device code: on ``CudaDevice`` they run at issue on live CUDA tensors, so
 they are vectorised torch ops on their inputs' device, with host-known values (rows, chunk
-bounds, declared positions) captured as Python ints; no value leaves the device.
+bounds, declared positions) captured as Python ints and moved to the device by
+:func:`synth.ints` (asynchronously on a GPU); no value leaves the device.
 """
 
 from __future__ import annotations
@@ -78,14 +79,14 @@ def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
     def fn(ids_v, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
         dv = ids_v.device
-        p_t = torch.tensor(pos, dtype=I64, device=dv)
-        o_t = torch.tensor(own, dtype=I64, device=dv)
-        row_t = torch.tensor(rows, dtype=I64, device=dv)[o_t]
+        p_t = synth.ints(pos, dv)
+        o_t = synth.ints(own, dv)
+        row_t = synth.ints(rows, dv)[o_t]
         slots = clamp_index(r2t[row_t, clamp_index(p_t, cols)], ns)
         vals = synth.kv_value(ids_v, p_t, slots)
-        lens = torch.tensor(ends, dtype=I64, device=dv)
+        lens = synth.ints(ends, dv)
         c = synth.context_hashes(r2t, kv, rows, lens, swa_v, w, (slots, vals, o_t))
-        last = ids_v[torch.tensor(lasts, dtype=I64, device=dv)]
+        last = ids_v[synth.ints(lasts, dv)]
         return vals, synth.next_token(last, lens, c), lens
 
     dev.launch(F, "prefill_forward", fn, reads=reads,
@@ -183,7 +184,7 @@ def _verify(ctx: Ctx, batch: Batch, bonus, drafts, vocl, plan) -> dict[str, Buff
         nb = synth.next_token(inp.gather(1, (a - 1)[:, None])[:, 0], n0 + a, c)
         j = torch.arange(N, dtype=I64, device=dv)[None, :]
         vals = synth.kv_value(inp, n0[:, None] + j, ocl)
-        kvw = synth.overlay(kv_old[torch.tensor(wslots, dtype=I64, device=dv)], pos, own,
+        kvw = synth.overlay(kv_old[synth.ints(wslots, dv)], pos, own,
                             n0, vals)
         drafts = torch.cat([inp[:, 1:], torch.full_like(inp[:, :1], -1)], dim=1)
         acc = (a - 1)[:, None]
@@ -229,7 +230,7 @@ def decode_forward(ctx: Ctx, batch: Batch, ids: Buffer, delayed: bool) -> dict[s
         v = synth.kv_value(tok, n0, slot)
         mine = torch.arange(m, dtype=I64, device=dv)
         c = synth.context_hashes(r2t, kv, rows, n0 + 1, swa_v, w, (slot, v, mine))
-        kvw = synth.overlay(kv[torch.tensor(wslots, dtype=I64, device=dv)], pos, own, n0,
+        kvw = synth.overlay(kv[synth.ints(wslots, dv)], pos, own, n0,
                             v[:, None])
         return kvw, synth.next_token(tok, n0 + 1, c), s + 1
 
