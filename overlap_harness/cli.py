@@ -91,14 +91,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(text)
     if args.junit:
         write_junit(results, args.junit)
-    if args.necessity:
-        _print_necessity(scenarios)
+    rows = _print_necessity(scenarios) if args.necessity else []
+    if not args.no_reports:
+        from reports.writer import write_all
+
+        path = write_all(results, args.out, rows, progress=_Progress(not args.quiet))
+        print(f"\nreports: {path}")
     failed = sum(not r.ok for r in results)
     print(f"\n{len(results) - failed} passed, {failed} failed")
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
-def _print_necessity(scenarios) -> None:
+def _print_necessity(scenarios) -> list[list[str]]:
     from overlap_harness.necessity import necessity, race_free_base
 
     rows = []
@@ -112,6 +116,39 @@ def _print_necessity(scenarios) -> None:
     print("\nSync necessity (each label removed alone)")
     print(_table(rows, ["scenario", "sync", "verdict", "races when removed", "manifest",
                         "stall saved us", "idle saved us"]))
+    return rows
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    args.necessity, args.no_reports, args.json, args.junit = True, False, None, None
+    return _cmd_run(args)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from overlap_harness.runner import run_spec
+    from reports.timeline import plot_timeline, save_plot
+    from reports.writer import safe_name
+    from scenarios.expand import expand
+    from scenarios.loader import load_scenario
+
+    specs = expand(load_scenario(args.scenario))
+    names = [s.mutation_name or "base" for s in specs]
+    if (args.mutation or "base") not in names:
+        raise HarnessError(f"{args.scenario}: no mutation {args.mutation!r}; runs are "
+                           + "|".join(names))
+    spec = specs[names.index(args.mutation or "base")]
+    window = None
+    if args.window:
+        a, _, b = args.window.partition(":")
+        if not (a.isdigit() and b.isdigit() and int(a) <= int(b)):
+            raise HarnessError(f"--window: expected A:B with A <= B, got {args.window!r}")
+        window = (int(a), int(b))
+    result = run_spec(spec)
+    stem = args.out or f"reports/latest/plots/{safe_name(spec.run_id)}"
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    paths = save_plot(plot_timeline(result, window=window), stem)
+    print("\n".join(str(p) for p in paths))
+    return EXIT_OK
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
@@ -163,8 +200,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--necessity", action="store_true",
                    help="remove each sync of each race-free scenario in turn; print which "
                         "are necessary")
+    r.add_argument("--out", default="reports/latest", metavar="DIR",
+                   help="folder for the reports: summary.html/.md, plots, trace.json, "
+                        "junit.xml, results.sarif, results.json (default reports/latest)")
+    r.add_argument("--no-reports", action="store_true", help="print the table only")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
+    rp = sub.add_parser("report", help="run scenarios and write every report, with the "
+                                       "necessity table")
+    rp.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    rp.add_argument("--out", default="reports/latest", metavar="DIR", help="output folder")
+    rp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    rp.set_defaults(func=_cmd_report)
+    pl = sub.add_parser("plot", help="draw the timeline of one run of one scenario")
+    pl.add_argument("scenario", help="a scenario .toml file")
+    pl.add_argument("--mutation", default="", help="mutation name (default: the base run)")
+    pl.add_argument("--window", default=None, metavar="A:B",
+                    help="zoom to iterations A..B")
+    pl.add_argument("--out", default=None, metavar="FILE",
+                    help="output path without extension (writes .png and .svg)")
+    pl.set_defaults(func=_cmd_plot)
     w = sub.add_parser("whatif", help="run the protocol variants side by side on one scenario")
     w.add_argument("scenario", help="a scenario .toml file")
     w.set_defaults(func=_cmd_whatif)

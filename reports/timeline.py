@@ -1,0 +1,284 @@
+"""Timeline plots: one lane per agent, op bars, event arrows, races as red connectors.
+
+What a person needs to see when a scenario races: which stream ran what and when, where the
+iterations begin, which record each wait waited for, and between which two ops the race is.
+The plot draws :class:`model.trace.OpRecord` timelines only, so a measured GPU run (same
+schema) can be drawn under the simulated one on the same time axis. Matplotlib runs on the
+Agg backend (no display); figures are closed after saving so a suite does not leak memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from model.results import CaseResult
+from model.trace import OpKind, OpRecord, Race, describe_elements
+
+#: Lanes first in this order, then any other agent in order of first appearance.
+LANE_ORDER = ("host", "schedule", "forward", "d2h")
+RACE_COLOR = "#d62728"
+#: Face colour, edge colour and hatch by kind; zero-length kinds are drawn as markers.
+STYLE: dict[OpKind, tuple[str, str, str]] = {
+    OpKind.KERNEL: ("#4c78a8", "#2f4b6e", ""),
+    OpKind.COPY: ("#54a24b", "#2f5e2a", ""),
+    OpKind.HOST_WORK: ("#b8b8b8", "#707070", ""),
+    OpKind.HOST_SYNC: ("#f4a6a0", "#c0392b", "///"),
+}
+MARKERS: dict[OpKind, tuple[str, str]] = {
+    OpKind.RECORD: ("v", "#7b3294"),
+    OpKind.WAIT: ("^", "#e08214"),
+    OpKind.HOST_READ: ("o", "#333333"),
+    OpKind.HOST_WRITE: ("s", "#333333"),
+    OpKind.QUERY: ("d", "#333333"),
+    OpKind.ALLOC: ("|", "#888888"),
+    OpKind.FREE: ("|", "#888888"),
+}
+MAX_RACES_DRAWN = 200
+
+
+def lane_order(timeline: Sequence[OpRecord]) -> list[str]:
+    """Agents of ``timeline``: host, schedule, forward, d2h (those present), then the rest."""
+    seen = list(dict.fromkeys(t.agent for t in timeline))
+    return [a for a in LANE_ORDER if a in seen] + [a for a in seen if a not in LANE_ORDER]
+
+
+def event_arrows(timeline: Sequence[OpRecord]) -> list[tuple[OpRecord, OpRecord]]:
+    """(record, wait) pairs: each ``wait:X`` with the latest ``record:X`` issued before it.
+
+    A wait with no earlier record (a no-op wait) gets no arrow.
+    """
+    latest: dict[str, OpRecord] = {}
+    pairs = []
+    for t in sorted(timeline, key=lambda t: t.op):
+        if t.kind == OpKind.RECORD and t.name.startswith("record:"):
+            latest[t.name[len("record:"):]] = t
+        elif t.kind == OpKind.WAIT and t.name.startswith("wait:"):
+            rec = latest.get(t.name[len("wait:"):])
+            if rec is not None:
+                pairs.append((rec, t))
+    return pairs
+
+
+def iteration_starts(timeline: Sequence[OpRecord]) -> dict[int, int]:
+    """Iteration n -> the earliest host issue time of an op of iteration n (ns)."""
+    starts: dict[int, int] = {}
+    for t in timeline:
+        if t.iteration >= 0:
+            starts[t.iteration] = min(starts.get(t.iteration, t.issue_ns), t.issue_ns)
+    return dict(sorted(starts.items()))
+
+
+def race_label(race: Race) -> str:
+    """``RAW new_seq_lens_buf[0:2]``: the text next to a race connector."""
+    return f"{race.kind} {race.buffer}{describe_elements(race.shape, race.elements)}"
+
+
+def window_span(timeline: Sequence[OpRecord], window: tuple[int, int] | None) -> tuple[int, int]:
+    """The time span (ns) of iterations ``window[0]..window[1]`` inclusive, or of the run."""
+    lo = min((t.start_ns for t in timeline), default=0)
+    hi = max((max(t.end_ns, t.issue_ns) for t in timeline), default=1)
+    if window is None:
+        return lo, max(hi, lo + 1)
+    starts = iteration_starts(timeline)
+    first, last = window
+    if first > last:
+        raise ValueError(f"window {first}:{last}: first iteration after last")
+    lo = starts.get(first, lo)
+    later = [v for k, v in starts.items() if k > last]
+    # the last iteration's device work may run past the next one's first issue: keep it
+    ends = [t.end_ns for t in timeline if first <= t.iteration <= last]
+    hi = max([min(later)] if later else [hi]) if not ends else max(ends)
+    return lo, max(hi, lo + 1)
+
+
+@dataclass(slots=True)
+class _Lanes:
+    """Where each agent's lane is on the y axis of one axes."""
+
+    names: list[str]
+
+    def y(self, agent: str) -> float:
+        return float(len(self.names) - 1 - self.names.index(agent))
+
+
+def _draw_ops(ax: Axes, timeline: Sequence[OpRecord], lanes: _Lanes, span: tuple[int, int],
+              px_per_ns: float) -> None:
+    lo, hi = span
+    for t in timeline:
+        if t.end_ns < lo or t.start_ns > hi:
+            continue
+        y = lanes.y(t.agent)
+        style = STYLE.get(t.kind)
+        if style is not None and t.end_ns > t.start_ns:
+            face, edge, hatch = style
+            x0, w = t.start_ns / 1e3, (t.end_ns - t.start_ns) / 1e3
+            ax.barh(y, w, left=x0, height=0.6, color=face, edgecolor=edge, hatch=hatch,
+                    linewidth=0.5, zorder=2)
+            text = t.name if t.label is None else f"{t.name} [{t.label}]"
+            for candidate in (text, t.name):
+                # ~6.5 px per character at 7 pt; only label bars that hold the whole name
+                if len(candidate) * 6.5 < (t.end_ns - t.start_ns) * px_per_ns:
+                    cx = max(t.start_ns, lo) / 2e3 + min(t.end_ns, hi) / 2e3
+                    ax.text(cx, y, candidate, ha="center", va="center", fontsize=7,
+                            color="black" if t.kind != OpKind.KERNEL else "white",
+                            clip_on=True, zorder=3)
+                    break
+        elif t.kind in MARKERS:
+            marker, color = MARKERS[t.kind]
+            off = 0.38 if t.kind == OpKind.RECORD else -0.38 if t.kind == OpKind.WAIT else 0
+            ax.plot(t.start_ns / 1e3, y + off, marker=marker, color=color, markersize=4,
+                    zorder=4, linestyle="none")
+
+
+def _draw_arrows(ax: Axes, timeline: Sequence[OpRecord], lanes: _Lanes,
+                 span: tuple[int, int]) -> None:
+    lo, hi = span
+    for rec, wait in event_arrows(timeline):
+        if max(rec.start_ns, wait.start_ns) < lo or min(rec.start_ns, wait.start_ns) > hi:
+            continue
+        ax.annotate("", xy=(wait.start_ns / 1e3, lanes.y(wait.agent) - 0.38),
+                    xytext=(rec.start_ns / 1e3, lanes.y(rec.agent) + 0.38),
+                    arrowprops={"arrowstyle": "->", "color": "#7b3294", "lw": 0.6,
+                                "alpha": 0.6}, zorder=3)
+
+
+def _draw_iterations(ax: Axes, timeline: Sequence[OpRecord], span: tuple[int, int],
+                     top: float) -> None:
+    for n, at in iteration_starts(timeline).items():
+        if span[0] <= at <= span[1]:
+            ax.axvline(at / 1e3, color="#555555", linestyle="--", linewidth=0.7, zorder=1)
+            ax.text(at / 1e3, top, f" {n}", fontsize=8, va="bottom", ha="left",
+                    color="#333333")
+
+
+def _access_point(race_side, by_op: dict[int, OpRecord]) -> tuple[str, int] | None:
+    rec = by_op.get(race_side.op)
+    agent = race_side.agent if rec is None else rec.agent
+    at = race_side.time_ns
+    if at is None and rec is not None:
+        at = rec.end_ns if race_side.mode == "write" else rec.start_ns
+    return None if at is None else (agent, at)
+
+
+def _draw_races(ax: Axes, races: Sequence[Race], timeline: Sequence[OpRecord], lanes: _Lanes,
+                span: tuple[int, int]) -> int:
+    by_op = {t.op: t for t in timeline}
+    labelled: set[str] = set()
+    drawn = 0
+    for race in races:
+        a, b = _access_point(race.first, by_op), _access_point(race.second, by_op)
+        if a is None or b is None or a[0] not in lanes.names or b[0] not in lanes.names:
+            continue
+        if max(a[1], b[1]) < span[0] or min(a[1], b[1]) > span[1]:
+            continue
+        if drawn >= MAX_RACES_DRAWN:
+            break
+        drawn += 1
+        (xa, ya), (xb, yb) = (a[1] / 1e3, lanes.y(a[0])), (b[1] / 1e3, lanes.y(b[0]))
+        ax.annotate("", xy=(xb, yb), xytext=(xa, ya), zorder=6,
+                    arrowprops={"arrowstyle": "-|>", "color": RACE_COLOR, "lw": 1.6,
+                                "connectionstyle": "arc3,rad=0.15"})
+        ax.plot([xa, xb], [ya, yb], marker="X", color=RACE_COLOR, markersize=8,
+                linestyle="none", zorder=7)
+        text = race_label(race)
+        key = f"{race.key}|{race.second.iteration}"
+        if key not in labelled and len(labelled) < 12:
+            labelled.add(key)
+            state = {True: "manifest", False: "latent", None: "?"}[race.manifest]
+            ax.annotate(f"{text} ({state})", xy=((xa + xb) / 2, (ya + yb) / 2 + 0.15),
+                        fontsize=8, color=RACE_COLOR, ha="center", va="bottom", zorder=8,
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": RACE_COLOR,
+                              "lw": 0.6, "alpha": 0.9})
+    return drawn
+
+
+def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race],
+                    span: tuple[int, int], px_per_ns: float, heading: str) -> int:
+    lanes = _Lanes(lane_order(timeline))
+    ax.set_yticks([lanes.y(a) for a in lanes.names], lanes.names)
+    ax.set_ylim(-0.7, len(lanes.names) - 0.2)
+    ax.set_xlim(span[0] / 1e3, span[1] / 1e3)
+    ax.grid(axis="x", color="#eeeeee", zorder=0)
+    ax.set_title(heading, fontsize=10, loc="left")
+    _draw_iterations(ax, timeline, span, len(lanes.names) - 0.45)
+    _draw_ops(ax, timeline, lanes, span, px_per_ns)
+    _draw_arrows(ax, timeline, lanes, span)
+    return _draw_races(ax, races, timeline, lanes, span)
+
+
+def _shift(timeline: Sequence[OpRecord]) -> list[OpRecord]:
+    """A measured timeline moved so its first op starts at 0 (the sim's origin)."""
+    from dataclasses import replace
+
+    t0 = min((min(t.issue_ns, t.start_ns) for t in timeline), default=0)
+    return [replace(t, issue_ns=t.issue_ns - t0, start_ns=t.start_ns - t0, end_ns=t.end_ns - t0)
+            for t in timeline]
+
+
+def case_title(case: CaseResult) -> str:
+    """``scenario[mutation]: removed X — race (2 races: RAW new_seq_lens_buf)``."""
+    parts = [case.name]
+    if case.removed:
+        parts.append(f": removed {', '.join(case.removed)}")
+    keys = ", ".join(case.race_keys())
+    n = len(case.races)
+    races = f"{n} race{'s' if n != 1 else ''}: {keys}" if n else "no race"
+    ok = "ok" if case.ok else f"FAIL, expected {case.expect}"
+    return "".join(parts) + f" \u2014 {case.verdict} ({races}; {ok})"
+
+
+def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
+                  gpu: Sequence[OpRecord] | None = None, gpu_label: str = "measured GPU run",
+                  width_in: float | None = None) -> Figure:
+    """Draw ``case``'s timeline (and ``gpu`` under it, same axis); returns the figure.
+
+    ``window=(first, last)`` zooms to those iterations. The width grows with the number of
+    iterations shown (1.6 in each, 12 to 48 in) so 16 iterations keep their ops readable.
+    """
+    timeline = case.timeline
+    span = window_span(timeline, window)
+    its = [n for n, at in iteration_starts(timeline).items() if span[0] <= at <= span[1]]
+    width = width_in or min(48.0, max(12.0, 1.6 * len(its)))
+    gpu_tl = _shift(gpu) if gpu else []
+    n_lanes = len(lane_order(timeline))
+    heights = [max(2.0, 0.55 * n_lanes + 1.0)]
+    if gpu_tl:
+        heights.append(max(2.0, 0.55 * len(lane_order(gpu_tl)) + 1.0))
+    fig, axes = plt.subplots(len(heights), 1, figsize=(width, sum(heights) + 0.9),
+                             sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    px_per_ns = (width * 0.85 * fig.dpi) / (span[1] - span[0])
+    drawn = _draw_lane_axes(axes[0][0], timeline, case.races, span, px_per_ns, "simulated")
+    if gpu_tl:
+        _draw_lane_axes(axes[1][0], gpu_tl, [], span, px_per_ns, gpu_label)
+    axes[-1][0].set_xlabel("time (\u00b5s)")
+    title = case_title(case)
+    if drawn < len(case.races):
+        title += f" [{drawn} of {len(case.races)} races in view]"
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left",
+                 color=RACE_COLOR if case.races or not case.ok else "black")
+    fig.tight_layout()
+    return fig
+
+
+def save_plot(fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"),
+              dpi: int = 100) -> list[Path]:
+    """Save ``fig`` as ``stem.<fmt>`` for each format, close it, return the paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        fig.savefig(path, format=fmt, dpi=dpi)
+        out.append(path)
+    plt.close(fig)
+    return out
