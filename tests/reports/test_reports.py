@@ -142,3 +142,14 @@ def test_write_all_writes_every_report(tmp_path: Path) -> None:
             "results.json", "plots", "scenarios"} <= names
     assert len(list((out / "plots").glob("*.png"))) == 1  # the racy case only
     assert "data:image/png;base64," in html.read_text()
+
+
+def test_a_measured_timeline_is_drawn_under_the_simulated_one(tmp_path: Path) -> None:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    measured = make_case(tmp_path, iterations=3).timeline  # stands in for a GPU timeline
+    fig = plot_timeline(case, gpu=measured)
+    axes = [ax for ax in fig.axes if ax.get_yticklabels()]
+    assert len(axes) == 2 and axes[0].get_xlim() == axes[1].get_xlim()
+    png = _pixels(save_plot(fig, tmp_path / "both")[0])
+    single = _pixels(save_plot(plot_timeline(case), tmp_path / "one")[0])
+    assert png.shape[0] > single.shape[0]
