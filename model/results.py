@@ -35,6 +35,8 @@ class CaseResult:
     removed: tuple[str, ...] = ()
     skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
     labels_used: list[str] = field(default_factory=list)  # every sync label the run reached
+    uninit_reads: list[str] = field(default_factory=list)  # values set by the allocator
+    dup_writes: list[str] = field(default_factory=list)  # scatter order decides the value
     error: str | None = None
     timeline: list[OpRecord] = field(default_factory=list, repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -43,6 +45,13 @@ class CaseResult:
     def manifest(self) -> bool:
         """A race showed in this run's values or timing."""
         return bool(self.value_diffs) or any(r.manifest for r in self.races)
+
+    @property
+    def device_defined(self) -> list[str]:
+        """Why some values of this run are the device's choice, not the program's: reads of
+        never-written memory and duplicate-index scatters. Such values need not agree
+        between the simulator and a GPU even in a race-free run."""
+        return self.uninit_reads + self.dup_writes
 
     @property
     def name(self) -> str:

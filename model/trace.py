@@ -170,3 +170,5 @@ class DeviceRun:
     races: list[Race] = field(default_factory=list)
     skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
     end_ns: int = 0
+    uninit_reads: list[str] = field(default_factory=list)  # reads of never-written memory
+    dup_writes: list[str] = field(default_factory=list)  # one op writing an element twice

@@ -84,6 +84,8 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     base.timeline = run.timeline
     base.skipped_syncs = run.skipped_syncs
     base.labels_used = sorted(dev.labels_used)
+    base.uninit_reads = run.uninit_reads
+    base.dup_writes = run.dup_writes
     base.metrics = compute_metrics(run.timeline)
     base.value_diffs = [_as_dict(d) for d in compare_runs(outcome, dev.observations,
                                                             oracle, odev.observations)]

@@ -20,6 +20,8 @@ def case_to_dict(r: CaseResult, with_timeline: bool = False) -> dict[str, Any]:
                    "report": x.describe()} for x in r.races],
         "value_diffs": r.value_diffs,
         "faults": r.faults,
+        "uninit_reads": r.uninit_reads,
+        "dup_writes": r.dup_writes,
         "metrics": None if r.metrics is None else dataclasses.asdict(r.metrics),
         "skipped_syncs": [list(s) for s in r.skipped_syncs],
     }

@@ -53,6 +53,7 @@ def case_details(r: CaseResult) -> str:
     if r.error:
         lines.append(f"error: {r.error}")
     lines += [f"debug check: {f}" for f in r.faults[:5]]
+    lines += [f"device-defined: {d}" for d in r.device_defined[:5]]
     if r.value_diffs:
         lines.append(f"{len(r.value_diffs)} value(s) differ from the serial oracle; first: "
                      f"{r.value_diffs[0]}")

@@ -75,6 +75,7 @@ class _Block:
     id: int
     data: torch.Tensor  # flat
     key: tuple
+    written: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
     pending: list[tuple[int, int]] = field(default_factory=list)  # (op, complete_at) at free
 
@@ -130,6 +131,8 @@ class SimDevice(Device):
         self._blocks: list[_Block] = []
         self._pool: list[_Block] = []
         self.timeline: list[OpRecord] = []
+        self._uninit: dict[tuple[str, str], str] = {}
+        self._dups: dict[tuple[str, str], str] = {}
         self._serial_state = None
         if serial:
             self._serial_state = _StreamState(self.det.add_agent("serial"), "serial")
@@ -166,6 +169,25 @@ class SimDevice(Device):
         return [AccessReq(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
                 for b, s in pairs]
 
+    def _track_init(self, name: str, reads: list[AccessReq], writes: list[AccessReq]) -> None:
+        """Values the device, not the program, decides. A read of elements the buffer's
+        current owner never wrote (issue order) sees allocator-defined contents
+        (``torch.empty``); a write whose index set repeats an element is a scatter whose
+        winner is last-in-order on the CPU but undefined on CUDA."""
+        for r in reads:
+            if r.elements.size and not self._blocks[r.storage].written[r.elements].all():
+                key = (name, r.buffer)
+                if key not in self._uninit:
+                    self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
+                                        f"elements of {r.buffer}"
+        for w in writes:
+            self._blocks[w.storage].written[w.elements] = True
+            if w.elements.size > 1 and np.unique(w.elements).size != w.elements.size:
+                key = (name, w.buffer)
+                if key not in self._dups:
+                    self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
+                                      f"{w.buffer} twice in one op (order device-defined)"
+
     # -- resources ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:
         if name in self._streams:
@@ -195,6 +217,7 @@ class SimDevice(Device):
             block = _Block(len(self._blocks), data, key)
             self._blocks.append(block)
             self.det.add_storage(block.id, numel, shape)
+        block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
         self._buffers.append(buf)
@@ -268,7 +291,9 @@ class SimDevice(Device):
         end = start + self._dur(cost_us)
         st.free_at = end
         n = self._info(name, st.agent, st.name, kind, start, end, None, source)
-        self.det.on_op(n, self._reqs(reads, False) + self._reqs(writes, True))
+        rq, wq = self._reqs(reads, False), self._reqs(writes, True)
+        self._track_init(name, rq, wq)
+        self.det.on_op(n, rq + wq)
         self._log(n, issue)
         self._schedule_values(n, fn, reads, writes, observe)
         if self.serial:
@@ -319,7 +344,9 @@ class SimDevice(Device):
         self._advance_values()
         n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_READ, self.host_ns, self.host_ns,
                        None, caller_source())
-        self.det.on_op(n, self._reqs([(buf, sel)], False))
+        rq = self._reqs([(buf, sel)], False)
+        self._track_init(name, rq, [])
+        self.det.on_op(n, rq)
         self._log(n, self.host_ns)
         view = self._blocks[buf.storage].data.view(buf.shape)
         return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()
@@ -330,7 +357,9 @@ class SimDevice(Device):
         self._advance_values()
         n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WRITE, self.host_ns, self.host_ns,
                        None, caller_source())
-        self.det.on_op(n, self._reqs([(buf, sel)], True))
+        wq = self._reqs([(buf, sel)], True)
+        self._track_init(name, [], wq)
+        self.det.on_op(n, wq)
         self._log(n, self.host_ns)
         view = self._blocks[buf.storage].data.view(buf.shape)
         v = torch.as_tensor(value, dtype=buf.dtype)
@@ -410,7 +439,8 @@ class SimDevice(Device):
         the run's timeline, races and skipped syncs."""
         self.env.run()
         end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
-        return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end)
+        return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end,
+                         list(self._uninit.values()), list(self._dups.values()))
 
     def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
         """Out-of-band look at memory now (tests, oracle): no access is recorded."""

@@ -296,3 +296,24 @@ def test_hb_graph_exports_to_networkx_and_agrees_with_the_clocks(dev: SimDevice)
     r = next(n for n, d in g.nodes(data=True) if d["name"] == "r")
     assert nx.has_path(g, w, r) and dev.det.happens_before(w, r)
     assert not dev.det.happens_before(r, w)
+
+
+# -- values the device decides ---------------------------------------------------------------
+def test_reads_of_never_written_memory_are_reported(dev: SimDevice) -> None:
+    s, _f = two_streams(dev)
+    b = dev.buffer("scratch", (4,), torch.int64, stream=s)  # torch.empty: no fill
+    dev.launch(s, "write_0", lambda: ints(1), writes=[(b, [0])], cost_us=1)
+    dev.launch(s, "read_0", lambda v: (), reads=[(b, [0])], cost_us=1)
+    assert dev.finish().uninit_reads == []
+    dev.launch(s, "read_1", lambda v: (), reads=[(b, [0, 1])], cost_us=1)
+    assert dev.finish().uninit_reads == ["read_1@-1 reads never-written elements of scratch"]
+
+
+def test_a_scatter_with_repeated_indices_is_reported(dev: SimDevice) -> None:
+    s, _f = two_streams(dev)
+    b = dev.buffer("kv", (8,), torch.int64, fill=0, stream=s)
+    dev.launch(s, "distinct", lambda: ints(1, 2), writes=[(b, [3, 4])], cost_us=1)
+    assert dev.finish().dup_writes == []
+    dev.launch(s, "aliased", lambda: ints(1, 2), writes=[(b, [5, 5])], cost_us=1)
+    (msg,) = dev.finish().dup_writes
+    assert msg.startswith("aliased@-1 writes some elements of kv twice")
