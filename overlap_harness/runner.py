@@ -103,15 +103,27 @@ def run_scenarios(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[CaseResult]:
     """Expand every scenario into its runs and run them all, reporting progress."""
-    specs = [s for sc in scenarios for s in expand(sc)]
-    results = []
-    for i, spec in enumerate(specs):
-        if progress is not None:
-            progress(i, len(specs), spec.run_id)
-        results.append(run_spec(spec))
+    return _map_specs(run_spec, [s for sc in scenarios for s in expand(sc)], progress)
+
+
+def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
+               progress: Callable[[int, int, str], None] | None, jobs: int = 1) -> list[Any]:
+    """``fn`` over ``specs`` in order (in a ``jobs``-process pool when > 1), with progress."""
+    out: list[Any] = []
+    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 else None
+    try:
+        results = pool.imap(fn, specs) if pool is not None else map(fn, specs)
+        for i, spec in enumerate(specs):
+            if progress is not None:
+                progress(i, len(specs), spec.run_id)
+            out.append(next(results))
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     if progress is not None:
         progress(len(specs), len(specs), "")
-    return results
+    return out
 
 
 def _trial(sc: Scenario, removed: frozenset[str]):
@@ -163,20 +175,6 @@ def explore_specs(
     and the count of racy runs not made manifest."""
     specs = [s for sc in scenarios for s in expand(sc)]
     work = functools.partial(explore_spec, budget=budget, time_limit_s=time_limit_s)
-    if jobs > 1:
-        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-            found = []
-            for i, row in enumerate(pool.imap(work, specs)):
-                if progress is not None:
-                    progress(i, len(specs), specs[i].run_id)
-                found.append(row)
-    else:
-        found = []
-        for i, spec in enumerate(specs):
-            if progress is not None:
-                progress(i, len(specs), spec.run_id)
-            found.append(work(spec))
-    if progress is not None:
-        progress(len(specs), len(specs), "")
+    found = _map_specs(work, specs, progress, jobs)
     rows = [r for r in found if r is not None]
     return rows, sum(r[2] != "yes" for r in rows)
