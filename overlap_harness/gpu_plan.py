@@ -11,10 +11,20 @@ clocks wander, so a 30 µs inversion is a coin toss there. The schedule is there
 
 1. exploration's shrunk delays (found with the value-level criterion: the values differ from
    the oracle), each raised to at least ``floor_us`` (:func:`scale_delays`);
-2. then *widened*: every racing pair whose two accesses are closer than ``min_gap_us`` in the
-   simulated run gets its later access's op delayed until they are that far apart, a few rounds
-   (:func:`widen`). A device read counts over its op's whole span, since CudaDevice's kernels
-   read after their cost sleep while the simulator reads at the op's start.
+2. then *widened*: every racing pair whose two accesses are closer than a margin in the
+   simulated run gets its later access's op (the held-back one) delayed until they are that far
+   apart, a few rounds (:func:`widen`). A device read counts over its op's whole span, since
+   CudaDevice's kernels read after their cost sleep while the simulator reads at the op's start.
+
+The margin has to dominate the model's timing error, not the launch jitter: on an H200 a
+simulated iteration ran ~30% shorter than the GPU's (the host spends ~200 µs an op), so a
+300 µs gap closed on the GPU and it executed the racing pair in the oracle's order (the
+2026-11-21 dry run: 17/40 racy runs at target). A pair's margin (:func:`pair_margin_ns`) is the
+largest of ``GAP_FLOOR_US``, ``GAP_ITER_SHARE`` of the run's simulated iteration time
+(:func:`margin_us`) and ``GAP_DRIFT_SHARE`` of the host time between the two accesses' issue
+(the error grows with it). When the full widening would make the prediction lose its wrong
+values, the largest fraction of it that keeps them is kept (bisection) and the ops are
+recorded in ``Plan.capped``, so the report says which pairs stayed closer than the margin.
 
 Every simulation here uses ``host_launch_us`` (the GPU's measured launch cost, when known) and
 no jitter: the GPU has its own. Plans are plain picklable data, so a process pool builds them.
@@ -39,8 +49,12 @@ from scenarios.expand import RunSpec
 
 Delays = dict[tuple[str, int], float]
 FLOOR_US = 2000.0
-MIN_GAP_US = 300.0
-WIDEN_ROUNDS = 4
+GAP_FLOOR_US = 3000.0  # the smallest margin between two racing accesses
+GAP_ITER_SHARE = 0.75  # ... and at least this share of the simulated iteration time
+GAP_DRIFT_SHARE = 0.75  # ... and of the host time between the two accesses' issue
+MIN_GAP_US = GAP_FLOOR_US  # the margin when the run's iteration time is not known
+WIDEN_ROUNDS = 6
+BACKOFF_STEPS = 6
 
 
 @dataclass(slots=True)
@@ -68,7 +82,13 @@ class Plan:
     ``kind`` is ``"race_free"`` (the detector finds no race; a fault run is one too: its
     values must still agree), ``"racy"`` or ``"error"`` (the harness refuses the run).
     ``predicted`` is the simulated run under ``delays`` (racy runs only) and
-    ``predicted_diffs`` its differences from the oracle, one line each.
+    ``predicted_diffs`` its differences from the oracle, one line each. ``margin_us`` is the
+    widening margin, ``narrowest_gap_us`` the smallest gap between two racing accesses in the
+    prediction (negative: overlapping windows), ``tight_left`` the pairs still closer than
+    their margin and ``capped`` the ops whose widening was cut short to keep the wrong values.
+    ``uninit_reads`` (from the undelayed simulation) lists reads of never-written memory: the
+    values there are the allocator's, so a GPU run's cannot be compared bit for bit;
+    ``dup_writes`` lists ops writing an element twice (the scatter order decides the value).
     """
 
     spec: RunSpec
@@ -86,6 +106,39 @@ class Plan:
     predicted: SimView | None = None
     predicted_diffs: list[str] = field(default_factory=list)
     tight_left: int = 0
+    margin_us: float = 0.0
+    narrowest_gap_us: float | None = None
+    capped: list[str] = field(default_factory=list)
+    uninit_reads: list[str] = field(default_factory=list)
+    dup_writes: list[str] = field(default_factory=list)
+
+    @property
+    def values_class(self) -> str:
+        """:func:`values_class` of this plan's undelayed simulation."""
+        return values_class(self.uninit_reads, self.dup_writes)
+
+
+ALLOCATOR_DEPENDENT = "allocator-dependent: values not compared"
+SCATTER_DEPENDENT = "scatter-order-dependent: values not compared"
+DETERMINISTIC = "deterministic"
+
+
+def values_class(uninit_reads: list[str], dup_writes: list[str]) -> str:
+    """Whether a run's values are the program's alone (``DETERMINISTIC``), or partly the
+    device's: read from never-written memory (the caching allocator decides which old
+    contents a block holds) or written twice by one scatter (the order is the device's).
+    A race-free run of the second kind need not agree bit for bit with the simulator."""
+    if uninit_reads:
+        return ALLOCATOR_DEPENDENT
+    return SCATTER_DEPENDENT if dup_writes else DETERMINISTIC
+
+
+def device_defined(scenario: Scenario, removed: frozenset[str]) -> tuple[list[str], list[str]]:
+    """The undelayed simulation's uninit reads and duplicate-index writes (see
+    :func:`values_class`); empty lists for a simulator that does not track them."""
+    _view, run = sim_run(scenario, removed)
+    return (list(getattr(run, "uninit_reads", []) or []),
+            list(getattr(run, "dup_writes", []) or []))
 
 
 def verdict_of(races: list[Race], outcome: ProtocolOutcome) -> str:
@@ -142,35 +195,76 @@ def _window(rec: OpRecord, mode: str) -> tuple[int, int]:
     return (rec.start_ns, rec.end_ns) if mode == "read" else (rec.end_ns, rec.end_ns)
 
 
-def tight_pairs(run: DeviceRun, min_gap_us: float = MIN_GAP_US) -> list[tuple[Race, float]]:
-    """Racing pairs whose access windows are closer than ``min_gap_us``, each with the delay
-    (µs) its later-taking-effect access's op needs to be that far behind; 0 when that access
-    is the host's (it cannot be delayed)."""
+def margin_us(metrics: Metrics, floor_us: float = GAP_FLOOR_US,
+              share: float = GAP_ITER_SHARE) -> float:
+    """The widening margin of a run: ``floor_us``, or ``share`` of its simulated iteration
+    time when that is larger (see the module docstring)."""
+    return max(floor_us, share * metrics.iteration_ns / 1000)
+
+
+def pair_margin_ns(a: OpRecord, b: OpRecord, min_gap_us: float,
+                   drift_share: float = GAP_DRIFT_SHARE) -> float:
+    """The gap two racing accesses' ops need: ``min_gap_us``, or ``drift_share`` of the host
+    time between their issues when that is larger."""
+    return max(min_gap_us * 1000, drift_share * abs(b.issue_ns - a.issue_ns))
+
+
+def pair_gaps(run: DeviceRun, min_gap_us: float = MIN_GAP_US,
+              drift_share: float = GAP_DRIFT_SHARE) -> list[tuple[Race, float, float]]:
+    """Every racing pair with both ops on the timeline, as (race, gap, margin) in µs: the gap
+    from the access that takes effect first (in this run's order) to the other one's start,
+    negative when their windows overlap."""
     recs = {t.op: t for t in run.timeline}
     out = []
-    gap_ns = min_gap_us * 1000
     for r in run.races:
         a, b = recs.get(r.first.op), recs.get(r.second.op)
         if a is None or b is None:
             continue
         wa, wb = _window(a, r.first.mode), _window(b, r.second.mode)
-        (early, _), (late, late_acc) = ((wa, r.first), (wb, r.second)) if not r.manifest \
-            else ((wb, r.second), (wa, r.first))
-        need_ns = early[1] + gap_ns - late[0]
-        if need_ns > 0:
-            movable = late_acc.agent != HOST
-            out.append((r, need_ns / 1000 if movable else 0.0))
+        early, late = (wa, wb) if not r.manifest else (wb, wa)
+        out.append((r, (late[0] - early[1]) / 1000,
+                    pair_margin_ns(a, b, min_gap_us, drift_share) / 1000))
     return out
+
+
+def tight_pairs(run: DeviceRun, min_gap_us: float = MIN_GAP_US,
+                drift_share: float = GAP_DRIFT_SHARE) -> list[tuple[Race, float]]:
+    """Racing pairs whose access windows are closer than their margin
+    (:func:`pair_margin_ns`), each with the delay (µs) its later-taking-effect access's op
+    needs to be that far behind; 0 when that access is the host's (it cannot be delayed)."""
+    out = []
+    for r, gap, margin in pair_gaps(run, min_gap_us, drift_share):
+        if gap < margin:
+            late_acc = r.first if r.manifest else r.second
+            out.append((r, margin - gap if late_acc.agent != HOST else 0.0))
+    return out
+
+
+@dataclass(slots=True)
+class Widened:
+    """The outcome of :func:`widen`."""
+
+    delays: Delays
+    view: SimView
+    run: DeviceRun
+    tight_left: int
+    capped: list[str] = field(default_factory=list)
+
+
+def _plus(delays: Delays, extra: Delays, share: float = 1.0) -> Delays:
+    return {k: delays.get(k, 0.0) + share * extra.get(k, 0.0) for k in delays.keys() | extra}
 
 
 def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: Values,
           min_gap_us: float = MIN_GAP_US, rounds: int = WIDEN_ROUNDS,
-          ) -> tuple[Delays, SimView, int]:
+          backoff_steps: int = BACKOFF_STEPS) -> Widened:
     """Delay the later access of every tight racing pair (see the module docstring) while the
-    prediction keeps its manifest status; returns the delays, their run, the pairs left tight."""
+    prediction keeps its manifest status; when a round's full widening would change that
+    status, keep the largest share of it (bisected) that does not, record the ops, and stop."""
     view, run = sim_run(scenario, removed, delays)
     manifest = bool(diffs(view.values, oracle))
     tight = tight_pairs(run, min_gap_us)
+    capped: list[str] = []
     for _ in range(rounds):
         extra: Delays = {}
         for r, need in tight:
@@ -180,13 +274,25 @@ def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: V
                 extra[key] = max(extra.get(key, 0.0), need)
         if not extra:
             break
-        cand = {k: delays.get(k, 0.0) + extra.get(k, 0.0) for k in delays.keys() | extra.keys()}
+        cand = _plus(delays, extra)
         cview, crun = sim_run(scenario, removed, cand)
-        if bool(diffs(cview.values, oracle)) != manifest:
-            break  # widening would change what the schedule shows: keep the last one
-        delays, view, run = cand, cview, crun
+        if bool(diffs(cview.values, oracle)) == manifest:
+            delays, view, run = cand, cview, crun
+            tight = tight_pairs(run, min_gap_us)
+            continue
+        lo, hi = 0.0, 1.0
+        for _ in range(backoff_steps):
+            mid = (lo + hi) / 2
+            part = _plus(delays, extra, mid)
+            pview, prun = sim_run(scenario, removed, part)
+            if bool(diffs(pview.values, oracle)) == manifest:
+                lo, (delays, view, run) = mid, (part, pview, prun)
+            else:
+                hi = mid
+        capped = [f"{n}@{it}" for n, it in sorted(extra)]
         tight = tight_pairs(run, min_gap_us)
-    return delays, view, len(tight)
+        break
+    return Widened(delays, view, run, len(tight), capped)
 
 
 def _value_explore(scenario: Scenario, removed: frozenset[str], oracle: Values,
@@ -203,8 +309,9 @@ def _value_explore(scenario: Scenario, removed: frozenset[str], oracle: Values,
 
 
 def plan_spec(spec: RunSpec, host_launch_us: float | None = None, floor_us: float = FLOOR_US,
-              min_gap_us: float = MIN_GAP_US, explore_budget: int = 32) -> Plan:
-    """Simulate one run and, if racy, choose its GPU schedule and predict its values."""
+              min_gap_us: float | None = None, explore_budget: int = 32) -> Plan:
+    """Simulate one run and, if racy, choose its GPU schedule and predict its values.
+    ``min_gap_us`` overrides the widening margin (default: :func:`margin_us` of the run)."""
     sc = with_launch(spec.scenario, spec, host_launch_us)
     launch = sc.timing.host_launch
     try:
@@ -214,7 +321,9 @@ def plan_spec(spec: RunSpec, host_launch_us: float | None = None, floor_us: floa
     except HarnessError as exc:
         return Plan(spec, sc, launch, "error", str(Expect.ERROR), error=str(exc))
     plan = Plan(spec, sc, launch, "racy" if view.races else "race_free", view.verdict,
-                oracle=oracle, sim=view, sim_as_written=written.metrics)
+                oracle=oracle, sim=view, sim_as_written=written.metrics,
+                uninit_reads=list(getattr(_run, "uninit_reads", []) or []),
+                dup_writes=list(getattr(_run, "dup_writes", []) or []))
     if plan.kind == "race_free":
         return plan
     shrunk, source = _value_explore(sc, spec.removed, oracle, explore_budget)
@@ -225,7 +334,11 @@ def plan_spec(spec: RunSpec, host_launch_us: float | None = None, floor_us: floa
         if not diffs(raised.values, oracle):
             start = dict(shrunk or {})
             plan.schedule_source += " (unscaled)"
-    plan.delays, plan.predicted, plan.tight_left = widen(sc, spec.removed, start, oracle,
-                                                         min_gap_us)
+    plan.margin_us = margin_us(view.metrics) if min_gap_us is None else min_gap_us
+    w = widen(sc, spec.removed, start, oracle, plan.margin_us)
+    plan.delays, plan.predicted, plan.tight_left, plan.capped = (w.delays, w.view,
+                                                                 w.tight_left, w.capped)
+    gaps = [gap for _r, gap, _m in pair_gaps(w.run, plan.margin_us)]
+    plan.narrowest_gap_us = round(min(gaps), 1) if gaps else None
     plan.predicted_diffs = diffs(plan.predicted.values, oracle)
     return plan

@@ -30,7 +30,7 @@ from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
 from model.protocol import run_protocol
 from model.trace import OpKind, OpRecord
-from overlap_harness.gpu_plan import Plan, Values, diffs, verdict_of
+from overlap_harness.gpu_plan import DETERMINISTIC, Plan, Values, diffs, verdict_of
 
 DeviceFactory = Callable[[Plan, Mapping[tuple[str, int], float]], Device]
 TIMED = ("iteration_ns", "host_stall_ns", "forward_idle_ns")
@@ -128,6 +128,12 @@ class RunReplay:
         """Race-free runs: every trial bit-identical to the simulator and to the oracle."""
         m = self.main
         return m.trials > 0 and m.equal == m.equal_oracle == m.trials
+
+    @property
+    def compared(self) -> bool:
+        """A race-free run whose values are the program's alone (no never-written memory
+        read, no duplicate-index scatter): the runs bit-identical agreement is required of."""
+        return self.plan.kind == "race_free" and self.plan.values_class == DETERMINISTIC
 
     def match_rate(self) -> float:
         """Share of main trials whose values are the simulator's prediction (0 without any)."""

@@ -7,16 +7,22 @@ The wiring of the simulator's plans (:mod:`overlap_harness.gpu_plan`), the repla
    host's launch cost from the second run's timeline (the simulations then use it);
 2. plan every run in a process pool (spawned workers, no CUDA there) while the GPU replays
    the plans already made, in suite order;
-3. with ``--with-torch-sanitizer``, after all timed runs (CSAN's hooks stay registered), one
-   run per spec under PyTorch's CUDA sanitizer;
-4. write ``<out>/<date>-<device>.json`` and ``.md``.
+3. write ``<out>/<date>-<device>.json`` and ``.md`` after every replayed run, so a lease that
+   ends mid-way still leaves the runs done;
+4. with ``--with-torch-sanitizer``, afterwards, PyTorch's CUDA sanitizer on the base run and
+   the first racy mutation of each scenario (:func:`sanitize`), in a worker process of its own
+   (CSAN's hooks stay registered in the process that ran it, and a run that hangs under it is
+   killed there): ``SANITIZER_RUN_S`` a run, ``SANITIZER_BUDGET_S`` in all, and the runs left
+   when either is spent say ``"not run (time)"``; then the report is written again.
 
-Exit status: 0 when every race-free run agreed in every trial and every racy run showed the
-predicted values in at least 95% of its trials, 1 otherwise, 2 without a CUDA device.
+Exit status: 0 when every race-free run whose values are compared agreed in every trial and
+every racy run showed the predicted values in at least 95% of its trials, 1 otherwise, 2
+without a CUDA device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -32,10 +38,24 @@ from typing import Any
 
 from model.errors import HarnessError
 from model.protocol import run_protocol
-from overlap_harness.gpu_plan import FLOOR_US, MIN_GAP_US, Plan, plan_spec, with_launch
+from overlap_harness.gpu_plan import (
+    FLOOR_US,
+    GAP_DRIFT_SHARE,
+    GAP_FLOOR_US,
+    GAP_ITER_SHARE,
+    Plan,
+    plan_spec,
+    with_launch,
+)
 from overlap_harness.gpu_replay import RunReplay, launch_cost_us, replay
 from overlap_harness.gpu_report import device_slug, passed, render_markdown, run_row, summarize
 from scenarios.expand import RunSpec, expand
+
+SANITIZER_RUN_S = 10.0  # one run under CSAN, at most
+SANITIZER_START_S = 60.0  # a worker's start (torch import, CUDA context), at most
+SANITIZER_BUDGET_S = 180.0  # the whole sanitizer pass, at most
+SANITIZER_AFTER_DEADLINE_S = 100.0  # with --deadline: the pass ends this long after it
+NOT_RUN_TIME = "not run (time)"
 
 
 class NoCudaError(HarnessError):
@@ -83,20 +103,118 @@ def measure_launch(specs: Sequence[RunSpec], cal: Any) -> float:
     raise HarnessError("no run of the suite completed on the GPU; cannot time a launch")
 
 
-def sanitize(replays: Sequence[RunReplay], cal: Any) -> None:
-    """One run per spec under CSAN; its verdict goes into ``replay.csan``. Plain CudaDevice:
-    the sentinel fills are no part of the program, and CSAN would see them as kernels."""
+def _csan_worker(conn: Any, cal: Any) -> None:
+    """The sanitizer's process: answers each pickled plan it receives with CSAN's verdict on
+    one run of it (plain CudaDevice: the sentinel fills are no part of the program, and CSAN
+    would see them as kernels); an empty message ends it."""
+    import torch
+
     from gpu_check.device import CudaDevice
     from gpu_check.sanitizer import run_sanitized
 
-    for r in replays:
-        def one(r: RunReplay = r) -> None:
-            dev = CudaDevice(r.plan.spec.removed, calibration=cal)
-            run_protocol(dev, r.plan.scenario)
+    torch.cuda.init()
+    conn.send("ready")
+    while blob := conn.recv_bytes():
+        plan: Plan = pickle.loads(blob)
+
+        def one(plan: Plan = plan) -> None:
+            dev = CudaDevice(plan.spec.removed, calibration=cal)
+            run_protocol(dev, plan.scenario)
             dev.finish()
 
         verdict, _ = run_sanitized(one)
-        r.csan = verdict.as_dict()
+        conn.send(verdict.as_dict())
+
+
+class _CsanProcess:
+    """A started :func:`_csan_worker` and its pipe; ``ask`` waits for one verdict, at most
+    ``limit_s``, and ``None`` means it did not come (the caller then stops the process)."""
+
+    def __init__(self, cal: Any, start_s: float) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_csan_worker, args=(child, cal), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = self.conn.poll(start_s) and self.conn.recv() == "ready"
+
+    def ask(self, plan: Plan, limit_s: float) -> dict[str, Any] | None:
+        self.conn.send_bytes(pickle.dumps(plan))
+        if not self.conn.poll(limit_s):
+            return None
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(b"")
+            self.proc.join(2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def csan_selection(replays: Sequence[RunReplay]) -> list[RunReplay]:
+    """The runs the sanitizer checks: each scenario's base run and its first racy mutation
+    (runs the harness refuses are left out: there is nothing to check)."""
+    out, racy_seen = [], set()
+    for r in replays:
+        p = r.plan
+        if p.kind == "error":
+            continue
+        name = p.spec.scenario.name
+        if (p.spec.mutation_name or "base") == "base":
+            out.append(r)
+        elif p.kind == "racy" and name not in racy_seen:
+            racy_seen.add(name)
+            out.append(r)
+    return out
+
+
+def _not_run(why: str) -> dict[str, Any]:
+    return {"verdict": why, "flagged": False, "errors": [], "failure": None}
+
+
+def sanitize(replays: Sequence[RunReplay], cal: Any, budget_s: float = SANITIZER_BUDGET_S,
+             run_s: float = SANITIZER_RUN_S, start_s: float = SANITIZER_START_S,
+             after_each: Any = None) -> None:
+    """CSAN's verdict on :func:`csan_selection`'s runs, into ``replay.csan``, in a worker
+    process; a run over ``run_s`` kills the worker (its verdict: ``"not run (time)"``) and the
+    next run gets a new one, and the runs left once ``budget_s`` is spent are not run.
+    ``after_each`` (no arguments) is called after every verdict."""
+    t0 = time.perf_counter()
+    worker: _CsanProcess | None = None
+    try:
+        for r in csan_selection(replays):
+            left = budget_s - (time.perf_counter() - t0)
+            if left <= 0:
+                r.csan = _not_run(NOT_RUN_TIME)
+                continue
+            if worker is None:
+                worker = _CsanProcess(cal, min(start_s, left))
+                if not worker.ready:
+                    worker.stop()
+                    worker = None
+                    r.csan = _not_run(NOT_RUN_TIME)
+                    continue
+            try:
+                got = worker.ask(r.plan, min(run_s, max(left, 0.1)))
+            except (EOFError, OSError) as exc:  # the worker died under this run
+                got = {**_not_run("error"), "failure": f"sanitizer worker died: {exc!r}"}
+                worker.stop()
+                worker = None
+            if got is None:
+                got = {**_not_run(NOT_RUN_TIME), "failure": f"over {run_s:.0f} s"}
+                worker.stop()
+                worker = None
+            r.csan = got
+            print(f"csan {r.plan.spec.run_id}: {got['verdict']}", flush=True)
+            if after_each is not None:
+                after_each()
+    finally:
+        if worker is not None:
+            worker.stop()
 
 
 def environment(cal: Any) -> dict[str, Any]:
@@ -143,11 +261,34 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
     work = functools.partial(plan_blob, host_launch_us=host_launch_us)
     jobs = jobs or min(16, os.cpu_count() or 1)
     replays: list[RunReplay] = []
+    env = environment(cal)
+    now = dt.datetime.now(dt.UTC)
+    stem = f"{now.date().isoformat()}-{device_slug(env['device'])}"
+    head = {"kind": "gpu-suite", **env, "date": now.isoformat(timespec="seconds"),
+            "command": " ".join(["overlap-harness", "gpu-check", *argv]),
+            "trials": trials, "baseline_trials": trials if baseline_trials is None
+            else baseline_trials, "host_launch_us": host_launch_us, "floor_us": FLOOR_US,
+            "min_gap_us": GAP_FLOOR_US,
+            "gap_rule": f"max({GAP_FLOOR_US:.0f} µs, {GAP_ITER_SHARE:g} × the simulated "
+                        f"iteration, {GAP_DRIFT_SHARE:g} × the host time between the two "
+                        "accesses' issue)",
+            "json_name": f"{stem}.json"}
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write(stage: str) -> dict[str, Any]:
+        rows = [run_row(r) for r in replays]
+        report = {**head, "stage": stage, "seconds": round(time.perf_counter() - t0, 1),
+                  "summary": summarize(rows), "runs": rows,
+                  "not_replayed": [s.run_id for s in specs[len(replays):]]}
+        (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n",
+                                          encoding="utf-8")
+        (out / f"{stem}.md").write_text(render_markdown(report), encoding="utf-8")
+        return report
+
     with multiprocessing.get_context("spawn").Pool(jobs, _one_thread) as pool:
         for i, blob in enumerate(pool.imap(work, specs)):
             if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
                 print(f"deadline: {len(specs) - i} runs not replayed", flush=True)
-                sanitizer = False
                 break
             plan: Plan = pickle.loads(blob)
             r = replay(plan, factory, trials, baseline_trials)
@@ -157,24 +298,19 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
                   f"equal={r.main.equal}/{r.main.trials}"
                   + (f" baseline_wrong={r.baseline.manifest}/{r.baseline.trials}"
                      if r.baseline else "")
+                  + (f" values={plan.values_class}" if plan.kind == "race_free"
+                     and not r.compared else "")
                   + (f" ERR {r.main.errors[0][:120]}" if r.main.errors and plan.kind != "error"
                      else ""), flush=True)
+            write("replaying")
+    report = write("replayed")
     if sanitizer:
-        sanitize(replays, cal)
-    rows = [run_row(r) for r in replays]
-    now = dt.datetime.now(dt.UTC)
-    env = environment(cal)
-    stem = f"{now.date().isoformat()}-{device_slug(env['device'])}"
-    report = {"kind": "gpu-suite", **env, "date": now.isoformat(timespec="seconds"),
-              "command": " ".join(["overlap-harness", "gpu-check", *argv]),
-              "trials": trials, "baseline_trials": trials if baseline_trials is None
-              else baseline_trials, "host_launch_us": host_launch_us, "floor_us": FLOOR_US,
-              "min_gap_us": MIN_GAP_US, "seconds": round(time.perf_counter() - t0, 1),
-              "json_name": f"{stem}.json", "summary": summarize(rows), "runs": rows,
-              "not_replayed": [s.run_id for s in specs[len(replays):]]}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / f"{stem}.md").write_text(render_markdown(report), encoding="utf-8")
+        budget = SANITIZER_BUDGET_S
+        if deadline_s is not None:
+            budget = min(budget, deadline_s + SANITIZER_AFTER_DEADLINE_S
+                         - (time.perf_counter() - t0))
+        sanitize(replays, cal, budget, after_each=lambda: write("sanitizing"))
+        report = write("done")
     print(json.dumps(report["summary"], indent=1))
     print(f"wrote {out / stem}.json and .md", file=sys.stderr)
     return 0 if passed(report["summary"]) and not report["not_replayed"] else 1
