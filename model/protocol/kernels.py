@@ -1,9 +1,5 @@
-"""The protocol's view of the shared kernels (model/kernels), behind one switchable import.
-
-The gather and the draft chain are written by another module; until they land (or where an
-import fails) the protocol uses the trivial reference versions below, written from
-PROTOCOL.md §4–5. ``KERNELS_SOURCE`` says which ones are in use.
-"""
+"""The protocol's view of the shared kernels (model/kernels): the spec-extras gather and the
+draft chain (topk=1 fast path, organize_draft_results otherwise), as the worker calls them."""
 
 from __future__ import annotations
 
@@ -13,31 +9,14 @@ from typing import Any
 import torch
 
 from model.errors import HarnessError
-
-try:  # the real kernels
-    from model.kernels.draft_chain import Topk1Chain as _Topk1Chain
-    from model.kernels.draft_chain import organize_draft_results as _organize
-    from model.kernels.gather import available_impls as _available_impls
-    from model.kernels.gather import gather_spec_extras as _gather
-
-    KERNELS_SOURCE = "model.kernels"
-except ImportError:  # pragma: no cover - only before model/kernels lands
-    _gather = None
-    _organize = None
-    _Topk1Chain = None
-    _available_impls = None
-    KERNELS_SOURCE = "model.protocol.kernels fallback"
-
-
-def _fallback_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf):
-    hidden = hidden_buf[indices] if hidden_buf is not None else None
-    return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden
+from model.kernels.draft_chain import Topk1Chain
+from model.kernels.draft_chain import organize_draft_results as _organize
+from model.kernels.gather import available_impls as _available_impls
+from model.kernels.gather import gather_spec_extras as _gather
 
 
 def gather_impls(device: str) -> tuple[str, ...]:
     """The gather implementations that can run on ``device``."""
-    if _available_impls is None:
-        return ("unfused", "fused")
     return tuple(_available_impls(device))
 
 
@@ -64,19 +43,8 @@ def gather_spec_extras(
     impl: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Row-gather the four relay buffers by ``indices`` with implementation ``impl``."""
-    if _gather is None:
-        return _fallback_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf)
     out = _gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_buf, impl=impl)
     return out[0], out[1], out[2], out[3]
-
-
-def _fallback_organize(scores, tokens, parents, n):
-    s = torch.cat(list(scores), dim=1).flatten(1)
-    t = torch.cat([x.flatten(1) for x in tokens], dim=1)
-    idx = torch.sort(torch.topk(s, n - 1, dim=-1).indices, dim=-1).values
-    par = (torch.cat(list(parents[:-1]), dim=1) if len(parents) > 1
-           else torch.empty((s.shape[0], 0), dtype=torch.long, device=s.device))
-    return par, idx, torch.gather(t, 1, idx)
 
 
 class DraftOrganizer:
@@ -90,8 +58,8 @@ class DraftOrganizer:
                  device: str = "cpu") -> None:
         self.n = num_draft_tokens
         self.chain: Any = None
-        if topk == 1 and num_draft_tokens == num_steps + 1 and _Topk1Chain is not None:
-            self.chain = _Topk1Chain(num_steps, num_draft_tokens, max(max_bs, 1), device)
+        if topk == 1 and num_draft_tokens == num_steps + 1:
+            self.chain = Topk1Chain(num_steps, num_draft_tokens, max(max_bs, 1), device)
 
     def draft_tokens(
         self,
@@ -104,6 +72,4 @@ class DraftOrganizer:
             return torch.zeros((0, self.n - 1), dtype=torch.int64, device=tokens[0].device)
         if self.chain is not None:
             return self.chain.draft(scores, tokens, parents)[2]
-        if _organize is not None:
-            return _organize(scores, tokens, parents, self.n)[2]
-        return _fallback_organize(scores, tokens, parents, self.n)[2]
+        return _organize(scores, tokens, parents, self.n)[2]
