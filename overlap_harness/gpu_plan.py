@@ -11,10 +11,14 @@ clocks wander, so a 30 µs inversion is a coin toss there. The schedule is there
 
 1. exploration's shrunk delays (found with the value-level criterion: the values differ from
    the oracle), each raised to at least ``floor_us`` (:func:`scale_delays`);
-2. then *widened*: every racing pair whose two accesses are closer than a margin in the
-   simulated run gets its later access's op (the held-back one) delayed until they are that far
-   apart, a few rounds (:func:`widen`). A device read counts over its op's whole span, since
-   CudaDevice's kernels read after their cost sleep while the simulator reads at the op's start.
+2. then *widened*: every racing pair the schedule inverts (its race is manifest in the
+   simulated run under the delays: the delays target it) whose two accesses are closer than a
+   margin gets its later access's op (the held-back one) delayed until they are that far
+   apart, a few rounds (:func:`widen`). Pairs the schedule leaves in issue order keep their
+   gaps: widening those too (the 2026-11-21 wide-gaps run) added many ms of delays over the
+   iterations and cost runs that had matched with narrow gaps. A device read counts over its
+   op's whole span, since CudaDevice's kernels read after their cost sleep while the simulator
+   reads at the op's start.
 
 The margin has to dominate the model's timing error, not the launch jitter: on an H200 a
 simulated iteration ran ~30% shorter than the GPU's (the host spends ~200 µs an op), so a
@@ -25,6 +29,13 @@ largest of ``GAP_FLOOR_US``, ``GAP_ITER_SHARE`` of the run's simulated iteration
 (the error grows with it). When the full widening would make the prediction lose its wrong
 values, the largest fraction of it that keeps them is kept (bisection) and the ops are
 recorded in ``Plan.capped``, so the report says which pairs stayed closer than the margin.
+
+A racy run is judged on its exact values (``EXACT``) unless they are partly the device's
+(:func:`racy_class`): the delayed prediction reads never-written memory or scatters an element
+twice (its ``predicted_uninit_reads`` / ``predicted_dup_writes``), or one of its races is a
+reuse race (the real caching allocator picks the block, and its old contents). Those runs are
+"manifest-only": a trial counts when it differs from the oracle at exactly the places the
+prediction does (:func:`diff_keys`), whatever the values there.
 
 Every simulation here uses ``host_launch_us`` (the GPU's measured launch cost, when known) and
 no jitter: the GPU has its own. Plans are plain picklable data, so a process pool builds them.
@@ -41,7 +52,7 @@ from model.config import Expect, Scenario
 from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
 from model.protocol import ProtocolOutcome, compare_runs
-from model.trace import HOST, DeviceRun, OpRecord, Race
+from model.trace import HOST, DeviceRun, OpRecord, Race, RaceKind
 from overlap_harness.explore import Trial as ExploreTrial
 from overlap_harness.explore import explore
 from overlap_harness.runner import simulate
@@ -89,6 +100,9 @@ class Plan:
     ``uninit_reads`` (from the undelayed simulation) lists reads of never-written memory: the
     values there are the allocator's, so a GPU run's cannot be compared bit for bit;
     ``dup_writes`` lists ops writing an element twice (the scatter order decides the value).
+    ``predicted_uninit_reads``, ``predicted_dup_writes`` and ``predicted_race_kinds`` are the
+    same of the delayed prediction (racy runs), which :attr:`match_class` judges by;
+    ``inverted_pairs`` counts the races the schedule inverts (the pairs widened).
     """
 
     spec: RunSpec
@@ -111,11 +125,23 @@ class Plan:
     capped: list[str] = field(default_factory=list)
     uninit_reads: list[str] = field(default_factory=list)
     dup_writes: list[str] = field(default_factory=list)
+    predicted_uninit_reads: list[str] = field(default_factory=list)
+    predicted_dup_writes: list[str] = field(default_factory=list)
+    predicted_race_kinds: list[str] = field(default_factory=list)
+    inverted_pairs: int = 0
 
     @property
     def values_class(self) -> str:
         """:func:`values_class` of this plan's undelayed simulation."""
         return values_class(self.uninit_reads, self.dup_writes)
+
+    @property
+    def match_class(self) -> str:
+        """Racy runs: :func:`racy_class` of the delayed prediction; ``""`` otherwise."""
+        if self.kind != "racy":
+            return ""
+        return racy_class(self.predicted_uninit_reads, self.predicted_dup_writes,
+                          self.predicted_race_kinds)
 
 
 ALLOCATOR_DEPENDENT = "allocator-dependent: values not compared"
@@ -133,12 +159,44 @@ def values_class(uninit_reads: list[str], dup_writes: list[str]) -> str:
     return SCATTER_DEPENDENT if dup_writes else DETERMINISTIC
 
 
+EXACT = "exact"
+MANIFEST_ONLY = "manifest-only"
+
+
+def racy_class(uninit_reads: list[str], dup_writes: list[str], race_kinds: list[str]) -> str:
+    """How a racy run's trials are judged: ``EXACT`` (every value the prediction's) when the
+    delayed prediction's values are the program's alone, else ``"manifest-only: <reason>"``
+    (the wrong values at exactly the prediction's places, :func:`diff_keys`): it reads
+    never-written memory, scatters an element twice, or has a reuse race (which block the
+    caching allocator hands out, and what it still holds, is the device's choice)."""
+    why = []
+    if uninit_reads:
+        why.append("reads never-written memory")
+    if dup_writes:
+        why.append("duplicate-index scatter")
+    if str(RaceKind.REUSE) in race_kinds:
+        why.append("reuse race (allocator-dependent)")
+    return f"{MANIFEST_ONLY}: " + ", ".join(why) if why else EXACT
+
+
+def predicted_class(scenario: Scenario, removed: frozenset[str],
+                    delays: Mapping[tuple[str, int], float]) -> str:
+    """:func:`racy_class` of the simulated run under ``delays`` (what a racy plan's
+    ``match_class`` is, recomputed from its schedule)."""
+    _view, run = sim_run(scenario, removed, delays)
+    return racy_class(*_device_defined(run), sorted({str(r.kind) for r in run.races}))
+
+
+def _device_defined(run: DeviceRun) -> tuple[list[str], list[str]]:
+    return (list(getattr(run, "uninit_reads", []) or []),
+            list(getattr(run, "dup_writes", []) or []))
+
+
 def device_defined(scenario: Scenario, removed: frozenset[str]) -> tuple[list[str], list[str]]:
     """The undelayed simulation's uninit reads and duplicate-index writes (see
     :func:`values_class`); empty lists for a simulator that does not track them."""
     _view, run = sim_run(scenario, removed)
-    return (list(getattr(run, "uninit_reads", []) or []),
-            list(getattr(run, "dup_writes", []) or []))
+    return _device_defined(run)
 
 
 def verdict_of(races: list[Race], outcome: ProtocolOutcome) -> str:
@@ -187,6 +245,30 @@ def diffs(a: Values, b: Values) -> list[str]:
                                                b.outcome, b.observations)]
 
 
+def diff_keys(a: Values, b: Values) -> list[tuple[str, int, str | None]]:
+    """Where ``a`` differs from ``b`` (the values left out): per first difference, what
+    differs (a token list, an observed op's read), its iteration and its request. The
+    manifest-only criterion holds a trial's keys against the prediction's."""
+    return sorted({(d.key, d.iteration, d.request)
+                   for d in compare_runs(a.outcome, a.observations, b.outcome, b.observations)},
+                  key=repr)
+
+
+RaceId = tuple[str, str, str, int, str, int]
+
+
+def race_id(r: Race) -> RaceId:
+    """A race across runs of one scenario: kind, buffer, both accesses' ops."""
+    return (str(r.kind), r.buffer, r.first.op_name, r.first.iteration, r.second.op_name,
+            r.second.iteration)
+
+
+def inverted(run: DeviceRun) -> frozenset[RaceId]:
+    """The races this run executes against their issue order (manifest): under a schedule,
+    the pairs its delays invert, the only ones :func:`widen` moves apart."""
+    return frozenset(race_id(r) for r in run.races if r.manifest)
+
+
 def _window(rec: OpRecord, mode: str) -> tuple[int, int]:
     """When an access may take effect: a device read over its op's span (the GPU reads after
     its cost sleep, the simulator at the start), a write at the op's end, a host access at once."""
@@ -210,13 +292,16 @@ def pair_margin_ns(a: OpRecord, b: OpRecord, min_gap_us: float,
 
 
 def pair_gaps(run: DeviceRun, min_gap_us: float = MIN_GAP_US,
-              drift_share: float = GAP_DRIFT_SHARE) -> list[tuple[Race, float, float]]:
-    """Every racing pair with both ops on the timeline, as (race, gap, margin) in µs: the gap
-    from the access that takes effect first (in this run's order) to the other one's start,
-    negative when their windows overlap."""
+              drift_share: float = GAP_DRIFT_SHARE, only: frozenset[RaceId] | None = None,
+              ) -> list[tuple[Race, float, float]]:
+    """Every racing pair with both ops on the timeline (of the races in ``only``, when
+    given), as (race, gap, margin) in µs: the gap from the access that takes effect first (in
+    this run's order) to the other one's start, negative when their windows overlap."""
     recs = {t.op: t for t in run.timeline}
     out = []
     for r in run.races:
+        if only is not None and race_id(r) not in only:
+            continue
         a, b = recs.get(r.first.op), recs.get(r.second.op)
         if a is None or b is None:
             continue
@@ -228,12 +313,14 @@ def pair_gaps(run: DeviceRun, min_gap_us: float = MIN_GAP_US,
 
 
 def tight_pairs(run: DeviceRun, min_gap_us: float = MIN_GAP_US,
-                drift_share: float = GAP_DRIFT_SHARE) -> list[tuple[Race, float]]:
-    """Racing pairs whose access windows are closer than their margin
-    (:func:`pair_margin_ns`), each with the delay (µs) its later-taking-effect access's op
-    needs to be that far behind; 0 when that access is the host's (it cannot be delayed)."""
+                drift_share: float = GAP_DRIFT_SHARE, only: frozenset[RaceId] | None = None,
+                ) -> list[tuple[Race, float]]:
+    """Racing pairs (of the races in ``only``, when given) whose access windows are closer
+    than their margin (:func:`pair_margin_ns`), each with the delay (µs) its
+    later-taking-effect access's op needs to be that far behind; 0 when that access is the
+    host's (it cannot be delayed)."""
     out = []
-    for r, gap, margin in pair_gaps(run, min_gap_us, drift_share):
+    for r, gap, margin in pair_gaps(run, min_gap_us, drift_share, only):
         if gap < margin:
             late_acc = r.first if r.manifest else r.second
             out.append((r, margin - gap if late_acc.agent != HOST else 0.0))
@@ -249,6 +336,7 @@ class Widened:
     run: DeviceRun
     tight_left: int
     capped: list[str] = field(default_factory=list)
+    targets: frozenset[RaceId] = frozenset()
 
 
 def _plus(delays: Delays, extra: Delays, share: float = 1.0) -> Delays:
@@ -258,12 +346,14 @@ def _plus(delays: Delays, extra: Delays, share: float = 1.0) -> Delays:
 def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: Values,
           min_gap_us: float = MIN_GAP_US, rounds: int = WIDEN_ROUNDS,
           backoff_steps: int = BACKOFF_STEPS) -> Widened:
-    """Delay the later access of every tight racing pair (see the module docstring) while the
-    prediction keeps its manifest status; when a round's full widening would change that
-    status, keep the largest share of it (bisected) that does not, record the ops, and stop."""
+    """Delay the later access of every tight racing pair that the starting schedule inverts
+    (:func:`inverted`; see the module docstring) while the prediction keeps its manifest
+    status; when a round's full widening would change that status, keep the largest share of
+    it (bisected) that does not, record the ops, and stop. Other pairs keep their gaps."""
     view, run = sim_run(scenario, removed, delays)
     manifest = bool(diffs(view.values, oracle))
-    tight = tight_pairs(run, min_gap_us)
+    targets = inverted(run)
+    tight = tight_pairs(run, min_gap_us, only=targets)
     capped: list[str] = []
     for _ in range(rounds):
         extra: Delays = {}
@@ -278,7 +368,7 @@ def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: V
         cview, crun = sim_run(scenario, removed, cand)
         if bool(diffs(cview.values, oracle)) == manifest:
             delays, view, run = cand, cview, crun
-            tight = tight_pairs(run, min_gap_us)
+            tight = tight_pairs(run, min_gap_us, only=targets)
             continue
         lo, hi = 0.0, 1.0
         for _ in range(backoff_steps):
@@ -290,9 +380,9 @@ def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: V
             else:
                 hi = mid
         capped = [f"{n}@{it}" for n, it in sorted(extra)]
-        tight = tight_pairs(run, min_gap_us)
+        tight = tight_pairs(run, min_gap_us, only=targets)
         break
-    return Widened(delays, view, run, len(tight), capped)
+    return Widened(delays, view, run, len(tight), capped, targets)
 
 
 def _value_explore(scenario: Scenario, removed: frozenset[str], oracle: Values,
@@ -338,7 +428,10 @@ def plan_spec(spec: RunSpec, host_launch_us: float | None = None, floor_us: floa
     w = widen(sc, spec.removed, start, oracle, plan.margin_us)
     plan.delays, plan.predicted, plan.tight_left, plan.capped = (w.delays, w.view,
                                                                  w.tight_left, w.capped)
-    gaps = [gap for _r, gap, _m in pair_gaps(w.run, plan.margin_us)]
+    gaps = [gap for _r, gap, _m in pair_gaps(w.run, plan.margin_us, only=w.targets)]
     plan.narrowest_gap_us = round(min(gaps), 1) if gaps else None
+    plan.inverted_pairs = len(w.targets)
     plan.predicted_diffs = diffs(plan.predicted.values, oracle)
+    plan.predicted_uninit_reads, plan.predicted_dup_writes = _device_defined(w.run)
+    plan.predicted_race_kinds = sorted({str(r.kind) for r in w.run.races})
     return plan

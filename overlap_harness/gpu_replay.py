@@ -7,8 +7,10 @@ This module runs the trials and counts, per run of the suite (:class:`RunReplay`
 
 - race-free runs: trials whose every value equals the simulated run's, and the oracle's;
 - racy runs: trials under the plan's delays whose every value equals the simulator's
-  prediction (and whose wrong values, diff by diff, are the predicted ones), plus trials with
-  no delay at all, the baseline rate at which the race shows by itself;
+  prediction (and whose wrong values, diff by diff, are the predicted ones, and the trials
+  whose wrong values are at the predicted places, whatever their values: the criterion of a
+  manifest-only run, :attr:`Plan.match_class`), plus trials with no delay at all, the
+  baseline rate at which the race shows by itself;
 - for every run, the detector's verdict on the device's own trace, and the device's metrics
   (median over trials) beside the simulated ones.
 
@@ -30,7 +32,15 @@ from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
 from model.protocol import run_protocol
 from model.trace import OpKind, OpRecord
-from overlap_harness.gpu_plan import DETERMINISTIC, Plan, Values, diffs, verdict_of
+from overlap_harness.gpu_plan import (
+    DETERMINISTIC,
+    EXACT,
+    Plan,
+    Values,
+    diff_keys,
+    diffs,
+    verdict_of,
+)
 
 DeviceFactory = Callable[[Plan, Mapping[tuple[str, int], float]], Device]
 TIMED = ("iteration_ns", "host_stall_ns", "forward_idle_ns")
@@ -68,14 +78,16 @@ class Tally:
     """Counts over the trials of one schedule, against a reference run and the oracle.
 
     ``equal``: every value equal to the reference's; ``same_diffs``: the differences from the
-    oracle are the reference's, line for line; ``manifest``: some value differs from the
-    oracle's.
+    oracle are the reference's, line for line; ``same_keys``: they are at the reference's
+    places (:func:`diff_keys`: what, iteration, request), whatever the values there;
+    ``manifest``: some value differs from the oracle's. ``equal <= same_diffs <= same_keys``.
     """
 
     delays: dict[tuple[str, int], float] = field(default_factory=dict)
     trials: int = 0
     equal: int = 0
     same_diffs: int = 0
+    same_keys: int = 0
     equal_oracle: int = 0
     manifest: int = 0
     verdicts: Counter = field(default_factory=Counter)
@@ -105,6 +117,7 @@ class Tally:
             self.manifest += bool(vs_oracle)
             if reference is not None:
                 self.same_diffs += vs_oracle == diffs(reference, oracle)
+                self.same_keys += diff_keys(t.values, oracle) == diff_keys(reference, oracle)
 
     def median_metrics(self) -> dict[str, float] | None:
         """Per metric, the median over the trials that completed."""
@@ -134,6 +147,13 @@ class RunReplay:
         """A race-free run whose values are the program's alone (no never-written memory
         read, no duplicate-index scatter): the runs bit-identical agreement is required of."""
         return self.plan.kind == "race_free" and self.plan.values_class == DETERMINISTIC
+
+    @property
+    def hits(self) -> int:
+        """Racy runs: the main trials that count under the plan's ``match_class``: the
+        prediction's exact values (``exact``), or wrong values at the prediction's places
+        (manifest-only)."""
+        return self.main.equal if self.plan.match_class == EXACT else self.main.same_keys
 
     def match_rate(self) -> float:
         """Share of main trials whose values are the simulator's prediction (0 without any)."""

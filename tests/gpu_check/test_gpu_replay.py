@@ -7,6 +7,7 @@ deterministic, so a replay on it must agree in every trial: any miss is a bug of
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,12 +19,18 @@ from overlap_harness.cli import EXIT_BAD_INPUT, main
 from overlap_harness.gpu_plan import (
     ALLOCATOR_DEPENDENT,
     DETERMINISTIC,
+    EXACT,
     FLOOR_US,
     GAP_FLOOR_US,
     GAP_ITER_SHARE,
+    MANIFEST_ONLY,
     Plan,
+    diff_keys,
+    inverted,
     pair_gaps,
     plan_spec,
+    predicted_class,
+    racy_class,
     scale_delays,
     sim_run,
     tight_pairs,
@@ -60,6 +67,8 @@ def plans() -> dict[str, Plan]:
                                    "publish_ready.d2h_wait"), 25.0),
         "uninit": plan_spec(spec("protocol/s21_merge_prefill_skip_publish.toml",
                                  "no_poison_stale_seq_lens"), 25.0),
+        "reuse": plan_spec(spec("protocol/s16_mix_running_indices_lifetime.toml",
+                                "mix_running_indices.keep_alive"), 25.0),
     }
 
 
@@ -86,7 +95,8 @@ def test_plans_classify_and_predict(plans: dict[str, Plan]) -> None:
     assert targeted.predicted_diffs and base.predicted_diffs  # wrong values predicted
     assert base.schedule_source == "baseline"
     _view, run = sim_run(base.scenario, base.spec.removed, base.delays)
-    assert base.tight_left == len(tight_pairs(run, base.margin_us))
+    assert base.tight_left == len(tight_pairs(run, base.margin_us, only=inverted(run)))
+    assert base.inverted_pairs == len(inverted(run)) > 0
 
 
 def test_widened_schedule_keeps_racing_accesses_a_model_error_apart(
@@ -98,13 +108,76 @@ def test_widened_schedule_keeps_racing_accesses_a_model_error_apart(
     assert p.sim is not None and p.predicted_diffs and not p.capped
     assert p.margin_us >= max(GAP_FLOOR_US, GAP_ITER_SHARE * p.sim.metrics.iteration_ns / 1000)
     _view, run = sim_run(p.scenario, p.spec.removed, p.delays)
-    assert [need for _r, need in tight_pairs(run, p.margin_us) if need > 0] == []
-    gaps = [gap for _r, gap, _m in pair_gaps(run, p.margin_us)]
+    targets = inverted(run)
+    assert targets and [need for _r, need in tight_pairs(run, p.margin_us, only=targets)
+                        if need > 0] == []
+    gaps = [gap for _r, gap, _m in pair_gaps(run, p.margin_us, only=targets)]
     assert p.narrowest_gap_us is not None and min(gaps) >= p.margin_us - 0.1
     # the old 300 µs margin left this pair closer than the model's error
     explored = scale_delays(p.explore_delays or {})
     _v, old = sim_run(p.scenario, p.spec.removed, explored)
-    assert any(need > 0 for _r, need in tight_pairs(old, p.margin_us))
+    assert any(need > 0 for _r, need in tight_pairs(old, p.margin_us, only=targets))
+
+
+def test_widening_moves_only_the_pairs_the_schedule_inverts(plans: dict[str, Plan]) -> None:
+    """Pairs executed in issue order keep their gaps: the only delays the widening adds are
+    on the later-taking-effect access of an inverted race (the 2026-11-21 wide-gaps run
+    widened every pair and added many ms of delays over the iterations)."""
+    for key in ("targeted", "baseline"):
+        p = plans[key]
+        start = scale_delays(p.explore_delays or {})
+        _v, run = sim_run(p.scenario, p.spec.removed, p.delays)
+        movable = {(r.first.op_name, r.first.iteration) for r in run.races if r.manifest}
+        assert set(p.delays) - set(start) <= movable, key
+        assert p.tight_left == 0 and not p.capped, key
+    # the baseline run has pairs in issue order closer than the margin, left as they are
+    b = plans["baseline"]
+    _v, run = sim_run(b.scenario, b.spec.removed, b.delays)
+    assert any(not r.manifest for r, _n in tight_pairs(run, b.margin_us))
+
+
+def test_racy_class_of_the_delayed_prediction(plans: dict[str, Plan]) -> None:
+    """A racy run is judged exactly unless its delayed prediction has device-defined values
+    or a reuse race; the class is recomputable from the schedule alone."""
+    assert racy_class([], [], ["RAW", "WAR"]) == EXACT
+    assert racy_class(["x"], [], []) == f"{MANIFEST_ONLY}: reads never-written memory"
+    assert racy_class([], ["y"], ["reuse"]) == \
+        f"{MANIFEST_ONLY}: duplicate-index scatter, reuse race (allocator-dependent)"
+    t, b, r = plans["targeted"], plans["baseline"], plans["reuse"]
+    assert t.match_class == EXACT and plans["free"].match_class == ""
+    assert b.predicted_dup_writes and b.match_class.startswith(MANIFEST_ONLY)
+    assert "reuse" in r.predicted_race_kinds and "reuse race" in r.match_class
+    for p in (t, b, r):
+        assert predicted_class(p.scenario, p.spec.removed, p.delays) == p.match_class
+
+
+def test_manifest_only_counts_wrong_values_at_the_predicted_places(
+        plans: dict[str, Plan]) -> None:
+    """``same_keys``: a trial whose wrong value differs from the prediction's, at the same
+    place, counts for a manifest-only run, not for an exact one."""
+    p = plans["targeted"]
+    assert p.predicted is not None and p.oracle is not None
+    got = copy.deepcopy(p.predicted.values)
+    rid = next(iter(got.outcome.requests))
+    ((key, _it, req),) = [k for k in diff_keys(got, p.oracle) if k[0] == "tokens"]
+    toks = got.outcome.requests[req].tokens
+    idx = next(i for i, (a, b) in enumerate(zip(toks, p.oracle.outcome.requests[req].tokens,
+                                                strict=False)) if a != b)
+    toks[idx] = toks[idx] + 1000
+    assert rid and key == "tokens" and diff_keys(got, p.oracle) == \
+        diff_keys(p.predicted.values, p.oracle)
+    t = Tally()
+    t.add(TrialResult(got, "race"), p.predicted.values, p.oracle)
+    t.add(TrialResult(p.oracle, "race"), p.predicted.values, p.oracle)  # not manifest
+    assert (t.equal, t.same_diffs, t.same_keys, t.manifest) == (0, 0, 1, 1)
+    row = run_row(replay(p, sim_factory, trials=2, baseline_trials=1, warm_up=False))
+    assert row["match_class"] == EXACT and row["hits"] == row["match"] == 2
+    row["match"] = row["main"]["equal"] = 0  # wrong values, other than the predicted ones
+    assert summarize([row])["racy_runs_at_target"] == 0
+    row["match_class"] = f"{MANIFEST_ONLY}: reads never-written memory"
+    s = summarize([row])
+    assert s["racy_runs_at_target"] == s["racy_manifest_only_at_target"] == 1
+    assert s["racy_exact_runs"] == 0 and passed(s)
 
 
 def test_replay_on_the_simulator_agrees_in_every_trial(plans: dict[str, Plan]) -> None:

@@ -10,6 +10,12 @@ the report is not what the simulator computes now, or when the figures do not ad
 Race-free runs whose simulated values are device-defined (a read of never-written memory:
 allocator-dependent; a scatter writing an element twice: scatter-order-dependent) are held to
 no agreement: which ones they are is recomputed here on CPU, not taken from the report.
+
+Racy runs are held to the 95% target under their class, recomputed here too by simulating the
+report's schedule (its delays) at its launch cost: ``exact`` runs count the trials with exactly
+the predicted values; manifest-only runs (the delayed prediction reads never-written memory,
+scatters an element twice, or has a reuse race) count the trials whose wrong values are at
+exactly the predicted places (``same_keys``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,15 @@ from typing import Any
 
 import pytest
 
-from overlap_harness.gpu_plan import DETERMINISTIC, device_defined, values_class, with_launch
-from overlap_harness.gpu_report import MATCH_TARGET, summarize
+from overlap_harness.gpu_plan import (
+    DETERMINISTIC,
+    EXACT,
+    device_defined,
+    predicted_class,
+    values_class,
+    with_launch,
+)
+from overlap_harness.gpu_report import at_target, hits, parse_delays, summarize
 from scenarios.expand import RunSpec, expand
 from scenarios.loader import load_paths
 
@@ -116,16 +129,45 @@ def test_race_free_runs_agree_in_every_trial(report: dict[str, Any],
     assert not bad, bad
 
 
+@pytest.fixture(scope="module")
+def racy_classes(report: dict[str, Any], specs: list[RunSpec],
+                 rows: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each racy run's class, recomputed: the simulation under the report's schedule at the
+    report's launch cost, as the GPU run was planned and predicted."""
+    out = {}
+    for spec in specs:
+        row = rows.get(spec.run_id)
+        if row is None or row["kind"] != "racy":
+            continue
+        sc = with_launch(spec.scenario, spec, report["host_launch_us"])
+        out[spec.run_id] = predicted_class(sc, spec.removed,
+                                           parse_delays(row["schedule"]["delays_us"]))
+    return out
+
+
+def test_racy_classes_are_what_the_simulator_computes_now(
+        racy_classes: dict[str, str], rows: dict[str, dict[str, Any]]) -> None:
+    differ = {rid: (rows[rid].get("match_class"), cls) for rid, cls in racy_classes.items()
+              if rows[rid].get("match_class") != cls}
+    assert not differ, differ
+
+
 def test_racy_runs_show_the_predicted_values(report: dict[str, Any],
-                                             rows: dict[str, dict[str, Any]]) -> None:
+                                             rows: dict[str, dict[str, Any]],
+                                             racy_classes: dict[str, str]) -> None:
+    """Exact runs: the predicted values in 95% of the trials; manifest-only runs (class
+    recomputed above, not the report's): wrong values at the predicted places in 95%."""
     bad = {}
     for rid, r in rows.items():
         if r["kind"] != "racy":
             continue
         m = r["main"]
-        if m["trials"] != report["trials"] or r["match"] < MATCH_TARGET * m["trials"]:
-            bad[rid] = (r["match"], m["trials"], m["first_mismatch"][:1], m["errors"][:1])
-        assert r["match"] == m["equal"] <= m["same_diffs"], rid  # equal values: equal diffs
+        cls = racy_classes.get(rid, EXACT)
+        if m["trials"] != report["trials"] or not at_target(r, cls):
+            bad[rid] = (cls, hits(r, cls), m["trials"], m["first_mismatch"][:1],
+                        m["errors"][:1])
+        # equal values: equal diffs, at equal places
+        assert r["match"] == m["equal"] <= m["same_diffs"] <= m["same_keys"], rid
         if r["predicted_diffs"]:  # a trial with the predicted values shows wrong values
             assert m["manifest"] >= r["match"], rid
         assert r["baseline"]["trials"] == report["baseline_trials"], rid
