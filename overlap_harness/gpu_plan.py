@@ -12,11 +12,15 @@ clocks wander, so a 30 µs inversion is a coin toss there. The schedule is there
 1. exploration's shrunk delays (found with the value-level criterion: the values differ from
    the oracle), each raised to at least ``floor_us`` (:func:`scale_delays`);
 2. then *widened*: every racing pair the schedule inverts (its race is manifest in the
-   simulated run under the delays: the delays target it) whose two accesses are closer than a
-   margin gets its later access's op (the held-back one) delayed until they are that far
-   apart, a few rounds (:func:`widen`). Pairs the schedule leaves in issue order keep their
+   simulated run under the delays, taken anew each round: a delay also pushes later
+   iterations' ops and can invert more pairs) whose two accesses are closer than a margin gets
+   its later access's op (the held-back one) delayed until they are that far apart, a few
+   rounds (:func:`widen`). Pairs the schedule leaves in issue order keep their
    gaps: widening those too (the 2026-11-21 wide-gaps run) added many ms of delays over the
-   iterations and cost runs that had matched with narrow gaps. A device read counts over its
+   iterations and cost runs that had matched with narrow gaps. Widening only the pairs the
+   *starting* schedule inverted (the 2026-11-21 inverted-pairs run) left the pairs inverted
+   later by the delays' knock-on (down to overlapping windows) close: 10/40 runs missed,
+   every one of them with such a pair. A device read counts over its
    op's whole span, since CudaDevice's kernels read after their cost sleep while the simulator
    reads at the op's start.
 
@@ -346,10 +350,12 @@ def _plus(delays: Delays, extra: Delays, share: float = 1.0) -> Delays:
 def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: Values,
           min_gap_us: float = MIN_GAP_US, rounds: int = WIDEN_ROUNDS,
           backoff_steps: int = BACKOFF_STEPS) -> Widened:
-    """Delay the later access of every tight racing pair that the starting schedule inverts
-    (:func:`inverted`; see the module docstring) while the prediction keeps its manifest
-    status; when a round's full widening would change that status, keep the largest share of
-    it (bisected) that does not, record the ops, and stop. Other pairs keep their gaps."""
+    """Delay the later access of every tight racing pair that the prediction inverts
+    (:func:`inverted`, taken anew each round: a delay pushes later iterations' ops too and can
+    invert more pairs, which the prediction then relies on; see the module docstring) while
+    the prediction keeps its manifest status; when a round's full widening would change that
+    status, keep the largest share of it (bisected) that does not, record the ops, and stop.
+    Pairs the prediction leaves in issue order keep their gaps."""
     view, run = sim_run(scenario, removed, delays)
     manifest = bool(diffs(view.values, oracle))
     targets = inverted(run)
@@ -368,6 +374,7 @@ def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: V
         cview, crun = sim_run(scenario, removed, cand)
         if bool(diffs(cview.values, oracle)) == manifest:
             delays, view, run = cand, cview, crun
+            targets = inverted(run)
             tight = tight_pairs(run, min_gap_us, only=targets)
             continue
         lo, hi = 0.0, 1.0
@@ -380,6 +387,7 @@ def widen(scenario: Scenario, removed: frozenset[str], delays: Delays, oracle: V
             else:
                 hi = mid
         capped = [f"{n}@{it}" for n, it in sorted(extra)]
+        targets = inverted(run)
         tight = tight_pairs(run, min_gap_us, only=targets)
         break
     return Widened(delays, view, run, len(tight), capped, targets)

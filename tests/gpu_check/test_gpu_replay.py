@@ -69,6 +69,7 @@ def plans() -> dict[str, Plan]:
                                  "no_poison_stale_seq_lens"), 25.0),
         "reuse": plan_spec(spec("protocol/s16_mix_running_indices_lifetime.toml",
                                 "mix_running_indices.keep_alive"), 25.0),
+        "cascade": plan_spec(spec("variants/bootstrap.toml", "forward_entry"), 196.7),
     }
 
 
@@ -134,6 +135,22 @@ def test_widening_moves_only_the_pairs_the_schedule_inverts(plans: dict[str, Pla
     b = plans["baseline"]
     _v, run = sim_run(b.scenario, b.spec.removed, b.delays)
     assert any(not r.manifest for r, _n in tight_pairs(run, b.margin_us))
+
+
+def test_pairs_inverted_by_the_delays_knock_on_are_widened_too(plans: dict[str, Plan]) -> None:
+    """A delay also pushes later iterations' ops and inverts pairs the starting schedule did
+    not: the prediction relies on those too, so every pair it inverts ends at least a margin
+    apart (the 2026-11-21 inverted-pairs run widened only the starting ones: all 10 runs that
+    missed had a later-inverted pair closer than 1.5 ms, some overlapping)."""
+    p = plans["cascade"]
+    start = scale_delays(p.explore_delays or {})
+    _v, first = sim_run(p.scenario, p.spec.removed, start)
+    _v, run = sim_run(p.scenario, p.spec.removed, p.delays)
+    assert p.predicted_diffs and p.tight_left == 0 and not p.capped
+    assert len(inverted(run)) > len(inverted(first)) == 2  # the knock-on inverts more
+    assert p.inverted_pairs == len(inverted(run))
+    gaps = [g for _r, g, _m in pair_gaps(run, p.margin_us, only=inverted(run))]
+    assert min(gaps) >= p.margin_us - 0.1
 
 
 def test_racy_class_of_the_delayed_prediction(plans: dict[str, Plan]) -> None:
