@@ -143,7 +143,7 @@ def _draw_arrows(ax: Axes, timeline: Sequence[OpRecord], lanes: _Lanes,
                  span: tuple[int, int]) -> None:
     lo, hi = span
     for rec, wait in event_arrows(timeline):
-        if max(rec.start_ns, wait.start_ns) < lo or min(rec.start_ns, wait.start_ns) > hi:
+        if not (lo <= rec.start_ns <= hi and lo <= wait.start_ns <= hi):
             continue
         ax.annotate("", xy=(wait.start_ns / 1e3, lanes.y(wait.agent) - 0.38),
                     xytext=(rec.start_ns / 1e3, lanes.y(rec.agent) + 0.38),
@@ -170,9 +170,9 @@ def _access_point(race_side, by_op: dict[int, OpRecord]) -> tuple[str, int] | No
 
 
 def _draw_races(ax: Axes, races: Sequence[Race], timeline: Sequence[OpRecord], lanes: _Lanes,
-                span: tuple[int, int]) -> int:
+                span: tuple[int, int], px_per_ns: float) -> int:
     by_op = {t.op: t for t in timeline}
-    labelled: set[str] = set()
+    last_label_px = -1e18
     drawn = 0
     for race in races:
         a, b = _access_point(race.first, by_op), _access_point(race.second, by_op)
@@ -189,13 +189,15 @@ def _draw_races(ax: Axes, races: Sequence[Race], timeline: Sequence[OpRecord], l
                                 "connectionstyle": "arc3,rad=0.15"})
         ax.plot([xa, xb], [ya, yb], marker="X", color=RACE_COLOR, markersize=8,
                 linestyle="none", zorder=7)
-        text = race_label(race)
-        key = f"{race.key}|{race.second.iteration}"
-        if key not in labelled and len(labelled) < 12:
-            labelled.add(key)
-            state = {True: "manifest", False: "latent", None: "?"}[race.manifest]
-            ax.annotate(f"{text} ({state})", xy=((xa + xb) / 2, (ya + yb) / 2 + 0.15),
-                        fontsize=8, color=RACE_COLOR, ha="center", va="bottom", zorder=8,
+        state = {True: "manifest", False: "latent", None: "?"}[race.manifest]
+        text = f"{race_label(race)} ({state})"
+        mid_px = (a[1] + b[1]) / 2 * px_per_ns
+        # label a connector only where the previous label is out of the way (16 iterations
+        # of the same race would otherwise print on top of each other)
+        if mid_px - last_label_px > len(text) * 6.5 + 10:
+            last_label_px = mid_px
+            ax.annotate(text, xy=((xa + xb) / 2, (ya + yb) / 2 + 0.15), fontsize=8,
+                        color=RACE_COLOR, ha="center", va="bottom", zorder=8,
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": RACE_COLOR,
                               "lw": 0.6, "alpha": 0.9})
     return drawn
@@ -212,7 +214,7 @@ def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race
     _draw_iterations(ax, timeline, span, len(lanes.names) - 0.45)
     _draw_ops(ax, timeline, lanes, span, px_per_ns)
     _draw_arrows(ax, timeline, lanes, span)
-    return _draw_races(ax, races, timeline, lanes, span)
+    return _draw_races(ax, races, timeline, lanes, span, px_per_ns)
 
 
 def _shift(timeline: Sequence[OpRecord]) -> list[OpRecord]:
@@ -222,6 +224,24 @@ def _shift(timeline: Sequence[OpRecord]) -> list[OpRecord]:
     t0 = min((min(t.issue_ns, t.start_ns) for t in timeline), default=0)
     return [replace(t, issue_ns=t.issue_ns - t0, start_ns=t.start_ns - t0, end_ns=t.end_ns - t0)
             for t in timeline]
+
+
+def _legend(fig: Figure) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    names = {OpKind.KERNEL: "kernel", OpKind.COPY: "copy", OpKind.HOST_WORK: "host work",
+             OpKind.HOST_SYNC: "host blocked (sync)"}
+    handles: list = [Patch(facecolor=f, edgecolor=e, hatch=h, label=names[k])
+                     for k, (f, e, h) in STYLE.items()]
+    handles += [Line2D([], [], marker=MARKERS[k][0], color=MARKERS[k][1], linestyle="none",
+                       label=label)
+                for k, label in ((OpKind.RECORD, "event record"), (OpKind.WAIT, "event wait"),
+                                 (OpKind.HOST_READ, "host read"))]
+    handles.append(Line2D([], [], color="#7b3294", lw=0.8, label="record \u2192 wait"))
+    handles.append(Line2D([], [], color=RACE_COLOR, lw=1.6, marker="X", label="race"))
+    fig.legend(handles=handles, loc="lower right", ncol=len(handles), fontsize=7,
+               frameon=False)
 
 
 def case_title(case: CaseResult) -> str:
@@ -264,9 +284,10 @@ def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
     title = case_title(case)
     if drawn < len(case.races):
         title += f" [{drawn} of {len(case.races)} races in view]"
+    _legend(fig)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left",
                  color=RACE_COLOR if case.races or not case.ok else "black")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
