@@ -71,8 +71,11 @@ def trace_events(case: CaseResult, gpu_timeline: Sequence[OpRecord] | None = Non
         a, b = race.first, race.second
         if a.time_ns is None or b.time_ns is None:
             continue
+        # a flow runs forward in time (Perfetto binds flows in time order); in a manifest
+        # race the later-issued access ran first, so the arrow starts there
+        ends = sorted([(a.time_ns, tid[a.agent]), (b.time_ns, tid[b.agent])])
         ev += _flow(fid, f"{race.kind} {race.buffer}", "race", 1,
-                    (tid[a.agent], _us(a.time_ns)), (tid[b.agent], _us(b.time_ns)))
+                    (ends[0][1], _us(ends[0][0])), (ends[1][1], _us(ends[1][0])))
         fid += 1
     if gpu_timeline:
         ev += _events_for(gpu_timeline, 2, f"gpu: {case.name}")[0]

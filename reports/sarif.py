@@ -17,6 +17,18 @@ from model.results import CaseResult
 from model.trace import Access, RaceKind
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def artifact(path: str) -> dict[str, str]:
+    """A SARIF artifactLocation: repository-relative under %SRCROOT% where possible (what
+    code-scanning UIs expect), else a file:// URI."""
+    p = Path(path)
+    full = p if p.is_absolute() else (Path.cwd() / p)
+    try:
+        return {"uri": full.resolve().relative_to(ROOT).as_posix(), "uriBaseId": "%SRCROOT%"}
+    except ValueError:
+        return {"uri": full.resolve().as_uri()}
 
 RULES = {
     RaceKind.RAW: "A read is not ordered after the write it should see: it may read a stale "
@@ -51,7 +63,7 @@ def _source_location(a: Access, idx: int) -> dict[str, Any] | None:
     if not line.isdigit():
         return None
     return {"id": idx, "message": {"text": a.describe()},
-            "physicalLocation": {"artifactLocation": {"uri": file},
+            "physicalLocation": {"artifactLocation": artifact(file),
                                  "region": {"startLine": int(line)}}}
 
 
@@ -66,13 +78,13 @@ def _results(case: CaseResult) -> list[dict[str, Any]]:
         for j, label in enumerate(case.removed):
             related.append({"id": 10 + j, "message": {
                 "text": f"removed sync {label!r} would order these accesses"},
-                "physicalLocation": {"artifactLocation": {"uri": case.path},
+                "physicalLocation": {"artifactLocation": artifact(case.path),
                                      "region": {"startLine": line}}})
         out.append({
             "ruleId": str(race.kind),
             "level": "error" if case.expect != "race" else "note",
             "message": {"text": f"{case.name}: {race.describe()}"},
-            "locations": [{"physicalLocation": {"artifactLocation": {"uri": case.path},
+            "locations": [{"physicalLocation": {"artifactLocation": artifact(case.path),
                                                 "region": {"startLine": line}}}],
             "relatedLocations": related,
             "properties": {"manifest": race.manifest, "run_id": case.run_id},
