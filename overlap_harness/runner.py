@@ -126,16 +126,16 @@ def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
     return out
 
 
-def _trial(sc: Scenario, removed: frozenset[str]):
+def _trial(spec: RunSpec):
+    """One exploration trial: :func:`run_spec` under a schedule, reduced to what
+    :func:`~overlap_harness.explore.explore` needs (races, and whether any manifested)."""
     from overlap_harness.explore import Trial
 
     def trial(delays, jitter, seed) -> Trial:
-        outcome, dev = simulate(sc, removed, delays=delays, jitter=jitter, seed=seed)
-        run = dev.finish()
-        oracle, odev = simulate(sc, removed, serial=True)
-        odev.finish()
-        diffs = compare_runs(outcome, dev.observations, oracle, odev.observations)
-        return Trial(run.races, bool(diffs) or any(r.manifest for r in run.races))
+        r = run_spec(spec, delays=delays, jitter=jitter, seed=seed)
+        if r.error is not None:
+            raise HarnessError(r.error)
+        return Trial(r.races, r.manifest)
 
     return trial
 
@@ -147,8 +147,8 @@ def explore_spec(spec: RunSpec, budget: int = 64,
     A top-level function so a process pool can run it (``explore_specs(jobs=N)``)."""
     from overlap_harness.explore import explore
 
-    sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
-    trial = _trial(sc, spec.removed)
+    sc = spec.scenario
+    trial = _trial(spec)
     try:
         base = trial({}, 0.0, sc.check.seed)
     except HarnessError:
