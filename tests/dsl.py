@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
+from model.config import ProtocolConfig, Timing, Workload
+from model.protocol import compare_runs, run_protocol
 from model.trace import Race
 from sim.device import SimDevice
 
@@ -31,3 +37,27 @@ def assert_races(dev: SimDevice, n: int, *kinds: str) -> list[Race]:
 def ints(*v: int) -> torch.Tensor:
     """An int64 tensor: the value an op writes."""
     return torch.tensor(v, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """An overlapped protocol run beside its serial oracle."""
+
+    outcome: Any
+    observations: dict
+    races: list[Race]
+    diffs: list
+
+
+def run_with_oracle(proto: ProtocolConfig, wl: Workload, removed: tuple[str, ...] = (),
+                    delays: Mapping[tuple[str, int], float] | None = None) -> Paired:
+    """Run the protocol overlapped and serially (the oracle must itself be race-free) and
+    compare them value by value."""
+    dev = SimDevice(removed=removed, delays=delays)
+    out = run_protocol(dev, (proto, wl, Timing()))
+    races = dev.finish().races
+    odev = SimDevice(removed=removed, serial=True)
+    o_out = run_protocol(odev, (proto, wl, Timing()))
+    assert odev.finish().races == []
+    return Paired(out, dev.observations, races,
+                  compare_runs(out, dev.observations, o_out, odev.observations))

@@ -23,9 +23,10 @@ from model.config import (
     WorkloadEvent,
 )
 from model.errors import HarnessError
-from model.protocol import compare_runs, run_protocol
+from model.protocol import run_protocol
 from model.trace import RaceKind
 from sim.device import SimDevice
+from tests.dsl import run_with_oracle
 
 R = Request
 KEEP = "mix_running_indices.keep_alive"
@@ -40,13 +41,8 @@ MIXED = Workload(
 
 def run(proto: ProtocolConfig, wl: Workload, removed: tuple[str, ...] = (), delays=None):
     """Overlapped run and its serial oracle: (outcome, races, diffs)."""
-    dev = SimDevice(removed=removed, delays=delays)
-    out = run_protocol(dev, (proto, wl, Timing()))
-    races = dev.finish().races
-    odev = SimDevice(removed=removed, serial=True)
-    o_out = run_protocol(odev, (proto, wl, Timing()))
-    assert odev.finish().races == []
-    return out, races, compare_runs(out, dev.observations, o_out, odev.observations)
+    p = run_with_oracle(proto, wl, removed, delays)
+    return p.outcome, p.races, p.diffs
 
 
 def reuse_of_mix(races):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses as dc
 
 from model.config import EventKind as EK
-from model.config import Gather, Mode, ProtocolConfig, Request, Timing, Workload, WorkloadEvent
-from model.protocol import compare_runs, run_protocol
-from sim.device import GARBAGE, SimDevice
+from model.config import Gather, Mode, ProtocolConfig, Request, Workload, WorkloadEvent
+from sim.device import GARBAGE
+from tests.dsl import run_with_oracle
 
 R = Request
 SPEC = ProtocolConfig(gather=Gather.UNFUSED, debug_poison=True)
@@ -20,14 +20,8 @@ STEADY = Workload(iterations=7, requests=(R("A", 0, 10, 40), R("B", 0, 6, 40)))
 
 def run_pair(proto: ProtocolConfig, wl: Workload):
     """Overlapped run and its serial oracle: (outcome, observations, races, diffs)."""
-    dev = SimDevice()
-    out = run_protocol(dev, (proto, wl, Timing()))
-    races = dev.finish().races
-    odev = SimDevice(serial=True)
-    o_out = run_protocol(odev, (proto, wl, Timing()))
-    assert odev.finish().races == []
-    return out, dev.observations, races, compare_runs(out, dev.observations, o_out,
-                                                      odev.observations)
+    p = run_with_oracle(proto, wl)
+    return p.outcome, p.observations, p.races, p.diffs
 
 
 def with_events(*events: WorkloadEvent, wl: Workload = STEADY) -> Workload:

@@ -25,8 +25,9 @@ from model.config import (
     WorkloadEvent,
 )
 from model.errors import HarnessError
-from model.protocol import StreamAliasError, compare_runs, run_protocol
+from model.protocol import StreamAliasError, run_protocol
 from sim.device import SimDevice
+from tests.dsl import run_with_oracle
 
 BASE = ProtocolConfig(gather=Gather.UNFUSED, debug_poison=True)
 R = Request
@@ -39,13 +40,8 @@ MIXED = Workload(
 
 def run_pair(proto: ProtocolConfig, wl: Workload):
     """Overlapped and serial runs: (outcome, diffs vs oracle, races)."""
-    dev = SimDevice()
-    out = run_protocol(dev, (proto, wl, Timing()))
-    races = dev.finish().races
-    odev = SimDevice(serial=True)
-    o_out = run_protocol(odev, (proto, wl, Timing()))
-    odev.finish()
-    return out, compare_runs(out, dev.observations, o_out, odev.observations), races
+    p = run_with_oracle(proto, wl)
+    return p.outcome, p.diffs, p.races
 
 
 VARIANTS = {
