@@ -11,7 +11,9 @@ A thin adapter from :class:`model.device.Device` to torch.cuda, so the protocol 
   :class:`gpu_check.staging.Stager` (no hidden host sync, no copy queued behind a delay);
 - an op's ``cost_us`` is reproduced by ``torch.cuda._sleep`` before its work, at the rate
   :mod:`gpu_check.calibration` measured, and ``delays`` add an extra sleep before an op (the
-  injected delays that force the interleaving the simulator predicts);
+  injected delays that force the interleaving the simulator predicts), and ``gates`` hold
+  an op's work until the op the simulator ran first on a racing pair has ended
+  (:mod:`gpu_check.gates`; out of band, so the trace keeps the race);
 - ``launch`` runs ``fn(*live read tensors)`` inside ``torch.cuda.stream(s)`` and assigns each
   returned value to ``buf[sel]`` there; ``observe`` clones the read values on the stream.
 
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 
 from gpu_check.calibration import Calibration, calibrate, cycles_for
+from gpu_check.gates import GateSet, GateStats
 from gpu_check.recorder import TraceRecorder, ms_to_ns
 from gpu_check.staging import Stager, intended_sync, prewarm
 from model.detector import HOST_AGENT, AccessReq
@@ -61,8 +64,9 @@ from model.device import (
     torch_sel,
 )
 from model.errors import DeviceUsageError
+from model.opkeys import Gate, KeyCounter, OpKey
 from model.protocol.synth import staging
-from model.trace import DeviceRun, OpId, OpKind
+from model.trace import HOST, DeviceRun, OpId, OpKind
 
 
 def is_view_sel(sel: Sel) -> bool:
@@ -82,6 +86,8 @@ class CudaDevice(Device):
         calibration: a measured ``_sleep`` rate; measured now when None.
         empty_cache: release the allocator's cached blocks first, so reuse in this run
             follows this run's frees only.
+        gates: pairs of ops whose order this run must keep (:mod:`gpu_check.gates`); the
+            trace does not see them.
     """
 
     torch_device = "cuda"
@@ -93,6 +99,7 @@ class CudaDevice(Device):
         delays: Mapping[tuple[str, int], float] | None = None,
         calibration: Calibration | None = None,
         empty_cache: bool = True,
+        gates: Sequence[Gate] = (),
     ) -> None:
         super().__init__(removed)
         if not torch.cuda.is_available():
@@ -115,6 +122,9 @@ class CudaDevice(Device):
         self._pool: dict[tuple, tuple[int, list[OpId]]] = {}  # freed: key -> (storage, joins)
         self._users: dict[BufferId, set[int]] = {}  # agents from record_stream
         self._n_storage = 0
+        self._keys = KeyCounter()
+        self._gates = GateSet(gates) if gates else None
+        self.gate_stats: GateStats | None = None
         torch.cuda.synchronize()
         self._ref = torch.cuda.Event(enable_timing=True)
         before = time.perf_counter_ns()
@@ -232,8 +242,9 @@ class CudaDevice(Device):
                 raise DeviceUsageError(f"{name}: a kernel cannot touch pinned buffer "
                                        f"{b.name!r} on CudaDevice; copy it to the device first")
         issue = self.now()
+        key = self._keys.key(stream.name, name, self.iteration)
         with torch.cuda.stream(self._cs[stream.id]):
-            start, work = self._begin(name, cost_us)
+            start, work = self._begin(name, cost_us, key)
             vals = [self._tensors[b.id] for b, _s in reads_]
             if observe is not None:
                 obs = self.observations.setdefault((observe, self.iteration), [])
@@ -247,15 +258,21 @@ class CudaDevice(Device):
                 for (b, s), v in zip(writes_, outs, strict=True):
                     self._assign(b, s, v)
             end = self._stamp()
+            if self._gates is not None:
+                self._gates.stream_set(key, cur)
         self.rec.add(name, self._agent[stream.id], OpKind.KERNEL, iteration=self.iteration,
                      source=caller_source(), issue=issue, start=start, work=work, end=end,
                      accesses=self._reqs(reads_, False) + self._reqs(writes_, True))
 
-    def _begin(self, name: str, cost_us: float) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """On the current stream: the injected delay, the start mark, the cost, the work mark."""
+    def _begin(self, name: str, cost_us: float,
+               key: OpKey) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        """On the current stream: the injected delay, the start mark, the cost, the gates,
+        the work mark."""
         self._sleep_us(self._delays.get((name, self.iteration), 0.0))
         start = self._stamp()
         self._sleep_us(cost_us)
+        if self._gates is not None:
+            self._gates.stream_wait(key, torch.cuda.current_stream())
         return start, self._stamp()
 
     def _assign(self, buf: Buffer, sel: Sel, value: Any) -> None:
@@ -280,8 +297,9 @@ class CudaDevice(Device):
                 raise DeviceUsageError(f"{name}: pinned buffer {b.name!r} takes only int or "
                                        f"slice selections on CudaDevice, got {s!r}")
         issue = self.now()
+        key = self._keys.key(stream.name, name, self.iteration)
         with torch.cuda.stream(self._cs[stream.id]):
-            start, work = self._begin(name, cost_us)
+            start, work = self._begin(name, cost_us, key)
             st, dt = self._tensors[sb.id], self._tensors[db.id]
             v = st if ss is None else st[ss if sb.pinned else self._dsel(ss)]
             if db.pinned or ds is None or is_view_sel(ds):
@@ -289,6 +307,8 @@ class CudaDevice(Device):
             else:
                 dt[self._dsel(ds)] = v.to("cuda", non_blocking=True)
             end = self._stamp()
+            if self._gates is not None:
+                self._gates.stream_set(key, torch.cuda.current_stream())
         op = self.rec.add(name, self._agent[stream.id], OpKind.COPY, iteration=self.iteration,
                           source=caller_source(), issue=issue, start=start, work=work, end=end,
                           accesses=self._reqs([(sb, ss)], False) + self._reqs([(db, ds)], True))
@@ -305,9 +325,14 @@ class CudaDevice(Device):
     def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
         self._check_host_access(buf, name)
         t = self._tensors[buf.id]
+        key = self._keys.key(HOST, name, self.iteration)
+        if self._gates is not None:
+            self._gates.host_wait(key)
         now = self.now()
         value = (t if sel is None else t[torch_sel(sel, "cpu")]).clone()
         self._host_node(name, OpKind.HOST_READ, now, now, self._reqs([(buf, sel)], False))
+        if self._gates is not None:
+            self._gates.host_set(key)
         return value
 
     def host_write(self, buf: Buffer, sel: Sel, value: Any, name: str = "host_write") -> None:
@@ -315,6 +340,9 @@ class CudaDevice(Device):
         if buf.pinned or not init:
             self._check_host_access(buf, name)
         t = self._tensors[buf.id]
+        key = self._keys.key(HOST, name, self.iteration)
+        if self._gates is not None:
+            self._gates.host_wait(key)
         start = self.now()
         v = torch.as_tensor(value, dtype=buf.dtype)
         if buf.pinned:
@@ -333,6 +361,8 @@ class CudaDevice(Device):
             with intended_sync():
                 cur.synchronize()
         self._host_node(name, OpKind.HOST_WRITE, start, self.now(), self._reqs([(buf, sel)], True))
+        if self._gates is not None:
+            self._gates.host_set(key)
 
     def _check_host_access(self, buf: Buffer, name: str) -> None:
         if buf.freed:
@@ -410,7 +440,10 @@ class CudaDevice(Device):
     # -- results --------------------------------------------------------------------------
     def finish(self) -> DeviceRun:
         """Wait for all issued work (no HB edge: nothing in the program waits), fetch the
-        observations to the CPU, and return the measured timeline with the detector's races."""
+        observations to the CPU, and return the measured timeline with the detector's races.
+        Gates no op set are released first (:attr:`gate_stats` says how many)."""
+        if self._gates is not None:
+            self.gate_stats = self._gates.close()
         torch.cuda.synchronize()
         for key, vals in self.observations.items():
             self.observations[key] = [v.cpu() for v in vals]

@@ -89,6 +89,7 @@ class HBDetector:
         self._events: dict[object, tuple[np.ndarray, OpId]] = {}
         self._storages: dict[int, _Storage] = {}
         self.nodes: list[NodeInfo] = []
+        self.node_accesses: list[Sequence[AccessReq]] = []  # per node, as declared
         self.node_vc: list[np.ndarray] = []
         self.node_epoch: list[int] = []
         self.edges: list[tuple[int, int]] = []
@@ -141,6 +142,7 @@ class HBDetector:
             preds.append(self._last[a])
         self._last[a] = op
         self.nodes.append(info)
+        self.node_accesses.append(accesses)
         self.node_vc.append(vc.copy())
         self.node_epoch.append(int(vc[a]))
         self.edges.extend((p, op) for p in preds)

@@ -182,9 +182,12 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         argv += ["--baseline-trials", str(args.baseline_trials)]
     if args.with_torch_sanitizer:
         argv.append("--with-torch-sanitizer")
+    if args.no_gates:
+        argv.append("--no-gates")
     return run_gpu_check(args.paths, trials=args.trials, baseline_trials=args.baseline_trials,
                          sanitizer=args.with_torch_sanitizer, out=Path(args.out),
-                         jobs=args.jobs, deadline_s=args.deadline, argv=argv)
+                         jobs=args.jobs, deadline_s=args.deadline, argv=argv,
+                         gated=not args.no_gates)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no-delay trials of each racy run (default: --trials)")
     g.add_argument("--with-torch-sanitizer", action="store_true",
                    help="also run each spec once under PyTorch's CUDA sanitizer")
+    g.add_argument("--no-gates", action="store_true",
+                   help="force racy runs by the timed delays alone, without gates")
     g.add_argument("--out", default="reports/gpu", metavar="DIR",
                    help="folder for the report (default reports/gpu)")
     g.add_argument("--jobs", type=int, default=None, metavar="N",

@@ -55,10 +55,12 @@ from typing import Any
 from model.config import Expect, Scenario
 from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
+from model.opkeys import Gate
 from model.protocol import ProtocolOutcome, compare_runs
 from model.trace import HOST, DeviceRun, OpRecord, Race, RaceKind
 from overlap_harness.explore import Trial as ExploreTrial
 from overlap_harness.explore import explore
+from overlap_harness.gates import gate_pairs
 from overlap_harness.runner import simulate
 from scenarios.expand import RunSpec
 
@@ -106,7 +108,9 @@ class Plan:
     ``dup_writes`` lists ops writing an element twice (the scatter order decides the value).
     ``predicted_uninit_reads``, ``predicted_dup_writes`` and ``predicted_race_kinds`` are the
     same of the delayed prediction (racy runs), which :attr:`match_class` judges by;
-    ``inverted_pairs`` counts the races the schedule inverts (the pairs widened).
+    ``inverted_pairs`` counts the races the schedule inverts (the pairs widened). ``gates``
+    hold a device to the prediction's order of every racing pair (:mod:`overlap_harness.gates`),
+    ``gates_dropped`` counts those left out to keep them executable.
     """
 
     spec: RunSpec
@@ -133,6 +137,8 @@ class Plan:
     predicted_dup_writes: list[str] = field(default_factory=list)
     predicted_race_kinds: list[str] = field(default_factory=list)
     inverted_pairs: int = 0
+    gates: list[Gate] = field(default_factory=list)
+    gates_dropped: int = 0
 
     @property
     def values_class(self) -> str:
@@ -442,4 +448,6 @@ def plan_spec(spec: RunSpec, host_launch_us: float | None = None, floor_us: floa
     plan.predicted_diffs = diffs(plan.predicted.values, oracle)
     plan.predicted_uninit_reads, plan.predicted_dup_writes = _device_defined(w.run)
     plan.predicted_race_kinds = sorted({str(r.kind) for r in w.run.races})
+    _outcome, dev = simulate(sc, spec.removed, delays=w.delays, jitter=0.0)
+    plan.gates, plan.gates_dropped = gate_pairs(dev.det, dev.finish().timeline)
     return plan

@@ -30,6 +30,7 @@ from typing import Any
 from model.device import Device
 from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
+from model.opkeys import Gate
 from model.protocol import run_protocol
 from model.trace import OpKind, OpRecord
 from overlap_harness.gpu_plan import (
@@ -42,7 +43,7 @@ from overlap_harness.gpu_plan import (
     verdict_of,
 )
 
-DeviceFactory = Callable[[Plan, Mapping[tuple[str, int], float]], Device]
+DeviceFactory = Callable[[Plan, Mapping[tuple[str, int], float], Sequence[Gate]], Device]
 TIMED = ("iteration_ns", "host_stall_ns", "forward_idle_ns")
 _ISSUED = (OpKind.KERNEL, OpKind.COPY, OpKind.RECORD, OpKind.WAIT)
 
@@ -55,13 +56,15 @@ class TrialResult:
     verdict: str
     metrics: Metrics | None = None
     error: str | None = None
+    gates_unset: int = 0  # gates no op set (the run left the plan's path)
+    gate_timeout: bool = False  # the watchdog released the gates
 
 
-def run_trial(plan: Plan, factory: DeviceFactory,
-              delays: Mapping[tuple[str, int], float]) -> TrialResult:
+def run_trial(plan: Plan, factory: DeviceFactory, delays: Mapping[tuple[str, int], float],
+              gates: Sequence[Gate] = ()) -> TrialResult:
     """Run the plan's protocol once on a fresh device; an exception becomes an error verdict
     (with its message) instead of stopping the suite."""
-    dev = factory(plan, delays)
+    dev = factory(plan, delays, gates)
     try:
         outcome = run_protocol(dev, plan.scenario)
         run = dev.finish()  # type: ignore[attr-defined]  # both devices have it
@@ -70,7 +73,10 @@ def run_trial(plan: Plan, factory: DeviceFactory,
     except Exception as exc:  # a device failure is a result to report, not a crash
         return TrialResult(None, "error", error=f"{type(exc).__name__}: {exc}")
     values = Values(outcome, dict(dev.observations))
-    return TrialResult(values, verdict_of(run.races, outcome), compute_metrics(run.timeline))
+    stats = getattr(dev, "gate_stats", None)
+    return TrialResult(values, verdict_of(run.races, outcome), compute_metrics(run.timeline),
+                       gates_unset=stats.unset if stats else 0,
+                       gate_timeout=bool(stats and stats.timed_out))
 
 
 @dataclass(slots=True)
@@ -84,6 +90,9 @@ class Tally:
     """
 
     delays: dict[tuple[str, int], float] = field(default_factory=dict)
+    gates: int = 0
+    gates_unset: int = 0
+    gate_timeouts: int = 0
     trials: int = 0
     equal: int = 0
     same_diffs: int = 0
@@ -99,6 +108,8 @@ class Tally:
         """Count one trial."""
         self.trials += 1
         self.verdicts[t.verdict] += 1
+        self.gates_unset += t.gates_unset
+        self.gate_timeouts += t.gate_timeout
         if t.metrics is not None:
             self.metrics.append(t.metrics)
         if t.values is None:
@@ -167,19 +178,21 @@ class RunReplay:
 
 
 def trials_of(plan: Plan, factory: DeviceFactory, delays: Mapping[tuple[str, int], float],
-              n: int, reference: Values | None) -> Tally:
+              n: int, reference: Values | None, gates: Sequence[Gate] = ()) -> Tally:
     """``n`` trials of one schedule, counted against ``reference`` and the plan's oracle."""
-    tally = Tally(delays=dict(delays))
+    tally = Tally(delays=dict(delays), gates=len(gates))
     for _ in range(n):
-        tally.add(run_trial(plan, factory, delays), reference, plan.oracle)
+        tally.add(run_trial(plan, factory, delays, gates), reference, plan.oracle)
     return tally
 
 
 def replay(plan: Plan, factory: DeviceFactory, trials: int = 20,
-           baseline_trials: int | None = None, warm_up: bool = True) -> RunReplay:
+           baseline_trials: int | None = None, warm_up: bool = True,
+           gated: bool = True) -> RunReplay:
     """Replay one plan (see the module docstring). An error run gets one trial: it only has
     to be refused on the device too. ``warm_up`` runs one unmeasured trial first (CUDA loads
-    a kernel's module at its first launch, which can stall the GPU)."""
+    a kernel's module at its first launch, which can stall the GPU). A racy run's main
+    trials keep the plan's gates unless ``gated`` is False (delays alone)."""
     if plan.kind == "error":
         return RunReplay(plan, trials_of(plan, factory, {}, 1, None))
     if warm_up:
@@ -188,7 +201,8 @@ def replay(plan: Plan, factory: DeviceFactory, trials: int = 20,
         assert plan.sim is not None
         return RunReplay(plan, trials_of(plan, factory, {}, trials, plan.sim.values))
     assert plan.predicted is not None and plan.sim is not None
-    main = trials_of(plan, factory, plan.delays, trials, plan.predicted.values)
+    main = trials_of(plan, factory, plan.delays, trials, plan.predicted.values,
+                     plan.gates if gated else ())
     nb = trials if baseline_trials is None else baseline_trials
     base = trials_of(plan, factory, {}, nb, plan.sim.values)
     return RunReplay(plan, main, base)
@@ -196,13 +210,14 @@ def replay(plan: Plan, factory: DeviceFactory, trials: int = 20,
 
 def replay_all(plans: Iterable[Plan], factory: DeviceFactory, trials: int = 20,
                baseline_trials: int | None = None,
-               progress: Callable[[int, str], None] | None = None) -> list[RunReplay]:
+               progress: Callable[[int, str], None] | None = None,
+               gated: bool = True) -> list[RunReplay]:
     """Replay every plan in order (plans may arrive from a pool while earlier ones replay)."""
     out = []
     for i, plan in enumerate(plans):
         if progress is not None:
             progress(i, plan.spec.run_id)
-        out.append(replay(plan, factory, trials, baseline_trials))
+        out.append(replay(plan, factory, trials, baseline_trials, gated=gated))
     return out
 
 

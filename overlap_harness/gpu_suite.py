@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from model.errors import HarnessError
+from model.opkeys import Gate
 from model.protocol import run_protocol
 from overlap_harness.gpu_plan import (
     FLOOR_US,
@@ -80,8 +81,10 @@ def cuda_factory(cal: Any) -> Any:
     """A :data:`DeviceFactory` making ``SentinelCudaDevice``s with one calibration."""
     from overlap_harness.gpu_device import SentinelCudaDevice
 
-    def make(plan: Plan, delays: Mapping[tuple[str, int], float]) -> SentinelCudaDevice:
-        return SentinelCudaDevice(plan.spec.removed, delays=delays, calibration=cal)
+    def make(plan: Plan, delays: Mapping[tuple[str, int], float],
+             gates: Sequence[Gate] = ()) -> SentinelCudaDevice:
+        return SentinelCudaDevice(plan.spec.removed, delays=delays, calibration=cal,
+                                  gates=gates)
 
     return make
 
@@ -232,7 +235,8 @@ def environment(cal: Any) -> dict[str, Any]:
 def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int | None = None,
                   sanitizer: bool = False, out: Path = Path("reports/gpu"),
                   jobs: int | None = None, host_launch_us: float | None = None,
-                  deadline_s: float | None = None, argv: Sequence[str] = ()) -> int:
+                  deadline_s: float | None = None, argv: Sequence[str] = (),
+                  gated: bool = True) -> int:
     """The ``gpu-check`` command (see the module docstring); returns the exit status.
 
     With ``deadline_s``, no new run starts after that many seconds: the report is written
@@ -272,7 +276,7 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
             "gap_rule": f"max({GAP_FLOOR_US:.0f} µs, {GAP_ITER_SHARE:g} × the simulated "
                         f"iteration, {GAP_DRIFT_SHARE:g} × the host time between the two "
                         "accesses' issue), for the racing pairs the schedule inverts only",
-            "json_name": f"{stem}.json"}
+            "gated": gated, "json_name": f"{stem}.json"}
     out.mkdir(parents=True, exist_ok=True)
 
     def write(stage: str) -> dict[str, Any]:
@@ -291,7 +295,7 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
                 print(f"deadline: {len(specs) - i} runs not replayed", flush=True)
                 break
             plan: Plan = pickle.loads(blob)
-            r = replay(plan, factory, trials, baseline_trials)
+            r = replay(plan, factory, trials, baseline_trials, gated=gated)
             replays.append(r)
             print(f"[{i + 1}/{len(specs)} {time.perf_counter() - t0:.0f}s] {plan.spec.run_id} "
                   f"{plan.kind} sim={plan.sim_verdict} gpu={dict(r.main.verdicts)} "

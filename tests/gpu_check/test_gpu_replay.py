@@ -44,8 +44,9 @@ from scenarios.loader import load_paths
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 
 
-def sim_factory(plan: Plan, delays: Mapping[tuple[str, int], float]):
-    """The simulated device in CudaDevice's place: same removed syncs, launch cost, delays."""
+def sim_factory(plan: Plan, delays: Mapping[tuple[str, int], float], gates=()):
+    """The simulated device in CudaDevice's place: same removed syncs, launch cost, delays
+    (no gates: the simulator already runs in the predicted order)."""
     from sim.device import SimDevice
 
     return SimDevice(plan.spec.removed, host_launch_us=plan.host_launch_us, delays=delays)
@@ -209,7 +210,7 @@ def test_replay_on_the_simulator_agrees_in_every_trial(plans: dict[str, Plan]) -
 
 
 def test_a_device_that_ignores_the_delays_is_caught(plans: dict[str, Plan]) -> None:
-    def no_delays(plan: Plan, _delays: Mapping[tuple[str, int], float]):
+    def no_delays(plan: Plan, _delays: Mapping[tuple[str, int], float], _gates=()):
         return sim_factory(plan, {})
 
     r = replay(plans["targeted"], no_delays, trials=2, baseline_trials=1, warm_up=False)

@@ -1,0 +1,29 @@
+"""Op keys: one name for an op across devices, so a plan made on one can steer another.
+
+Op ids are issue-order positions, and two devices running one program can number ops
+differently (an allocation node exists only where the allocator waited). An op that touches
+memory is named instead by its agent, its op name, its iteration and the occurrence of that
+triple in issue order, which the program alone decides.
+"""
+
+from __future__ import annotations
+
+from model.trace import OpKind
+
+OpKey = tuple[str, str, int, int]  # agent, op name, iteration, occurrence in issue order
+Gate = tuple[OpKey, OpKey]  # (the op that finishes first, the op whose work waits for it)
+ACCESS_KINDS = (OpKind.KERNEL, OpKind.COPY, OpKind.HOST_READ, OpKind.HOST_WRITE)
+
+
+class KeyCounter:
+    """Hands out :data:`OpKey` s in issue order."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str, int], int] = {}
+
+    def key(self, agent: str, name: str, iteration: int) -> OpKey:
+        """The key of the next op ``name`` on ``agent`` in ``iteration``."""
+        k = (agent, name, iteration)
+        n = self._seen.get(k, 0)
+        self._seen[k] = n + 1
+        return (agent, name, iteration, n)
