@@ -56,7 +56,8 @@ def tally_dict(t: Tally) -> dict[str, Any]:
     return {"delays_us": _delays(t.delays), "trials": t.trials, "equal": t.equal,
             "same_diffs": t.same_diffs, "same_keys": t.same_keys, "equal_oracle": t.equal_oracle,
             "manifest": t.manifest, "verdicts": dict(t.verdicts), "errors": t.errors,
-            "first_mismatch": t.first_mismatch, "metrics_median": t.median_metrics()}
+            "first_mismatch": t.first_mismatch, "metrics_median": t.median_metrics(),
+            "gates": t.gates, "gates_unset": t.gates_unset, "gate_timeouts": t.gate_timeouts}
 
 
 def timing_dict(r: RunReplay) -> dict[str, Any] | None:
@@ -96,7 +97,8 @@ def run_row(r: RunReplay) -> dict[str, Any]:
                            "delays_us": _delays(p.delays), "tight_pairs_left": p.tight_left,
                            "margin_us": round(p.margin_us, 1),
                            "narrowest_gap_us": p.narrowest_gap_us, "capped": p.capped,
-                           "inverted_pairs": p.inverted_pairs}
+                           "inverted_pairs": p.inverted_pairs, "gates": len(p.gates),
+                           "gates_dropped": p.gates_dropped}
         row["predicted_diffs"] = p.predicted_diffs
         row["predicted_uninit_reads"] = p.predicted_uninit_reads
         row["predicted_dup_writes"] = p.predicted_dup_writes
@@ -226,6 +228,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{report['calibration']['cycles_per_us']:.1f} cycles/µs; delay floor "
         f"{report['floor_us']:.0f} µs; racing accesses widened to "
         + report.get("gap_rule", f"{report.get('min_gap_us', 0):.0f} µs"),
+        "- racy runs' trials "
+        + ("are gated: every racing pair is held to the order the delayed simulation ran it "
+           "(`overlap_harness/gates.py`, `gpu_check/gates.py`; out of the trace)"
+           if report.get("gated") else "rely on the delays alone (no gates)"),
         f"- data: `{report['json_name']}` (same folder)", "",
         "## Headline", "",
         f"- race-free runs whose values are compared: {s['race_free_runs_all_agreeing']}/"
