@@ -76,6 +76,7 @@ class _Block:
     data: torch.Tensor  # flat
     key: tuple
     written: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    landed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
     pending: list[tuple[int, int]] = field(default_factory=list)  # (op, complete_at) at free
 
@@ -188,6 +189,21 @@ class SimDevice(Device):
                     self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
                                       f"{w.buffer} twice in one op (order device-defined)"
 
+    def _check_landed(self, name: str, iteration: int, reads: list[AccessReq]) -> None:
+        """At a read's simulated time: elements no write of this owner has landed on yet
+        hold allocator-defined contents, even where a write was issued earlier (a race
+        brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
+        for r in reads:
+            if r.elements.size and not self._blocks[r.storage].landed[r.elements].all():
+                key = (name, r.buffer, "landed")
+                if key not in self._uninit and (name, r.buffer) not in self._uninit:
+                    self._uninit[key] = f"{name}@{iteration} reads elements of {r.buffer} " \
+                                        "before any write of them landed"
+
+    def _land(self, writes: list[AccessReq]) -> None:
+        for w in writes:
+            self._blocks[w.storage].landed[w.elements] = True
+
     # -- resources ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:
         if name in self._streams:
@@ -218,6 +234,7 @@ class SimDevice(Device):
             self._blocks.append(block)
             self.det.add_storage(block.id, numel, shape)
         block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
+        block.landed = np.zeros(numel, dtype=bool)  # ... nor landed
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
         self._buffers.append(buf)
@@ -295,13 +312,14 @@ class SimDevice(Device):
         self._track_init(name, rq, wq)
         self.det.on_op(n, rq + wq)
         self._log(n, issue)
-        self._schedule_values(n, fn, reads, writes, observe)
+        self._schedule_values(n, fn, reads, writes, observe, rq, wq)
         if self.serial:
             self._host_wait(f"{name}.serial_sync", [n.op], end, None)
         return n.op
 
     def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
-                         writes: list[tuple[Buffer, Sel]], observe: str | None) -> None:
+                         writes: list[tuple[Buffer, Sel]], observe: str | None,
+                         rq: list[AccessReq], wq: list[AccessReq]) -> None:
         env = self.env
         out: list[Any] = []
         iteration = self.iteration
@@ -309,6 +327,7 @@ class SimDevice(Device):
         def on_start(_: simpy.Event) -> None:
             if out:  # a zero-length op already ran at its end event (same instant)
                 return
+            self._check_landed(n.name, iteration, rq)
             snaps = [self._blocks[b.storage].data.view(b.shape).clone() for b, _s in reads]
             if observe is not None:
                 vals = [v if s is None else v[torch_sel(s, "cpu")]
@@ -320,6 +339,7 @@ class SimDevice(Device):
         def on_end(ev: simpy.Event) -> None:
             if not out:
                 on_start(ev)
+            self._land(wq)
             for (b, s), v in zip(writes, out[0], strict=True):
                 view = self._blocks[b.storage].data.view(b.shape)
                 if s is None:
@@ -346,6 +366,7 @@ class SimDevice(Device):
                        None, caller_source())
         rq = self._reqs([(buf, sel)], False)
         self._track_init(name, rq, [])
+        self._check_landed(name, self.iteration, rq)
         self.det.on_op(n, rq)
         self._log(n, self.host_ns)
         view = self._blocks[buf.storage].data.view(buf.shape)
@@ -359,6 +380,7 @@ class SimDevice(Device):
                        None, caller_source())
         wq = self._reqs([(buf, sel)], True)
         self._track_init(name, [], wq)
+        self._land(wq)
         self.det.on_op(n, wq)
         self._log(n, self.host_ns)
         view = self._blocks[buf.storage].data.view(buf.shape)

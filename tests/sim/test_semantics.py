@@ -11,7 +11,7 @@ import torch
 
 from model.device import SyncLabel
 from model.errors import DeviceUsageError
-from model.trace import OpKind
+from model.trace import OpKind, RaceKind
 from sim.device import SimDevice
 from tests.dsl import assert_no_race, assert_races, ints
 
@@ -307,6 +307,17 @@ def test_reads_of_never_written_memory_are_reported(dev: SimDevice) -> None:
     assert dev.finish().uninit_reads == []
     dev.launch(s, "read_1", lambda v: (), reads=[(b, [0, 1])], cost_us=1)
     assert dev.finish().uninit_reads == ["read_1@-1 reads never-written elements of scratch"]
+
+
+def test_a_read_that_a_race_brings_before_its_write_lands_is_reported(dev: SimDevice) -> None:
+    s, f = two_streams(dev)
+    b = dev.buffer("scratch", (2,), torch.int64, stream=s)
+    dev.launch(s, "slow_write", lambda: ints(1, 2), writes=[b], cost_us=50)
+    dev.launch(f, "early_read", lambda v: (), reads=[b], cost_us=1)  # no wait: a RAW race
+    run = dev.finish()
+    assert [r.kind for r in run.races] == [RaceKind.RAW]
+    assert run.uninit_reads == ["early_read@-1 reads elements of scratch before any write of "
+                                "them landed"]
 
 
 def test_a_scatter_with_repeated_indices_is_reported(dev: SimDevice) -> None:
