@@ -70,7 +70,8 @@ def plans() -> dict[str, Plan]:
                                  "no_poison_stale_seq_lens"), 25.0),
         "reuse": plan_spec(spec("protocol/s16_mix_running_indices_lifetime.toml",
                                 "mix_running_indices.keep_alive"), 25.0),
-        "cascade": plan_spec(spec("variants/bootstrap.toml", "forward_entry"), 196.7),
+        "cascade": plan_spec(spec("variants/seq_lens_opt_out.toml", "publish_ready.schedule_wait"),
+                             196.7),
     }
 
 
