@@ -11,14 +11,10 @@ D2H copy lands, a kernel reading a fresh buffer before its producer ran) then pr
   on the host at allocation, before anything can use it;
 - every device buffer without ``fill`` whose block is fresh in this run (CudaDevice gives a
   reused block its old storage id, and the simulator keeps a reused block's old contents),
-  by a fill that the host waits for (microseconds), so no stream can read the block before
-  it holds ``GARBAGE``: a racy read on another stream that runs before the block's first
-  write (the plan stream reading gathered seq_lens early) must see what the simulator
-  predicts. The fill runs on its allocation stream when that stream is idle; behind a busy
-  one (waiting would change the timing under test) it runs on a side stream, unless the
-  block overlaps memory this run freed from that stream whose work may still be pending (the
-  allocator's stream order is then the only thing keeping the old owner's accesses first),
-  in which case it stays on the allocation stream, unwaited, as the old rule had it.
+  by a fill on its allocation stream, ordered before that stream's later work. When that
+  stream is idle the host also waits for the fill (microseconds), so a first use on another
+  stream cannot overtake it; behind a busy stream it does not wait, which would change the
+  timing under test.
 
 These fills are out of band: the happens-before trace does not see them, as the simulator's
 initial contents are not accesses either. This is the one place that imports both ``sim``
@@ -45,14 +41,10 @@ class SentinelCudaDevice(CudaDevice):
         super().__init__(*args, **kwargs)
         self._seen: set[int] = set()
         self.sentinel_fills = 0
-        self._side = torch.cuda.Stream()
-        self._alloc_stream: dict[int, Stream | None] = {}
-        self._freed: list[tuple[int, int, torch.cuda.Event]] = []  # start, end, done on stream
 
     def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, pinned: bool = False,
                fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
         buf = super().buffer(name, shape, dtype, pinned=pinned, fill=fill, stream=stream)
-        self._alloc_stream[buf.id] = stream
         fresh = buf.storage not in self._seen
         self._seen.add(buf.storage)
         if fill is None and (pinned or fresh):
@@ -66,28 +58,9 @@ class SentinelCudaDevice(CudaDevice):
             t.fill_(GARBAGE)
             return
         cs = self.cuda_stream(stream) if stream is not None else torch.cuda.current_stream()
-        if not cs.query() and not self._overlaps_pending(t):
-            cs = self._side
         idle = cs.query()
         with torch.cuda.stream(cs):
             t.fill_(GARBAGE)
         if idle:
             with intended_sync():
                 cs.synchronize()
-
-    def _overlaps_pending(self, t: torch.Tensor) -> bool:
-        lo, hi = t.data_ptr(), t.data_ptr() + max(t.numel() * t.element_size(), 1)
-        self._freed = [f for f in self._freed if not f[2].query()]
-        return any(a < hi and lo < b for a, b, _ev in self._freed)
-
-    def free(self, buf: Buffer) -> None:
-        if not buf.pinned:
-            t = self.tensor(buf)
-            stream = self._alloc_stream.get(buf.id)
-            cs = self.cuda_stream(stream) if stream is not None else torch.cuda.current_stream()
-            ev = torch.cuda.Event()
-            ev.record(cs)
-            start = t.data_ptr()
-            size = -(-max(t.numel() * t.element_size(), 1) // 512) * 512  # the allocator's rounding
-            self._freed.append((start, start + size, ev))
-        super().free(buf)
