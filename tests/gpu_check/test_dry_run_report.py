@@ -1,4 +1,4 @@
-"""The latest GPU suite dry run (reports/gpu/dry-runs/*-suite-rewiden.json) is consistent.
+"""The latest GPU suite dry run (reports/gpu/dry-runs/*-suite-gated.json) is consistent.
 
 It did not meet issue 5's bar (every racy run at >= 19/20 predicted values), so it is not the
 suite report tests/gpu_check/test_suite_report.py holds to that bar. What it claims is
@@ -20,7 +20,7 @@ from scenarios.expand import expand
 from scenarios.loader import load_paths
 
 ROOT = Path(__file__).resolve().parents[2]
-REPORT = ROOT / "reports/gpu/dry-runs/2026-11-21-h200-suite-rewiden.json"
+REPORT = ROOT / "reports/gpu/dry-runs/2026-11-21-h200-suite-gated.json"
 
 
 @pytest.fixture(scope="module")
