@@ -5,8 +5,12 @@ A thin adapter from :class:`model.device.Device` to torch.cuda, so the protocol 
 
 - streams are ``torch.cuda.Stream``s, events ``torch.cuda.Event``s (a never-recorded event
   is tracked here, so waiting on it is a no-op and ``query`` says False, as in SimDevice);
-- buffers are CUDA tensors, or pinned CPU tensors (``pinned=True``); memory comes from, and
-  goes back to, the real caching allocator (``free`` drops the last reference);
+- buffers are CUDA tensors, or pinned CPU tensors (``pinned=True``). By default a freed
+  block goes back to :class:`gpu_check.allocator.BlockPool`, which keeps the caching
+  allocator's reuse rules (stream order, ``record_stream``) but the simulator's choice of
+  block, so a reuse race hands the block to the owner the simulator predicts; with
+  ``torch_allocator=True`` memory comes from, and goes back to, torch's caching allocator
+  (``free`` drops the last reference), as a sanitizer run needs;
 - host values an op writes, and index lists, reach the GPU through
   :class:`gpu_check.staging.Stager` (no hidden host sync, no copy queued behind a delay);
 - an op's ``cost_us`` is reproduced by ``torch.cuda._sleep`` before its work, at the rate
@@ -26,8 +30,9 @@ simulator uses, so a GPU run's races come from the same code.
 
 Differences from SimDevice: a kernel reads its live inputs after its cost sleep (the simulator
 snapshots them at its start), so the forced-delay traces keep racing accesses far apart; a
-freed block is recognised as reused only when a new buffer of the same size and dtype lands
-at the same address (a smaller buffer carved from it is not seen as reuse). CUDA loads a
+freed block goes to the next allocation the simulator would give it (with torch's allocator,
+a block is recognised as reused only when a new buffer of the same size and dtype lands at
+the same address; a smaller buffer carved from it is not seen as reuse). CUDA loads a
 kernel's module lazily at its first launch, which can wait for the GPU to go idle: run a
 program once unmeasured (:func:`gpu_check.traces.warm_up`) before the run that counts.
 """
@@ -42,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpu_check.allocator import BlockPool, FreedBlock
 from gpu_check.calibration import Calibration, calibrate, cycles_for
 from gpu_check.gates import GateSet, GateStats
 from gpu_check.recorder import TraceRecorder, ms_to_ns
@@ -88,6 +94,9 @@ class CudaDevice(Device):
             follows this run's frees only.
         gates: pairs of ops whose order this run must keep (:mod:`gpu_check.gates`); the
             trace does not see them.
+        torch_allocator: take memory from torch's caching allocator and give it back at
+            ``free``, instead of the harness's :class:`BlockPool` (a sanitizer run, which
+            follows torch's allocations, needs this).
     """
 
     torch_device = "cuda"
@@ -100,6 +109,7 @@ class CudaDevice(Device):
         calibration: Calibration | None = None,
         empty_cache: bool = True,
         gates: Sequence[Gate] = (),
+        torch_allocator: bool = False,
     ) -> None:
         super().__init__(removed)
         if not torch.cuda.is_available():
@@ -114,6 +124,7 @@ class CudaDevice(Device):
         self._streams: dict[str, Stream] = {}
         self._cs: dict[StreamId, torch.cuda.Stream] = {}
         self._agent: dict[StreamId, int] = {}
+        self._stream_of: dict[int, StreamId] = {}  # agent -> stream
         self._events: dict[EventId, torch.cuda.Event] = {}
         self._recorded: set[EventId] = set()
         self._tensors: dict[BufferId, torch.Tensor] = {}
@@ -122,6 +133,11 @@ class CudaDevice(Device):
         self._pool: dict[tuple, tuple[int, list[OpId]]] = {}  # freed: key -> (storage, joins)
         self._users: dict[BufferId, set[int]] = {}  # agents from record_stream
         self._n_storage = 0
+        self._held: set[int] = set()  # storage ids some buffer has held
+        self._blocks = None if torch_allocator else BlockPool()
+        self._flat: dict[BufferId, torch.Tensor] = {}  # BlockPool mode: each buffer's block
+        self._fresh_cs = torch.cuda.Stream()  # fresh blocks are allocated (and filled) here
+        prewarm(self._fresh_cs)
         self._keys = KeyCounter()
         self._gates = GateSet(gates) if gates else None
         self.gate_stats: GateStats | None = None
@@ -169,6 +185,7 @@ class CudaDevice(Device):
         self._cs[s.id] = cs = torch.cuda.Stream()
         prewarm(cs)
         self._agent[s.id] = self.rec.add_agent(name)
+        self._stream_of[self._agent[s.id]] = s.id
         return s
 
     def cuda_stream(self, stream: Stream) -> torch.cuda.Stream:
@@ -184,25 +201,17 @@ class CudaDevice(Device):
                fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
         shape = tuple(int(d) for d in shape)
         numel = int(np.prod(shape)) if shape else 1
-        if pinned:
-            t = torch.empty(shape, dtype=dtype, pin_memory=True)
+        if self._blocks is None:
+            t, storage, joins = self._torch_block(shape, dtype, pinned, stream, numel)
         else:
-            ctx = torch.cuda.stream(self._cs[stream.id]) if stream is not None else nullcontext()
-            with ctx:
-                t = torch.empty(shape, dtype=dtype, device="cuda")
-        key = (t.data_ptr(), numel, dtype, pinned)
-        prev = self._pool.pop(key, None)
-        if prev is None:
-            storage, joins = self._n_storage, []
-            self._n_storage += 1
-            self.rec.add_storage(storage, numel, shape)
-        else:
-            storage, joins = prev
+            t, storage, joins = self._pool_block(dtype, pinned, stream, numel)
+            t = t.view(shape)
+        fresh = storage not in self._held
+        self._held.add(storage)
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, storage, ids=ids)
         self._buffers.append(buf)
         self._tensors[buf.id] = t
-        self._block_key[buf.id] = key
         if joins:  # the allocator saw the recorded streams' work complete: an HB edge
             now = self.now()
             self._host_node(f"alloc:{name}", OpKind.ALLOC, now, now, joins=joins)
@@ -211,21 +220,81 @@ class CudaDevice(Device):
                 self.host_write(buf, None, fill, name=f"init:{name}")
             else:
                 self.launch(stream, f"fill:{name}", lambda: fill, writes=[buf])
+        elif fresh:
+            self._fresh_block(t, pinned, stream)
         return buf
+
+    def _fresh_block(self, t: torch.Tensor, pinned: bool, stream: Stream | None) -> None:
+        """Called with a block no buffer of this run has held yet, when ``buffer`` is given
+        no ``fill``: a hook (SentinelCudaDevice writes the simulator's initial contents)."""
+
+    def _torch_block(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool,
+                     stream: Stream | None, numel: int) -> tuple[torch.Tensor, int, list[OpId]]:
+        """A tensor from torch's caching allocator, its storage id (a freed block's when the
+        allocator handed the same one back), and the reuse's HB joins."""
+        if pinned:
+            t = torch.empty(shape, dtype=dtype, pin_memory=True)
+        else:
+            ctx = torch.cuda.stream(self._cs[stream.id]) if stream is not None else nullcontext()
+            with ctx:
+                t = torch.empty(shape, dtype=dtype, device="cuda")
+        key = (t.data_ptr(), numel, dtype, pinned)
+        self._block_key[BufferId(len(self._buffers))] = key
+        prev = self._pool.pop(key, None)
+        if prev is not None:
+            return t, prev[0], prev[1]
+        return t, self._new_storage(numel, shape), []
+
+    def _pool_block(self, dtype: torch.dtype, pinned: bool, stream: Stream | None,
+                    numel: int) -> tuple[torch.Tensor, int, list[OpId]]:
+        """A flat block from :class:`BlockPool` (the simulator's choice), or a fresh one
+        allocated on the pool's own stream; its storage id and the reuse's HB joins."""
+        assert self._blocks is not None
+        agent = -1 if stream is None or pinned else self._agent[stream.id]
+        key = (numel, dtype, pinned, agent)
+        bid = BufferId(len(self._buffers))
+        self._block_key[bid] = key
+        block = self._blocks.take(key)
+        if block is not None:
+            self._flat[bid] = block.tensor
+            return block.tensor, block.storage, block.joins
+        if pinned:
+            t = torch.empty(numel, dtype=dtype, pin_memory=True)
+        else:
+            with torch.cuda.stream(self._fresh_cs):
+                t = torch.empty(numel, dtype=dtype, device="cuda")
+        self._flat[bid] = t
+        return t, self._new_storage(numel, (numel,)), []
+
+    def _new_storage(self, numel: int, shape: tuple[int, ...]) -> int:
+        storage = self._n_storage
+        self._n_storage += 1
+        self.rec.add_storage(storage, numel, shape)
+        return storage
 
     def free(self, buf: Buffer) -> None:
         if buf.freed:
             raise DeviceUsageError(f"double free of {buf.name!r}")
         buf.freed = True
-        joins = [op for a in sorted(self._users.pop(buf.id, set()))
-                 if (op := self.rec.last_op(a)) is not None]
-        self._pool[self._block_key.pop(buf.id)] = (buf.storage, joins)
-        del self._tensors[buf.id]  # the last reference: the block goes back to the allocator
+        users = sorted(self._users.pop(buf.id, set()))
+        joins = [op for a in users if (op := self.rec.last_op(a)) is not None]
+        key = self._block_key.pop(buf.id)
+        if self._blocks is None:
+            self._pool[key] = (buf.storage, joins)
+        else:
+            done = []
+            for a in users:  # as torch does: an event on each recorded stream, at the free
+                ev = torch.cuda.Event()
+                ev.record(self._cs[self._stream_of[a]])
+                done.append(ev.query)
+            self._blocks.give(FreedBlock(key, self._flat.pop(buf.id), buf.storage, joins, done))
+        del self._tensors[buf.id]  # torch's allocator: the last reference, the block goes back
         now = self.now()
         self._host_node(f"free:{buf.name}", OpKind.FREE, now, now)
 
     def _do_record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None) -> None:
-        self._tensors[buf.id].record_stream(self._cs[stream.id])
+        if self._blocks is None:
+            self._tensors[buf.id].record_stream(self._cs[stream.id])
         self._users.setdefault(buf.id, set()).add(self._agent[stream.id])
 
     def tensor(self, buf: Buffer) -> torch.Tensor:

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sanitizer:  # after the timed runs: CSAN's hooks stay registered
         for t, row in zip(TRACES, rows, strict=True):
             verdict, _ = run_sanitized(
-                lambda t=t: run_trace(t, CudaDevice(delays=t.delays, calibration=cal)))
+                lambda t=t: run_trace(t, CudaDevice(delays=t.delays, calibration=cal,
+                                                    torch_allocator=True)))
             row["csan"] = verdict.as_dict()
     report = {
         "device": torch.cuda.get_device_name(),

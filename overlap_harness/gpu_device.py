@@ -9,12 +9,14 @@ D2H copy lands, a kernel reading a fresh buffer before its producer ran) then pr
 
 - every pinned buffer allocated without ``fill`` (the simulator never recycles pinned memory),
   on the host at allocation, before anything can use it;
-- every device buffer without ``fill`` whose block is fresh in this run (CudaDevice gives a
-  reused block its old storage id, and the simulator keeps a reused block's old contents),
-  by a fill on its allocation stream, ordered before that stream's later work. When that
-  stream is idle the host also waits for the fill (microseconds), so a first use on another
-  stream cannot overtake it; behind a busy stream it does not wait, which would change the
-  timing under test.
+- every device buffer without ``fill`` whose block is fresh in this run (a reused block keeps
+  its old contents, in the simulator too). With the harness's block pool (the default), a
+  fresh block comes from a stream no work of this run touches, so the fill runs there and the
+  host waits for it (microseconds): it is in place before any stream can read the block, even
+  a racy read on another stream that runs before the block's first write (the plan stream
+  reading the gathered seq_lens early). With torch's allocator the block may be memory a
+  torch temporary's pending work still uses, so the fill runs on its allocation stream,
+  ordered after that work, and is waited for only when that stream is idle.
 
 These fills are out of band: the happens-before trace does not see them, as the simulator's
 initial contents are not accesses either. This is the one place that imports both ``sim``
@@ -23,14 +25,13 @@ initial contents are not accesses either. This is the one place that imports bot
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from gpu_check.device import CudaDevice
 from gpu_check.staging import intended_sync
-from model.device import Buffer, Stream
+from model.device import Stream
 from sim.device import GARBAGE
 
 
@@ -39,25 +40,17 @@ class SentinelCudaDevice(CudaDevice):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._seen: set[int] = set()
         self.sentinel_fills = 0
 
-    def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, pinned: bool = False,
-               fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
-        buf = super().buffer(name, shape, dtype, pinned=pinned, fill=fill, stream=stream)
-        fresh = buf.storage not in self._seen
-        self._seen.add(buf.storage)
-        if fill is None and (pinned or fresh):
-            self._poison(buf, stream)
-        return buf
-
-    def _poison(self, buf: Buffer, stream: Stream | None) -> None:
-        t = self.tensor(buf)
+    def _fresh_block(self, t: torch.Tensor, pinned: bool, stream: Stream | None) -> None:
         self.sentinel_fills += 1
-        if buf.pinned:
+        if pinned:
             t.fill_(GARBAGE)
             return
-        cs = self.cuda_stream(stream) if stream is not None else torch.cuda.current_stream()
+        if self._blocks is not None:
+            cs = self._fresh_cs
+        else:
+            cs = self.cuda_stream(stream) if stream is not None else torch.cuda.current_stream()
         idle = cs.query()
         with torch.cuda.stream(cs):
             t.fill_(GARBAGE)

@@ -109,7 +109,8 @@ def measure_launch(specs: Sequence[RunSpec], cal: Any) -> float:
 def _csan_worker(conn: Any, cal: Any) -> None:
     """The sanitizer's process: answers each pickled plan it receives with CSAN's verdict on
     one run of it (plain CudaDevice: the sentinel fills are no part of the program, and CSAN
-    would see them as kernels); an empty message ends it."""
+    would see them as kernels; on torch's allocator, whose allocations CSAN follows, where
+    the harness's block pool would hide a reuse from it); an empty message ends it."""
     import torch
 
     from gpu_check.device import CudaDevice
@@ -121,7 +122,7 @@ def _csan_worker(conn: Any, cal: Any) -> None:
         plan: Plan = pickle.loads(blob)
 
         def one(plan: Plan = plan) -> None:
-            dev = CudaDevice(plan.spec.removed, calibration=cal)
+            dev = CudaDevice(plan.spec.removed, calibration=cal, torch_allocator=True)
             run_protocol(dev, plan.scenario)
             dev.finish()
 

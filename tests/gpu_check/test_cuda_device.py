@@ -32,11 +32,12 @@ def cal() -> Calibration:
     return c
 
 
-def cuda_run(name: str, cal: Calibration):
+def cuda_run(name: str, cal: Calibration, torch_allocator: bool = False):
     from gpu_check.device import CudaDevice
 
     trace = by_name(name)
-    return run_trace(trace, CudaDevice(delays=trace.delays, calibration=cal))
+    return run_trace(trace, CudaDevice(delays=trace.delays, calibration=cal,
+                                       torch_allocator=torch_allocator))
 
 
 @pytest.mark.parametrize("us", [100.0, 1000.0, 5000.0])
@@ -78,8 +79,11 @@ def test_never_recorded_wait_does_not_hold_the_reader_back(cal: Calibration) -> 
     assert out.values["r"] == [0] and t["r"].start_ns < t["w"].end_ns
 
 
-def test_allocator_reuse_without_record_stream_gives_the_new_owners_value(cal) -> None:
-    bad, good = cuda_run("reuse_no_record_stream", cal), cuda_run("reuse_record_stream", cal)
+@pytest.mark.parametrize("torch_allocator", [False, True], ids=["block_pool", "torch"])
+def test_allocator_reuse_without_record_stream_gives_the_new_owners_value(
+        cal, torch_allocator: bool) -> None:
+    bad = cuda_run("reuse_no_record_stream", cal, torch_allocator)
+    good = cuda_run("reuse_record_stream", cal, torch_allocator)
     assert bad.values["gather"] == [9, 9, 9, 9] and good.values["gather"] == [1, 1, 1, 1]
     (race,) = bad.run.races
     assert race.buffer == "future_indices" and race.reused_as == "next_indices"
