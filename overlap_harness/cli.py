@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from model.errors import HarnessError, ScenarioError
+from overlap_harness.gpu_suite import SANITIZER_BUDGET_S
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -184,10 +185,14 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         argv.append("--with-torch-sanitizer")
     if args.no_gates:
         argv.append("--no-gates")
+    if args.deadline is not None:
+        argv += ["--deadline", f"{args.deadline:g}"]
+    if args.sanitizer_budget != SANITIZER_BUDGET_S:
+        argv += ["--sanitizer-budget", f"{args.sanitizer_budget:g}"]
     return run_gpu_check(args.paths, trials=args.trials, baseline_trials=args.baseline_trials,
                          sanitizer=args.with_torch_sanitizer, out=Path(args.out),
                          jobs=args.jobs, deadline_s=args.deadline, argv=argv,
-                         gated=not args.no_gates)
+                         gated=not args.no_gates, sanitizer_budget_s=args.sanitizer_budget)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no-delay trials of each racy run (default: --trials)")
     g.add_argument("--with-torch-sanitizer", action="store_true",
                    help="also run each spec once under PyTorch's CUDA sanitizer")
+    g.add_argument("--sanitizer-budget", type=float, default=SANITIZER_BUDGET_S, metavar="S",
+                   help="seconds the sanitizer pass may take in all (default "
+                   f"{SANITIZER_BUDGET_S:g}); runs it leaves are reported as not run")
     g.add_argument("--no-gates", action="store_true",
                    help="force racy runs by the timed delays alone, without gates")
     g.add_argument("--out", default="reports/gpu", metavar="DIR",

@@ -237,12 +237,13 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
                   sanitizer: bool = False, out: Path = Path("reports/gpu"),
                   jobs: int | None = None, host_launch_us: float | None = None,
                   deadline_s: float | None = None, argv: Sequence[str] = (),
-                  gated: bool = True) -> int:
+                  gated: bool = True, sanitizer_budget_s: float = SANITIZER_BUDGET_S) -> int:
     """The ``gpu-check`` command (see the module docstring); returns the exit status.
 
     With ``deadline_s``, no new run starts after that many seconds: the report is written
     with the runs done (and the sanitizer pass is skipped), so a machine lease that ends
-    cannot lose everything; the report then says which runs are missing.
+    cannot lose everything; the report then says which runs are missing. The sanitizer pass
+    takes at most ``sanitizer_budget_s`` (the runs it leaves are reported "not run (time)").
 
     Raises:
         NoCudaError: no CUDA device is available.
@@ -312,7 +313,7 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
             write("replaying")
     report = write("replayed")
     if sanitizer:
-        budget = SANITIZER_BUDGET_S
+        budget = sanitizer_budget_s
         if deadline_s is not None:
             budget = min(budget, deadline_s + SANITIZER_AFTER_DEADLINE_S
                          - (time.perf_counter() - t0))
