@@ -12,8 +12,9 @@ The wiring of the simulator's plans (:mod:`overlap_harness.gpu_plan`), the repla
 4. with ``--with-torch-sanitizer``, afterwards, PyTorch's CUDA sanitizer on the base run and
    the first racy mutation of each scenario (:func:`sanitize`), in a worker process of its own
    (CSAN's hooks stay registered in the process that ran it, and a run that hangs under it is
-   killed there): ``SANITIZER_RUN_S`` a run, ``SANITIZER_BUDGET_S`` in all, and the runs left
-   when either is spent say ``"not run (time)"``; then the report is written again.
+   killed there): ``SANITIZER_RUN_S`` a run (twice, the second time in a new worker),
+   ``SANITIZER_BUDGET_S`` in all (``--sanitizer-budget``), and the runs left when either is
+   spent say ``"not run (time)"``; then the report is written again.
 
 Exit status: 0 when every race-free run whose values are compared agreed in every trial and
 every racy run reached 95% of its trials under its class (exact: the predicted values;
@@ -184,34 +185,39 @@ def sanitize(replays: Sequence[RunReplay], cal: Any, budget_s: float = SANITIZER
              run_s: float = SANITIZER_RUN_S, start_s: float = SANITIZER_START_S,
              after_each: Any = None) -> None:
     """CSAN's verdict on :func:`csan_selection`'s runs, into ``replay.csan``, in a worker
-    process; a run over ``run_s`` kills the worker (its verdict: ``"not run (time)"``) and the
-    next run gets a new one, and the runs left once ``budget_s`` is spent are not run.
-    ``after_each`` (no arguments) is called after every verdict."""
+    process. A run over ``run_s`` kills the worker and is tried once more in a new one (a
+    worker that has checked many runs was seen to take over ``run_s`` on a run a new one
+    checks in 4 s); a second time out is its verdict, ``"not run (time)"``. The runs left
+    once ``budget_s`` is spent are not run. ``after_each`` (no arguments) is called after
+    every verdict."""
     t0 = time.perf_counter()
     worker: _CsanProcess | None = None
     try:
         for r in csan_selection(replays):
-            left = budget_s - (time.perf_counter() - t0)
-            if left <= 0:
-                r.csan = _not_run(NOT_RUN_TIME)
-                continue
-            if worker is None:
-                worker = _CsanProcess(cal, min(start_s, left))
-                if not worker.ready:
+            got = None
+            for _attempt in range(2):
+                left = budget_s - (time.perf_counter() - t0)
+                if left <= 0:
+                    break
+                if worker is None:
+                    worker = _CsanProcess(cal, min(start_s, left))
+                    if not worker.ready:
+                        worker.stop()
+                        worker = None
+                        break
+                try:
+                    got = worker.ask(r.plan, min(run_s, max(left, 0.1)))
+                except (EOFError, OSError) as exc:  # the worker died under this run
+                    got = {**_not_run("error"), "failure": f"sanitizer worker died: {exc!r}"}
                     worker.stop()
                     worker = None
-                    r.csan = _not_run(NOT_RUN_TIME)
-                    continue
-            try:
-                got = worker.ask(r.plan, min(run_s, max(left, 0.1)))
-            except (EOFError, OSError) as exc:  # the worker died under this run
-                got = {**_not_run("error"), "failure": f"sanitizer worker died: {exc!r}"}
-                worker.stop()
+                    break
+                if got is not None:
+                    break
+                worker.stop()  # over run_s
                 worker = None
             if got is None:
-                got = {**_not_run(NOT_RUN_TIME), "failure": f"over {run_s:.0f} s"}
-                worker.stop()
-                worker = None
+                got = {**_not_run(NOT_RUN_TIME), "failure": f"over {run_s:.0f} s, or no time"}
             r.csan = got
             print(f"csan {r.plan.spec.run_id}: {got['verdict']}", flush=True)
             if after_each is not None:

@@ -274,6 +274,36 @@ def test_sanitizer_selection_and_time_budget(plans: dict[str, Plan]) -> None:
     assert [r.csan["verdict"] for r in rs] == [NOT_RUN_TIME] * 2
 
 
+def test_a_sanitizer_run_over_its_time_is_tried_again_in_a_new_worker(
+        plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first worker times out on the first run; a new one answers it. A run that times
+    out twice is reported not run (both its workers stopped)."""
+    from overlap_harness import gpu_suite
+
+    started: list[FakeWorker] = []
+    answers = iter([None, {"verdict": "race_free"}, None, None, {"verdict": "race"}])
+
+    class FakeWorker:
+        def __init__(self, cal: object, start_s: float) -> None:
+            self.ready, self.stopped = True, False
+            started.append(self)
+
+        def ask(self, plan: Plan, limit_s: float) -> dict | None:
+            return next(answers)
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    monkeypatch.setattr(gpu_suite, "_CsanProcess", FakeWorker)
+    rs = [replay(plans[k], sim_factory, trials=1, baseline_trials=1, warm_up=False)
+          for k in ("free", "targeted")]
+    sanitize(rs, cal=None, budget_s=60.0)
+    assert [r.csan["verdict"] for r in rs] == ["race_free", NOT_RUN_TIME]
+    sanitize(rs[:1], cal=None, budget_s=60.0)
+    assert rs[0].csan["verdict"] == "race"
+    assert len(started) == 4 and all(w.stopped for w in started)
+
+
 def test_device_slug_and_rel_err() -> None:
     assert device_slug("NVIDIA H200") == "h200"
     assert device_slug("NVIDIA H100 80GB HBM3") == "hbm3"
