@@ -40,8 +40,8 @@ program once unmeasured (:func:`gpu_check.traces.warm_up`) before the run that c
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -311,9 +311,8 @@ class CudaDevice(Device):
                 raise DeviceUsageError(f"{name}: a kernel cannot touch pinned buffer "
                                        f"{b.name!r} on CudaDevice; copy it to the device first")
         issue = self.now()
-        key = self._keys.key(stream.name, name, self.iteration)
         with torch.cuda.stream(self._cs[stream.id]):
-            start, work = self._begin(name, cost_us, key)
+            key, start, work = self._begin(stream, name, cost_us)
             vals = [self._tensors[b.id] for b, _s in reads_]
             if observe is not None:
                 obs = self.observations.setdefault((observe, self.iteration), [])
@@ -326,23 +325,39 @@ class CudaDevice(Device):
                 outs = res if isinstance(res, tuple) else (res,)
                 for (b, s), v in zip(writes_, outs, strict=True):
                     self._assign(b, s, v)
-            end = self._stamp()
-            if self._gates is not None:
-                self._gates.stream_set(key, cur)
+            end = self._end(key)
         self.rec.add(name, self._agent[stream.id], OpKind.KERNEL, iteration=self.iteration,
                      source=caller_source(), issue=issue, start=start, work=work, end=end,
                      accesses=self._reqs(reads_, False) + self._reqs(writes_, True))
 
-    def _begin(self, name: str, cost_us: float,
-               key: OpKey) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """On the current stream: the injected delay, the start mark, the cost, the gates,
-        the work mark."""
+    def _begin(self, stream: Stream, name: str,
+               cost_us: float) -> tuple[OpKey, torch.cuda.Event, torch.cuda.Event]:
+        """On the current stream: the injected delay, the start mark, the cost, the gates
+        this op waits on, the work mark; with the op's key for :meth:`_end`."""
+        key = self._keys.key(stream.name, name, self.iteration)
         self._sleep_us(self._delays.get((name, self.iteration), 0.0))
         start = self._stamp()
         self._sleep_us(cost_us)
         if self._gates is not None:
             self._gates.stream_wait(key, torch.cuda.current_stream())
-        return start, self._stamp()
+        return key, start, self._stamp()
+
+    def _end(self, key: OpKey) -> torch.cuda.Event:
+        """On the current stream: the end mark, then the gates this op sets."""
+        end = self._stamp()
+        if self._gates is not None:
+            self._gates.stream_set(key, torch.cuda.current_stream())
+        return end
+
+    @contextmanager
+    def _host_gates(self, name: str) -> Iterator[None]:
+        """Around a host access: wait for the gates it waits on, then set its own."""
+        key = self._keys.key(HOST, name, self.iteration)
+        if self._gates is not None:
+            self._gates.host_wait(key)
+        yield
+        if self._gates is not None:
+            self._gates.host_set(key)
 
     def _assign(self, buf: Buffer, sel: Sel, value: Any) -> None:
         """``buf[sel] = value`` on the current stream; host values are staged through pinned
@@ -366,18 +381,15 @@ class CudaDevice(Device):
                 raise DeviceUsageError(f"{name}: pinned buffer {b.name!r} takes only int or "
                                        f"slice selections on CudaDevice, got {s!r}")
         issue = self.now()
-        key = self._keys.key(stream.name, name, self.iteration)
         with torch.cuda.stream(self._cs[stream.id]):
-            start, work = self._begin(name, cost_us, key)
+            key, start, work = self._begin(stream, name, cost_us)
             st, dt = self._tensors[sb.id], self._tensors[db.id]
             v = st if ss is None else st[ss if sb.pinned else self._dsel(ss)]
             if db.pinned or ds is None or is_view_sel(ds):
                 (dt if ds is None else dt[ds]).copy_(v, non_blocking=True)
             else:
                 dt[self._dsel(ds)] = v.to("cuda", non_blocking=True)
-            end = self._stamp()
-            if self._gates is not None:
-                self._gates.stream_set(key, torch.cuda.current_stream())
+            end = self._end(key)
         op = self.rec.add(name, self._agent[stream.id], OpKind.COPY, iteration=self.iteration,
                           source=caller_source(), issue=issue, start=start, work=work, end=end,
                           accesses=self._reqs([(sb, ss)], False) + self._reqs([(db, ds)], True))
@@ -394,14 +406,10 @@ class CudaDevice(Device):
     def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
         self._check_host_access(buf, name)
         t = self._tensors[buf.id]
-        key = self._keys.key(HOST, name, self.iteration)
-        if self._gates is not None:
-            self._gates.host_wait(key)
-        now = self.now()
-        value = (t if sel is None else t[torch_sel(sel, "cpu")]).clone()
-        self._host_node(name, OpKind.HOST_READ, now, now, self._reqs([(buf, sel)], False))
-        if self._gates is not None:
-            self._gates.host_set(key)
+        with self._host_gates(name):
+            now = self.now()
+            value = (t if sel is None else t[torch_sel(sel, "cpu")]).clone()
+            self._host_node(name, OpKind.HOST_READ, now, now, self._reqs([(buf, sel)], False))
         return value
 
     def host_write(self, buf: Buffer, sel: Sel, value: Any, name: str = "host_write") -> None:
@@ -409,29 +417,30 @@ class CudaDevice(Device):
         if buf.pinned or not init:
             self._check_host_access(buf, name)
         t = self._tensors[buf.id]
-        key = self._keys.key(HOST, name, self.iteration)
-        if self._gates is not None:
-            self._gates.host_wait(key)
-        start = self.now()
-        v = torch.as_tensor(value, dtype=buf.dtype)
+        with self._host_gates(name):
+            start = self.now()
+            self._host_store(t, buf, sel, torch.as_tensor(value, dtype=buf.dtype))
+            self._host_node(name, OpKind.HOST_WRITE, start, self.now(),
+                            self._reqs([(buf, sel)], True))
+
+    def _host_store(self, t: torch.Tensor, buf: Buffer, sel: Sel, v: torch.Tensor) -> None:
+        """``t[sel] = v`` from the host: in place for pinned memory; device memory (host
+        initialisation) through the stager on the current stream, then waited."""
         if buf.pinned:
             view = t if sel is None else t[torch_sel(sel, "cpu")]
             if sel is None or is_view_sel(sel):
                 view.copy_(v.expand(view.shape))
             else:
                 t[torch_sel(sel, "cpu")] = v
-        else:  # host initialisation of device memory, on its allocation stream, then waited
-            cur = torch.cuda.current_stream()
-            d = self._stager.to_device(v, cur)
-            if sel is None:
-                t.copy_(d.expand(t.shape))
-            else:
-                t[self._dsel(sel)] = d
-            with intended_sync():
-                cur.synchronize()
-        self._host_node(name, OpKind.HOST_WRITE, start, self.now(), self._reqs([(buf, sel)], True))
-        if self._gates is not None:
-            self._gates.host_set(key)
+            return
+        cur = torch.cuda.current_stream()
+        d = self._stager.to_device(v, cur)
+        if sel is None:
+            t.copy_(d.expand(t.shape))
+        else:
+            t[self._dsel(sel)] = d
+        with intended_sync():
+            cur.synchronize()
 
     def _check_host_access(self, buf: Buffer, name: str) -> None:
         if buf.freed:
