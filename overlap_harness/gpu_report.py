@@ -13,9 +13,9 @@ compared" and left out of the agreement criterion.
 
 Racy runs carry a ``match_class`` (:func:`overlap_harness.gpu_plan.racy_class`): ``exact`` runs
 count the trials showing exactly the predicted values; "manifest-only: <reason>" runs (the
-delayed prediction reads never-written memory, scatters an element twice, or has a reuse race)
-count the trials whose wrong values are at exactly the predicted places (``same_keys``). Both
-need :data:`MATCH_TARGET` of their trials.
+delayed prediction reads never-written memory or scatters an element twice; before the
+block pool, a reuse race too) count the trials whose wrong values are at exactly the
+predicted places (``same_keys``). Both need :data:`MATCH_TARGET` of their trials.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- racy runs judged exact: {s.get('racy_exact_at_target', '-')}/"
         f"{s.get('racy_exact_runs', '-')} at target; {s.get('racy_exact_trials_matching', '-')}"
         f"/{s.get('racy_exact_trials', '-')} trials exactly the predicted values",
-        f"- racy runs judged manifest-only (device-defined values in the prediction, or a reuse "
-        f"race): {s.get('racy_manifest_only_at_target', '-')}/"
+        "- racy runs judged manifest-only (device-defined values in the prediction): "
+        f"{s.get('racy_manifest_only_at_target', '-')}/"
         f"{len(s.get('racy_manifest_only', {}))} at target" + "".join(
             f"; {rid.split('-')[0]} {v['manifest_at_places']}/{v['trials']} (exact "
             f"{v['exact']})" for rid, v in s.get("racy_manifest_only", {}).items()),
@@ -300,10 +300,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     if mo:
         lines += ["", "## Racy runs judged on manifestation", "",
                   "The delayed prediction's values are partly the device's (never-written "
-                  "memory, a duplicate-index scatter) or it has a reuse race (the caching "
-                  "allocator picks the block): a trial counts when it differs from the oracle "
-                  "at exactly the predicted places (what, iteration, request), whatever the "
-                  "values there.", ""]
+                  "memory, a duplicate-index scatter): a trial counts when it differs from "
+                  "the oracle at exactly the predicted places (what, iteration, request), "
+                  "whatever the values there.", ""]
         for r in mo:
             why = (r.get("predicted_uninit_reads") or []) + (r.get("predicted_dup_writes") or [])
             lines.append(f"- {r['run_id']}: {match_class(r)}: "
