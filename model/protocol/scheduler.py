@@ -35,7 +35,7 @@ class Scheduler:
         self.ctx = ctx
         self.w = workload
         self.rows = FreeList(1, ctx.P, "rows")
-        self.slots = FreeList(1, ctx.NS, "KV slots")
+        self.slots = FreeList(1, ctx.NS, "KV slots", fifo=True)
         self.reqs = [Req(r, request_seed(r.id)) for r in workload.requests]
         self.waiting: list[Req] = []
         self.running: list[Req] = []

@@ -9,6 +9,7 @@ finished request's row goes to the next new request (the recycled-row hazard of 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,11 +25,19 @@ class PoolExhaustedError(HarnessError):
 
 
 class FreeList:
-    """A LIFO free list of integer ids ``first .. n-1`` (reuse the most recently freed)."""
+    """A free list of integer ids ``first .. n-1``, handed out lowest first at the start.
 
-    def __init__(self, first: int, n: int, what: str) -> None:
-        self._free = list(range(n - 1, first - 1, -1))
+    ``fifo=False`` (rows): the most recently freed id is the first handed out again, so a
+    finished request's row goes to the next admission (the recycled-row case of §9.8).
+    ``fifo=True`` (KV slots): freed ids join the back and allocation takes from the front, as
+    SGLang's ``TokenToKVPoolAllocator`` does (``free_slots[:need]`` out,
+    ``cat((free_slots, freed))`` back), so a new request does not get the slots just freed.
+    """
+
+    def __init__(self, first: int, n: int, what: str, *, fifo: bool = False) -> None:
+        self._free: deque[int] = deque(range(first, n))
         self._what = what
+        self._fifo = fifo
 
     def alloc(self, count: int = 1) -> list[int]:
         """Take ``count`` ids; raises :class:`PoolExhaustedError` naming the pool."""
@@ -37,11 +46,15 @@ class FreeList:
                 f"out of {self._what}: need {count}, {len(self._free)} free; raise "
                 f"protocol.{'pool_size' if self._what == 'rows' else 'max_context'}"
             )
-        return [self._free.pop() for _ in range(count)]
+        return [self._free.popleft() for _ in range(count)]
 
     def free(self, ids: list[int]) -> None:
-        """Return ids; the last one freed is the first handed out again."""
-        self._free.extend(reversed(ids))
+        """Return ids: at the back (FIFO), or at the front in order (LIFO: the first of
+        ``ids`` is the first handed out again)."""
+        if self._fifo:
+            self._free.extend(ids)
+        else:
+            self._free.extendleft(reversed(ids))
 
     def __len__(self) -> int:
         return len(self._free)
