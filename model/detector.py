@@ -16,12 +16,21 @@ conflicting access exactly when that access is unordered with it: X's earlier ac
 program-ordered before its latest, so if the latest happens before the new access, they all do.
 So a race is reported against the latest conflicting access of each other agent, per element,
 and races are grouped by (kind, buffer, op pair). Checks are vectorised over element ids.
+
+Representation, chosen for speed (a few agents, many small accesses): vector clocks are plain
+lists of ints (a join over a handful of agents is cheaper in Python than a numpy call), node
+snapshots are tuples. Per element the detector stores only the op of each agent's latest read
+and write; that access's clock is the op's epoch (``vc[agent]`` right after the op ticked), so
+it is looked up from the epoch table when a check needs it. Per storage, the largest write and
+read clock of each agent lets most accesses skip the element-level check: an access can race
+only if some agent wrote (or read) the block later than this node's clock knows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import networkx as nx
 import numpy as np
@@ -51,18 +60,17 @@ class NodeInfo:
 
 
 class _Storage:
-    """Per-element, per-agent latest read and write (clock and op) of one memory block."""
+    """Per-element, per-agent op of the latest read and write of one memory block (-1: none),
+    and per agent the clock of its latest write and read of any element."""
 
-    __slots__ = ("r_clk", "r_op", "rmax", "shape", "w_clk", "w_op", "wmax")
+    __slots__ = ("r_op", "rmax", "shape", "w_op", "wmax")
 
     def __init__(self, numel: int, shape: tuple[int, ...]) -> None:
         self.shape = shape
-        self.w_clk = np.zeros((numel, MAX_AGENTS), dtype=np.int64)
-        self.r_clk = np.zeros((numel, MAX_AGENTS), dtype=np.int64)
         self.w_op = np.full((numel, MAX_AGENTS), -1, dtype=np.int64)
         self.r_op = np.full((numel, MAX_AGENTS), -1, dtype=np.int64)
-        self.wmax = np.zeros(MAX_AGENTS, dtype=np.int64)
-        self.rmax = np.zeros(MAX_AGENTS, dtype=np.int64)
+        self.wmax = [0] * MAX_AGENTS
+        self.rmax = [0] * MAX_AGENTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,21 +85,61 @@ class AccessReq:
     pinned: bool = False
 
 
+_Fields = tuple[int, int, str, np.ndarray, bool, bool]  # an AccessReq's fields, in order
+
+
+class NodeAccesses(Sequence[Sequence[AccessReq]]):
+    """Every node's accesses as declared, by node id (:attr:`HBDetector.node_accesses`).
+
+    Kept as plain tuples of each access's fields and handed out as :class:`AccessReq`
+    records again when read. A run keeps one entry per node for good; a plain tuple of ints,
+    strings and numpy arrays is untracked by Python's cyclic GC (a dataclass instance never
+    is), and full collections, whose cost grows with every tracked object, were the largest
+    single cost of a long simulated run.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[_Fields, ...]] = []
+
+    def append(self, accesses: Sequence[AccessReq]) -> None:
+        """Keep one node's accesses (the next node id)."""
+        self._rows.append(tuple([(a.storage, a.buffer_id, a.buffer, a.elements, a.write,
+                                  a.pinned) for a in accesses]))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[AccessReq, ...]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[AccessReq, ...]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[AccessReq, ...] | list[tuple[AccessReq, ...]]:
+        if isinstance(i, slice):
+            return [tuple([AccessReq(*f) for f in row]) for row in self._rows[i]]
+        return tuple([AccessReq(*f) for f in self._rows[i]])
+
+
 class HBDetector:
     """Vector-clock happens-before detector; see the module docstring for the rules."""
 
     def __init__(self) -> None:
         self.agent_names: list[str] = [HOST]
-        self._vc: list[np.ndarray] = [np.zeros(MAX_AGENTS, dtype=np.int64)]
+        self._vc: list[list[int]] = [[0] * MAX_AGENTS]
         self._host_version = 0
         self._joined_host: list[int] = [0]
         self._last: list[OpId | None] = [None]
-        self._events: dict[object, tuple[np.ndarray, OpId]] = {}
+        self._events: dict[object, tuple[tuple[int, ...], OpId]] = {}
         self._storages: dict[int, _Storage] = {}
         self.nodes: list[NodeInfo] = []
-        self.node_accesses: list[Sequence[AccessReq]] = []  # per node, as declared
-        self.node_vc: list[np.ndarray] = []
+        self.node_accesses = NodeAccesses()  # per node, as declared
+        self.node_vc: list[tuple[int, ...]] = []
         self.node_epoch: list[int] = []
+        # node_epoch as an array, shifted by one so that op -1 (no access) reads epoch 0
+        self._epochs = np.zeros(1024, dtype=np.int64)
         self.edges: list[tuple[int, int]] = []
         self.races: list[Race] = []
 
@@ -101,7 +149,7 @@ class HBDetector:
         if len(self.agent_names) >= MAX_AGENTS:
             raise DeviceUsageError(f"more than {MAX_AGENTS - 1} streams: {name!r}")
         self.agent_names.append(name)
-        self._vc.append(np.zeros(MAX_AGENTS, dtype=np.int64))
+        self._vc.append([0] * MAX_AGENTS)
         self._joined_host.append(-1)
         self._last.append(None)
         return len(self.agent_names) - 1
@@ -124,33 +172,42 @@ class HBDetector:
         """
         a = info.agent
         vc = self._vc[a]
+        n_agents = len(self.agent_names)
         preds: list[int] = []
-        if a != HOST_AGENT and self._joined_host[a] != self._host_version:
-            np.maximum(vc, self._vc[HOST_AGENT], out=vc)
-            self._joined_host[a] = self._host_version
-        host_last = self._last[HOST_AGENT]
-        if a != HOST_AGENT and host_last is not None:
-            preds.append(host_last)
+        if a != HOST_AGENT:
+            if self._joined_host[a] != self._host_version:
+                _join(vc, self._vc[HOST_AGENT], n_agents)
+                self._joined_host[a] = self._host_version
+            host_last = self._last[HOST_AGENT]
+            if host_last is not None:
+                preds.append(host_last)
+        node_vc = self.node_vc
         for j in joins:
-            np.maximum(vc, self.node_vc[j], out=vc)
+            _join(vc, node_vc[j], n_agents)
             preds.append(j)
         vc[a] += 1
+        epoch = vc[a]
         op = info.op
         if op != len(self.nodes):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
-        if self._last[a] is not None:
-            preds.append(self._last[a])
+        last = self._last[a]
+        if last is not None:
+            preds.append(last)
         self._last[a] = op
         self.nodes.append(info)
         self.node_accesses.append(accesses)
-        self.node_vc.append(vc.copy())
-        self.node_epoch.append(int(vc[a]))
-        self.edges.extend((p, op) for p in preds)
+        node_vc.append(tuple(vc))
+        self.node_epoch.append(epoch)
+        if op + 1 >= len(self._epochs):
+            self._epochs = np.concatenate([self._epochs, np.zeros_like(self._epochs)])
+        self._epochs[op + 1] = epoch
+        if preds:
+            self.edges.extend([(p, op) for p in preds])
         if a == HOST_AGENT:
             self._host_version += 1
         for acc in accesses:
             info.buffers[acc.storage] = (acc.buffer, acc.buffer_id)
-            self._check(info, acc, vc)
+            self._check(info, acc, vc, n_agents)
 
     def on_record(self, key: object, info: NodeInfo) -> None:
         """An event record: a node on the stream whose clock the event captures."""
@@ -174,7 +231,7 @@ class HBDetector:
     # -- queries --------------------------------------------------------------------------
     def happens_before(self, u: int, v: int) -> bool:
         """True when node ``u`` happens before node ``v`` (u != v)."""
-        return bool(self.node_vc[v][self.nodes[u].agent] >= self.node_epoch[u]) and u != v
+        return self.node_vc[v][self.nodes[u].agent] >= self.node_epoch[u] and u != v
 
     def graph(self) -> nx.DiGraph:
         """The happens-before graph: nodes are ops (with their attributes), edges direct HB."""
@@ -186,38 +243,41 @@ class HBDetector:
         return g
 
     # -- the check ------------------------------------------------------------------------
-    def _check(self, info: NodeInfo, acc: AccessReq, vc: np.ndarray) -> None:
-        st = self._storages[acc.storage]
+    def _check(self, info: NodeInfo, acc: AccessReq, vc: list[int], n_agents: int) -> None:
         e = acc.elements
+        if not e.size:
+            return
+        st = self._storages[acc.storage]
         a = info.agent
-        if e.size:
-            if (st.wmax > vc).any():
-                self._report(info, acc, st.w_clk, st.w_op, vc, prior_write=True)
-            if acc.write and (st.rmax > vc).any():
-                self._report(info, acc, st.r_clk, st.r_op, vc, prior_write=False)
-            if acc.write:
-                clk, ops, mx = st.w_clk, st.w_op, st.wmax
-            else:
-                clk, ops, mx = st.r_clk, st.r_op, st.rmax
-            clk[e, a] = vc[a]
-            ops[e, a] = info.op
-            mx[a] = vc[a]
+        write = acc.write
+        if _exceeds(st.wmax, vc, n_agents):
+            self._report(info, acc, st.w_op, vc, n_agents, prior_write=True)
+        if write and _exceeds(st.rmax, vc, n_agents):
+            self._report(info, acc, st.r_op, vc, n_agents, prior_write=False)
+        if write:
+            st.w_op[e, a] = info.op
+            st.wmax[a] = vc[a]
+        else:
+            st.r_op[e, a] = info.op
+            st.rmax[a] = vc[a]
 
     def _report(
         self,
         info: NodeInfo,
         acc: AccessReq,
-        clk: np.ndarray,
         ops: np.ndarray,
-        vc: np.ndarray,
+        vc: list[int],
+        n_agents: int,
         prior_write: bool,
     ) -> None:
         e = acc.elements
-        unordered = clk[e] > vc  # (n, agents); own column never exceeds own clock
+        latest = ops[e, :n_agents]  # (n, agents): op of each agent's latest access, or -1
+        clk = self._epochs[latest + 1]  # that access's clock (0 where there was none)
+        unordered = clk > np.array(vc[:n_agents])  # own column never exceeds own clock
         if not unordered.any():
             return
         rows, cols = np.nonzero(unordered)
-        prior_ops = ops[e[rows], cols]
+        prior_ops = latest[rows, cols]
         for p in np.unique(prior_ops):
             sel = prior_ops == p
             elems = tuple(int(x) for x in np.unique(e[rows[sel]]))
@@ -243,6 +303,23 @@ class HBDetector:
         if kind == RaceKind.REUSE:
             return Race(kind, p_buf, shape, elems, first, second, manifest, acc.buffer)
         return Race(kind, acc.buffer, shape, elems, first, second, manifest)
+
+
+def _join(vc: list[int], other: Sequence[int], n_agents: int) -> None:
+    """``vc = max(vc, other)`` in place, over the first ``n_agents`` entries (the rest are 0
+    in every clock: no op has run on an agent not yet registered)."""
+    for x in range(n_agents):
+        if other[x] > vc[x]:
+            vc[x] = other[x]
+
+
+def _exceeds(mx: list[int], vc: list[int], n_agents: int) -> bool:
+    """True when some agent's entry of ``mx`` is ahead of ``vc`` (an access ``vc`` does not
+    know of). A plain loop: ``any()`` over a generator costs twice as much here."""
+    for x in range(n_agents):  # noqa: SIM110
+        if mx[x] > vc[x]:
+            return True
+    return False
 
 
 def _access_time(n: NodeInfo, mode: str) -> int | None:

@@ -95,6 +95,8 @@ class Buffer:
         """Flat element ids that ``buf[sel]`` touches, as a 1-D int64 array (vectorised)."""
         if sel is None:
             return self.ids.reshape(-1)
+        if type(sel) is np.ndarray:  # the common case, without the conversions below
+            return self.ids[sel].reshape(-1)
         return np.asarray(self.ids[_np_sel(sel)]).reshape(-1)
 
 
@@ -125,13 +127,20 @@ _HERE = str(Path(__file__).resolve().parent.parent)
 _SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/device.py")
 
 
+_REL_PATH: dict[str, str | None] = {}  # co_filename -> as reported, None in device layers
+
+
 def caller_source() -> str:
     """``file:line`` of the first frame outside the device layers: the protocol line."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
-        if not rel.startswith(_SKIP_SOURCE):
+        try:
+            rel = _REL_PATH[fn]
+        except KeyError:
+            rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
+            rel = _REL_PATH[fn] = None if rel.startswith(_SKIP_SOURCE) else rel
+        if rel is not None:
             return f"{rel}:{f.f_lineno}"
         f = f.f_back
     return ""

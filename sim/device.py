@@ -77,8 +77,32 @@ class _Block:
     key: tuple
     written: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     landed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # every element of ``written`` / ``landed`` is set: the per-access checks can be skipped
+    # (set only after a whole-block write, found by one ``all()``; reset with the arrays)
+    all_written: bool = False
+    all_landed: bool = False
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
     pending: list[tuple[int, int]] = field(default_factory=list)  # (op, complete_at) at free
+
+
+def _may_repeat(sel: Sel) -> bool:
+    """Can ``buf[sel]`` name an element twice? Not for basic indexing (all, an int, a slice,
+    a tuple of those): only index arrays can."""
+    if sel is None or isinstance(sel, int | slice):
+        return False
+    if isinstance(sel, tuple):
+        return any(_may_repeat(s) for s in sel)
+    return True
+
+
+def _repeats(e: np.ndarray) -> bool:
+    """Does the element-id array ``e`` name some element twice? A set for small arrays
+    (``np.unique`` costs microseconds however small its input), ``np.unique`` for large."""
+    if e.size <= 1:
+        return False
+    if e.size <= 256:
+        return len(set(e.tolist())) != e.size
+    return np.unique(e).size != e.size
 
 
 class _At(simpy.Event):
@@ -91,6 +115,56 @@ class _At(simpy.Event):
         self._value = None
         self.callbacks.append(callback)
         env.schedule(self, priority, at - env.now)
+
+
+class _OpValues:
+    """The value side of one op: at its start event the reads are snapshot and the function
+    runs; at its end event the writes land. (One slotted object per op rather than two
+    closures and their cells: fewer objects for the cyclic GC while the op is pending.)"""
+
+    __slots__ = ("dev", "fn", "iteration", "name", "observe", "out", "reads", "rq", "wq",
+                 "writes")
+
+    def __init__(self, dev: SimDevice, name: str, iteration: int, fn: OpFn,
+                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
+                 observe: str | None, rq: list[AccessReq], wq: list[AccessReq]) -> None:
+        self.dev = dev
+        self.name = name
+        self.iteration = iteration
+        self.fn = fn
+        self.reads = reads
+        self.writes = writes
+        self.observe = observe
+        self.rq = rq
+        self.wq = wq
+        self.out: tuple | None = None  # the function's results, once it ran
+
+    def on_start(self, _: simpy.Event) -> None:
+        if self.out is not None:  # a zero-length op already ran at its end event (same instant)
+            return
+        dev = self.dev
+        dev._check_landed(self.name, self.iteration, self.rq)
+        views = dev._views
+        snaps = [views[b.id].clone() for b, _s in self.reads]
+        if self.observe is not None:
+            vals = [v if s is None else v[torch_sel(s, "cpu")]
+                    for v, (_b, s) in zip(snaps, self.reads, strict=True)]
+            dev.observations.setdefault((self.observe, self.iteration), []).extend(vals)
+        res = self.fn(*snaps)
+        self.out = res if isinstance(res, tuple) else (res,)
+
+    def on_end(self, ev: simpy.Event) -> None:
+        if self.out is None:
+            self.on_start(ev)
+        dev = self.dev
+        dev._land(self.wq)
+        views = dev._views
+        for (b, s), v in zip(self.writes, self.out, strict=True):
+            view = views[b.id]
+            if s is None:
+                view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
+            else:
+                view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
 
 
 class SimDevice(Device):
@@ -129,6 +203,7 @@ class SimDevice(Device):
         self._sstate: dict[StreamId, _StreamState] = {}
         self._events: dict[EventId, _EventState] = {}
         self._buffers: list[Buffer] = []
+        self._views: list[torch.Tensor] = []  # by buffer id: its block's memory in its shape
         self._blocks: list[_Block] = []
         self._pool: list[_Block] = []
         self.timeline: list[OpRecord] = []
@@ -170,39 +245,57 @@ class SimDevice(Device):
         return [AccessReq(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
                 for b, s in pairs]
 
-    def _track_init(self, name: str, reads: list[AccessReq], writes: list[AccessReq]) -> None:
+    def _track_init(self, name: str, reads: Sequence[AccessReq], writes: Sequence[AccessReq],
+                    write_sels: Sequence[tuple[Buffer, Sel]]) -> None:
         """Values the device, not the program, decides. A read of elements the buffer's
         current owner never wrote (issue order) sees allocator-defined contents
         (``torch.empty``); a write whose index set repeats an element is a scatter whose
-        winner is last-in-order on the CPU but undefined on CUDA."""
+        winner is last-in-order on the CPU but undefined on CUDA. ``write_sels`` are the
+        ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat."""
+        blocks = self._blocks
         for r in reads:
-            if r.elements.size and not self._blocks[r.storage].written[r.elements].all():
+            block = blocks[r.storage]
+            if not block.all_written and r.elements.size \
+                    and not block.written[r.elements].all():
                 key = (name, r.buffer)
                 if key not in self._uninit:
                     self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
                                         f"elements of {r.buffer}"
-        for w in writes:
-            self._blocks[w.storage].written[w.elements] = True
-            if w.elements.size > 1 and np.unique(w.elements).size != w.elements.size:
+        for w, (_b, sel) in zip(writes, write_sels, strict=True):
+            block = blocks[w.storage]
+            e = w.elements
+            if not block.all_written:
+                block.written[e] = True
+                if e.size >= block.written.size:
+                    block.all_written = bool(block.written.all())
+            if _may_repeat(sel) and _repeats(e):
                 key = (name, w.buffer)
                 if key not in self._dups:
                     self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
                                       f"{w.buffer} twice in one op (order device-defined)"
 
-    def _check_landed(self, name: str, iteration: int, reads: list[AccessReq]) -> None:
+    def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessReq]) -> None:
         """At a read's simulated time: elements no write of this owner has landed on yet
         hold allocator-defined contents, even where a write was issued earlier (a race
         brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
+        blocks = self._blocks
         for r in reads:
-            if r.elements.size and not self._blocks[r.storage].landed[r.elements].all():
+            block = blocks[r.storage]
+            if not block.all_landed and r.elements.size \
+                    and not block.landed[r.elements].all():
                 key = (name, r.buffer, "landed")
                 if key not in self._uninit and (name, r.buffer) not in self._uninit:
                     self._uninit[key] = f"{name}@{iteration} reads elements of {r.buffer} " \
                                         "before any write of them landed"
 
-    def _land(self, writes: list[AccessReq]) -> None:
+    def _land(self, writes: Sequence[AccessReq]) -> None:
+        blocks = self._blocks
         for w in writes:
-            self._blocks[w.storage].landed[w.elements] = True
+            block = blocks[w.storage]
+            if not block.all_landed:
+                block.landed[w.elements] = True
+                if w.elements.size >= block.landed.size:
+                    block.all_landed = bool(block.landed.all())
 
     # -- resources ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:
@@ -235,9 +328,11 @@ class SimDevice(Device):
             self.det.add_storage(block.id, numel, shape)
         block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
         block.landed = np.zeros(numel, dtype=bool)  # ... nor landed
+        block.all_written = block.all_landed = False
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
         self._buffers.append(buf)
+        self._views.append(block.data.view(shape))
         if joins:  # the allocator saw the recorded streams' work complete: an HB edge
             n = self._info(f"alloc:{name}", HOST_AGENT, HOST, OpKind.ALLOC, self.host_ns,
                            self.host_ns, None, caller_source())
@@ -309,7 +404,7 @@ class SimDevice(Device):
         st.free_at = end
         n = self._info(name, st.agent, st.name, kind, start, end, None, source)
         rq, wq = self._reqs(reads, False), self._reqs(writes, True)
-        self._track_init(name, rq, wq)
+        self._track_init(name, rq, wq, writes)
         self.det.on_op(n, rq + wq)
         self._log(n, issue)
         self._schedule_values(n, fn, reads, writes, observe, rq, wq)
@@ -320,36 +415,10 @@ class SimDevice(Device):
     def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
                          writes: list[tuple[Buffer, Sel]], observe: str | None,
                          rq: list[AccessReq], wq: list[AccessReq]) -> None:
-        env = self.env
-        out: list[Any] = []
-        iteration = self.iteration
-
-        def on_start(_: simpy.Event) -> None:
-            if out:  # a zero-length op already ran at its end event (same instant)
-                return
-            self._check_landed(n.name, iteration, rq)
-            snaps = [self._blocks[b.storage].data.view(b.shape).clone() for b, _s in reads]
-            if observe is not None:
-                vals = [v if s is None else v[torch_sel(s, "cpu")]
-                        for v, (_b, s) in zip(snaps, reads, strict=True)]
-                self.observations.setdefault((observe, iteration), []).extend(vals)
-            res = fn(*snaps)
-            out.append(res if isinstance(res, tuple) else (res,))
-
-        def on_end(ev: simpy.Event) -> None:
-            if not out:
-                on_start(ev)
-            self._land(wq)
-            for (b, s), v in zip(writes, out[0], strict=True):
-                view = self._blocks[b.storage].data.view(b.shape)
-                if s is None:
-                    view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
-                else:
-                    view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
-
-        _At(env, n.start_ns or 0, simpy.events.NORMAL, on_start)
+        op = _OpValues(self, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
+        _At(self.env, n.start_ns or 0, simpy.events.NORMAL, op.on_start)
         if writes:
-            _At(env, n.end_ns or 0, simpy.events.URGENT, on_end)
+            _At(self.env, n.end_ns or 0, simpy.events.URGENT, op.on_end)
 
     def host_work(self, name: str, cost_us: float) -> None:
         start = self.host_ns
@@ -365,11 +434,11 @@ class SimDevice(Device):
         n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_READ, self.host_ns, self.host_ns,
                        None, caller_source())
         rq = self._reqs([(buf, sel)], False)
-        self._track_init(name, rq, [])
+        self._track_init(name, rq, [], [])
         self._check_landed(name, self.iteration, rq)
         self.det.on_op(n, rq)
         self._log(n, self.host_ns)
-        view = self._blocks[buf.storage].data.view(buf.shape)
+        view = self._views[buf.id]
         return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()
 
     def host_write(self, buf: Buffer, sel: Sel, value: Any, name: str = "host_write") -> None:
@@ -379,11 +448,11 @@ class SimDevice(Device):
         n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WRITE, self.host_ns, self.host_ns,
                        None, caller_source())
         wq = self._reqs([(buf, sel)], True)
-        self._track_init(name, [], wq)
+        self._track_init(name, [], wq, [(buf, sel)])
         self._land(wq)
         self.det.on_op(n, wq)
         self._log(n, self.host_ns)
-        view = self._blocks[buf.storage].data.view(buf.shape)
+        view = self._views[buf.id]
         v = torch.as_tensor(value, dtype=buf.dtype)
         if sel is None:
             view.copy_(v.expand(buf.shape))
@@ -466,5 +535,5 @@ class SimDevice(Device):
 
     def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
         """Out-of-band look at memory now (tests, oracle): no access is recorded."""
-        view = self._blocks[buf.storage].data.view(buf.shape)
+        view = self._views[buf.id]
         return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()

@@ -1,0 +1,51 @@
+"""The simulator's fast paths against the plain computations they stand for."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model.detector import AccessReq, HBDetector, NodeInfo
+from model.trace import HOST, OpKind
+from sim.device import SimDevice, _may_repeat, _repeats
+
+
+def test_node_accesses_hand_back_the_declared_accesses() -> None:
+    det = HBDetector()
+    det.add_storage(0, 8, (8,))
+    accs = [AccessReq(0, 3, "b", np.array([1, 2]), True, True),
+            AccessReq(0, 3, "b", np.array([5]), False)]
+    det.on_op(NodeInfo(0, "w", 0, HOST, OpKind.HOST_WRITE, -1, "", None, 0, 0), accs)
+    det.on_op(NodeInfo(1, "s", 0, HOST, OpKind.HOST_SYNC, -1, "", None, 0, 0))
+    assert len(det.node_accesses) == 2
+    got = det.node_accesses[0]
+    assert [(a.storage, a.buffer_id, a.buffer, a.elements.tolist(), a.write, a.pinned)
+            for a in got] == [(0, 3, "b", [1, 2], True, True), (0, 3, "b", [5], False, False)]
+    assert det.node_accesses[1] == ()
+    assert [len(x) for x in det.node_accesses] == [2, 0]
+    assert [len(x) for x in det.node_accesses[0:2]] == [2, 0]
+
+
+def test_repeat_check_agrees_with_unique() -> None:
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 2, 5, 64, 256, 257, 1000):
+        for _ in range(20):
+            e = rng.integers(0, max(1, 2 * n), n)
+            assert _repeats(e) == (np.unique(e).size != e.size)
+    assert not _may_repeat(None) and not _may_repeat(3) and not _may_repeat(slice(0, 4))
+    assert not _may_repeat((1, slice(None)))
+    assert _may_repeat([1, 1]) and _may_repeat(np.array([0])) and _may_repeat((0, [1, 1]))
+
+
+def test_whole_block_flags_reset_when_the_block_is_reused() -> None:
+    dev = SimDevice()
+    s = dev.stream("s")
+    a = dev.buffer("a", (4,), torch.int64, stream=s, fill=0)
+    dev.free(a)
+    b = dev.buffer("b", (4,), torch.int64, stream=s)  # same block, nothing written by b
+    assert b.storage == a.storage
+    dev.launch(s, "k", lambda v: v[:2], reads=[b], writes=[(b, [0, 0])])
+    run = dev.finish()
+    assert run.uninit_reads == ["k@-1 reads never-written elements of b"]
+    assert run.dup_writes == ["k@-1 writes some elements of b twice in one op "
+                              "(order device-defined)"]
