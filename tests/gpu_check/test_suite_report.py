@@ -4,7 +4,8 @@
 Runs on CPU: the report is committed, the simulator's verdicts are recomputed here. It fails
 when the suite has runs the report lacks (the report is stale: run gpu-check again), when a
 race-free run's values differed from the simulator's or the oracle's in any trial, when a
-racy run showed the predicted values in fewer than 95% of its trials, when a sim verdict in
+racy run showed the predicted values in fewer than 95% of its trials (or its schedule changes
+no value: every predicted race must show as a wrong value), when a sim verdict in
 the report is not what the simulator computes now, or when the figures do not add up.
 
 Race-free runs whose simulated values are device-defined (a read of never-written memory:
@@ -32,11 +33,14 @@ from overlap_harness.gpu_plan import (
     DETERMINISTIC,
     EXACT,
     device_defined,
+    diffs,
+    oracle_run,
     predicted_class,
+    sim_run,
     values_class,
     with_launch,
 )
-from overlap_harness.gpu_report import at_target, hits, parse_delays, summarize
+from overlap_harness.gpu_report import MATCH_TARGET, at_target, hits, parse_delays, summarize
 from scenarios.expand import RunSpec, expand
 from scenarios.loader import load_paths
 
@@ -171,6 +175,25 @@ def test_racy_runs_show_the_predicted_values(report: dict[str, Any],
         if r["predicted_diffs"]:  # a trial with the predicted values shows wrong values
             assert m["manifest"] >= r["match"], rid
         assert r["baseline"]["trials"] == report["baseline_trials"], rid
+    assert not bad, bad
+
+
+def test_every_racy_run_changes_a_value_and_the_gpu_showed_it(
+        report: dict[str, Any], specs: list[RunSpec], rows: dict[str, dict[str, Any]]) -> None:
+    """Every predicted race manifests as a value: the simulation under the report's schedule
+    (recomputed here) differs from the serial oracle, exactly as the report's
+    ``predicted_diffs`` say, and the GPU showed wrong values in 95% of the gated trials."""
+    bad = {}
+    for spec in specs:
+        row = rows.get(spec.run_id)
+        if row is None or row["kind"] != "racy":
+            continue
+        sc = with_launch(spec.scenario, spec, report["host_launch_us"])
+        view, _run = sim_run(sc, spec.removed, parse_delays(row["schedule"]["delays_us"]))
+        now = diffs(view.values, oracle_run(sc, spec.removed))
+        m = row["main"]
+        if not now or now != row["predicted_diffs"] or m["manifest"] < MATCH_TARGET * m["trials"]:
+            bad[spec.run_id] = (len(now), len(row["predicted_diffs"]), m["manifest"], m["trials"])
     assert not bad, bad
 
 
