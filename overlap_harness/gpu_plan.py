@@ -194,6 +194,11 @@ def predicted_class(scenario: Scenario, removed: frozenset[str],
     """:func:`racy_class` of the simulated run under ``delays`` (what a racy plan's
     ``match_class`` is, recomputed from its schedule)."""
     _view, run = sim_run(scenario, removed, delays)
+    return run_class(run)
+
+
+def run_class(run: DeviceRun) -> str:
+    """:func:`racy_class` of a simulated (delayed) run."""
     return racy_class(*_device_defined(run))
 
 

@@ -35,7 +35,7 @@ from overlap_harness.gpu_plan import (
     device_defined,
     diffs,
     oracle_run,
-    predicted_class,
+    run_class,
     sim_run,
     values_class,
     with_launch,
@@ -134,19 +134,26 @@ def test_race_free_runs_agree_in_every_trial(report: dict[str, Any],
 
 
 @pytest.fixture(scope="module")
-def racy_classes(report: dict[str, Any], specs: list[RunSpec],
-                 rows: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Each racy run's class, recomputed: the simulation under the report's schedule at the
-    report's launch cost, as the GPU run was planned and predicted."""
+def racy_predictions(report: dict[str, Any], specs: list[RunSpec],
+                     rows: dict[str, dict[str, Any]]) -> dict[str, tuple[str, list[str]]]:
+    """Each racy run's class and wrong values (its differences from the serial oracle),
+    recomputed: the simulation under the report's schedule at the report's launch cost, as
+    the GPU run was planned and predicted."""
     out = {}
     for spec in specs:
         row = rows.get(spec.run_id)
         if row is None or row["kind"] != "racy":
             continue
         sc = with_launch(spec.scenario, spec, report["host_launch_us"])
-        out[spec.run_id] = predicted_class(sc, spec.removed,
-                                           parse_delays(row["schedule"]["delays_us"]))
+        view, run = sim_run(sc, spec.removed, parse_delays(row["schedule"]["delays_us"]))
+        out[spec.run_id] = (run_class(run), diffs(view.values, oracle_run(sc, spec.removed)))
     return out
+
+
+@pytest.fixture(scope="module")
+def racy_classes(racy_predictions: dict[str, tuple[str, list[str]]]) -> dict[str, str]:
+    """Each racy run's class, recomputed (:func:`racy_predictions`)."""
+    return {rid: cls for rid, (cls, _diffs) in racy_predictions.items()}
 
 
 def test_racy_classes_are_what_the_simulator_computes_now(
@@ -179,21 +186,18 @@ def test_racy_runs_show_the_predicted_values(report: dict[str, Any],
 
 
 def test_every_racy_run_changes_a_value_and_the_gpu_showed_it(
-        report: dict[str, Any], specs: list[RunSpec], rows: dict[str, dict[str, Any]]) -> None:
+        racy_predictions: dict[str, tuple[str, list[str]]],
+        rows: dict[str, dict[str, Any]]) -> None:
     """Every predicted race manifests as a value: the simulation under the report's schedule
-    (recomputed here) differs from the serial oracle, exactly as the report's
-    ``predicted_diffs`` say, and the GPU showed wrong values in 95% of the gated trials."""
+    (recomputed, :func:`racy_predictions`) differs from the serial oracle, exactly as the
+    report's ``predicted_diffs`` say, and the GPU showed wrong values in 95% of the gated
+    trials."""
     bad = {}
-    for spec in specs:
-        row = rows.get(spec.run_id)
-        if row is None or row["kind"] != "racy":
-            continue
-        sc = with_launch(spec.scenario, spec, report["host_launch_us"])
-        view, _run = sim_run(sc, spec.removed, parse_delays(row["schedule"]["delays_us"]))
-        now = diffs(view.values, oracle_run(sc, spec.removed))
+    for rid, (_cls, now) in racy_predictions.items():
+        row = rows[rid]
         m = row["main"]
         if not now or now != row["predicted_diffs"] or m["manifest"] < MATCH_TARGET * m["trials"]:
-            bad[spec.run_id] = (len(now), len(row["predicted_diffs"]), m["manifest"], m["trials"])
+            bad[rid] = (len(now), len(row["predicted_diffs"]), m["manifest"], m["trials"])
     assert not bad, bad
 
 
