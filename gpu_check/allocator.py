@@ -54,7 +54,7 @@ class BlockPool:
 
     def __init__(self) -> None:
         self._free: list[FreedBlock] = []
-        self._kept: list[Any] = []  # pinned and retired tensors: alive until the run ends
+        self._kept: list[Any] = []  # freed pinned tensors: alive as long as the pool
         self.reused = 0
 
     def take(self, key: BlockKey) -> FreedBlock | None:
@@ -75,8 +75,3 @@ class BlockPool:
             self._kept.append(block.tensor)
         else:
             self._free.append(block)
-
-    def release(self) -> None:
-        """Drop every block (the run is over and its work done)."""
-        self._free.clear()
-        self._kept.clear()

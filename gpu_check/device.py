@@ -133,7 +133,6 @@ class CudaDevice(Device):
         self._pool: dict[tuple, tuple[int, list[OpId]]] = {}  # freed: key -> (storage, joins)
         self._users: dict[BufferId, set[int]] = {}  # agents from record_stream
         self._n_storage = 0
-        self._held: set[int] = set()  # storage ids some buffer has held
         self._blocks = None if torch_allocator else BlockPool()
         self._flat: dict[BufferId, torch.Tensor] = {}  # BlockPool mode: each buffer's block
         self._fresh_cs = torch.cuda.Stream()  # fresh blocks are allocated (and filled) here
@@ -201,13 +200,13 @@ class CudaDevice(Device):
                fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
         shape = tuple(int(d) for d in shape)
         numel = int(np.prod(shape)) if shape else 1
+        n_before = self._n_storage
         if self._blocks is None:
             t, storage, joins = self._torch_block(shape, dtype, pinned, stream, numel)
         else:
             t, storage, joins = self._pool_block(dtype, pinned, stream, numel)
             t = t.view(shape)
-        fresh = storage not in self._held
-        self._held.add(storage)
+        fresh = self._n_storage > n_before  # a new storage id: no buffer has held the block
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, storage, ids=ids)
         self._buffers.append(buf)
