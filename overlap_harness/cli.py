@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from model.errors import HarnessError, ScenarioError
-from overlap_harness.gpu_suite import SANITIZER_BUDGET_S
+from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
 

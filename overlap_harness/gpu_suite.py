@@ -40,6 +40,12 @@ from typing import Any
 from model.errors import HarnessError
 from model.opkeys import Gate
 from model.protocol import run_protocol
+from overlap_harness.gpu_limits import (
+    SANITIZER_AFTER_DEADLINE_S,
+    SANITIZER_BUDGET_S,
+    SANITIZER_RUN_S,
+    SANITIZER_START_S,
+)
 from overlap_harness.gpu_plan import (
     FLOOR_US,
     GAP_DRIFT_SHARE,
@@ -53,10 +59,6 @@ from overlap_harness.gpu_replay import RunReplay, launch_cost_us, replay
 from overlap_harness.gpu_report import device_slug, passed, render_markdown, run_row, summarize
 from scenarios.expand import RunSpec, expand
 
-SANITIZER_RUN_S = 10.0  # one run under CSAN, at most
-SANITIZER_START_S = 60.0  # a worker's start (torch import, CUDA context), at most
-SANITIZER_BUDGET_S = 180.0  # the whole sanitizer pass, at most
-SANITIZER_AFTER_DEADLINE_S = 100.0  # with --deadline: the pass ends this long after it
 NOT_RUN_TIME = "not run (time)"
 
 
