@@ -11,6 +11,12 @@ Three implementations sit behind :func:`gather_spec_extras`, chosen by the scena
 * ``fused``: ``torch.compile(dynamic=True)`` of that same function (SGLang #26129). Compiled
   lazily, once per process and dtype set; :func:`fused_compile_count` counts the graphs the
   compiler actually built, so "no recompilation as m changes" is measured, not assumed.
+  Compiled where it is the subject: on CUDA, or on the CPU when asked
+  (:func:`set_cpu_compile` or ``OVERLAP_HARNESS_COMPILE_GATHER=1``). Otherwise, and when the
+  CPU has no C++ compiler for Inductor or the compile fails, the same function runs eagerly
+  (the same values; one launch in the model either way) after a one-line note on stderr. So
+  the CPU simulation needs no C++ compiler and pays no compile (about 8 s cold per process,
+  then 6.4 ms of OpenMP work per call on a busy machine against 18-42 us eager: issue 17).
 * ``triton``: one Triton launch doing all four gathers (the idea of #27233, written here from
   the description): grid (m, ceil(max_row_width / BLOCK)). CUDA only; Triton is imported lazily.
 
@@ -21,6 +27,8 @@ raise (CPU) or device-assert (CUDA) on a bad index; the Triton one does not chec
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,11 +42,19 @@ __all__ = [
     "SpecExtras",
     "TritonUnavailableError",
     "available_impls",
+    "cpu_compile_enabled",
+    "eager_reason",
     "fallback_impl",
     "fused_compile_count",
     "gather_spec_extras",
     "reset_fused_gather",
+    "set_cpu_compile",
 ]
+
+COMPILE_ENV = "OVERLAP_HARNESS_COMPILE_GATHER"
+"""Set to 1 to compile the fused gather on the CPU too (it needs a C++ compiler there)."""
+
+_log = logging.getLogger("overlap_harness.kernels")
 
 
 class GatherImplError(HarnessError):
@@ -77,6 +93,9 @@ def _gather_unfused(
 
 _fused_fn: Callable[..., Any] | None = None
 _compile_count = 0
+_cpu_compile: bool | None = None  # None: read COMPILE_ENV
+_eager_reason: str | None = None  # why the CPU runs it eagerly, once known
+_noted = False
 
 
 def _counting_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -95,6 +114,68 @@ def _fused() -> Callable[..., Any]:
     if _fused_fn is None:
         _fused_fn = torch.compile(_gather_unfused, dynamic=True, backend=_counting_inductor)
     return _fused_fn
+
+
+def set_cpu_compile(enabled: bool | None) -> None:
+    """Compile the fused gather on the CPU (True), run it eagerly there (False), or follow
+    ``OVERLAP_HARNESS_COMPILE_GATHER`` (None, the default). CUDA always compiles it."""
+    global _cpu_compile, _eager_reason, _noted
+    _cpu_compile, _eager_reason, _noted = enabled, None, False
+
+
+def cpu_compile_enabled() -> bool:
+    """Whether the fused gather is asked to compile on the CPU (see :func:`set_cpu_compile`)."""
+    if _cpu_compile is not None:
+        return _cpu_compile
+    return os.environ.get(COMPILE_ENV, "").strip() not in ("", "0")
+
+
+def _cpp_compiler_missing() -> str | None:
+    """Why Inductor cannot build CPU code here (no C++ compiler), or None when it can.
+
+    Inductor looks for ``config.cpp.cxx`` (``CXX`` or g++) and raises when none is found; we
+    ask it the same question before compiling, so the answer is one line, not a traceback.
+    """
+    # deferred: torch._inductor is heavy and only a CPU compile needs it
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as exc:  # any failure of the search means "no compiler"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"no C++ compiler for Inductor ({type(exc).__name__}: {first[:120]})"
+    return None
+
+
+def _note_eager(reason: str) -> None:
+    """One line on stderr, once per process, the first time the CPU runs the gather eagerly."""
+    global _noted, _eager_reason
+    _eager_reason = reason
+    if not _noted:
+        _noted = True
+        _log.warning("overlap-harness: note: the fused gather runs uncompiled on the CPU, "
+                     "same values (%s)", reason)
+
+
+def eager_reason() -> str | None:
+    """Why the fused gather last ran uncompiled on the CPU in this process, or None."""
+    return _eager_reason
+
+
+def _fused_on_cpu(args: tuple[torch.Tensor | None, ...]) -> tuple[Any, ...]:
+    """The fused gather on the CPU: compiled when asked and possible, else eager with a note."""
+    if not cpu_compile_enabled():
+        _note_eager(f"compiled only on a GPU or with {COMPILE_ENV}=1")
+        return _gather_unfused(*args)
+    if _eager_reason is None and (missing := _cpp_compiler_missing()) is not None:
+        _note_eager(missing)
+    if _eager_reason is not None:
+        return _gather_unfused(*args)
+    try:
+        return _fused()(*(_unbacked_alias(t) for t in args))
+    except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as exc:
+        _note_eager(f"compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        return _gather_unfused(*args)
 
 
 def _unbacked_alias(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -122,10 +203,11 @@ def reset_fused_gather() -> None:
 
     This calls ``torch._dynamo.reset()``, which drops every compiled function in the process.
     """
-    global _fused_fn, _compile_count
+    global _fused_fn, _compile_count, _eager_reason
     torch._dynamo.reset()
     _fused_fn = None
     _compile_count = 0
+    _eager_reason = None
 
 
 # --- triton: one launch for all four gathers ---------------------------------------------------
@@ -249,8 +331,9 @@ def _device_type(device: torch.device | str) -> str:
 def available_impls(device: torch.device | str) -> tuple[str, ...]:
     """The gather implementations that can run on ``device``, reference first.
 
-    ``unfused`` runs anywhere. ``fused`` needs Inductor's backend for the device: a C++
-    compiler on CPU, Triton on CUDA. ``triton`` needs CUDA and Triton.
+    ``unfused`` runs anywhere. ``fused`` runs on any CPU (compiled only when asked and a C++
+    compiler is there, else eagerly) and on CUDA with Triton (Inductor's backend there).
+    ``triton`` needs CUDA and Triton.
     """
     if _device_type(device) == "cuda":
         if _triton_importable():
@@ -325,4 +408,6 @@ def gather_spec_extras(
             "use 'unfused'"
         )
     args = (indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    if not indices.is_cuda:
+        return SpecExtras(*_fused_on_cpu(args))
     return SpecExtras(*_fused()(*(_unbacked_alias(t) for t in args)))

@@ -3,14 +3,18 @@
 * topk=1 fast path == organize_draft_results slow path: values, shapes, dtypes, contiguity.
 * fused gather == unfused gather == a row-by-row copy, m = 0 included, with and without hidden
   states; the fused one compiles once while m varies (counted by its compiler backend).
+* the CPU compiles the fused gather only when asked; otherwise, or without a C++ compiler, it
+  runs eagerly with the same values after a one-line note.
 * the error cases: N != S+1 at rebuild, bs > max_bs falls back, triton off CUDA refuses.
 """
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model.errors import HarnessError
@@ -24,13 +28,31 @@ from model.kernels.gather import (
     GatherImplError,
     TritonUnavailableError,
     available_impls,
+    eager_reason,
     fallback_impl,
     fused_compile_count,
     gather_spec_extras,
     reset_fused_gather,
+    set_cpu_compile,
 )
 
 FAST = settings(derandomize=True, deadline=None, max_examples=40)
+
+
+@pytest.fixture
+def cpu_compile():
+    """The fused gather is the subject here: compile it on the CPU (the simulator does not)."""
+    set_cpu_compile(True)
+    yield
+    set_cpu_compile(None)
+
+
+@pytest.fixture
+def cpu_eager():
+    """The default policy: no compile on the CPU unless asked."""
+    set_cpu_compile(False)
+    yield
+    set_cpu_compile(None)
 SLOW = settings(derandomize=True, deadline=None, max_examples=12)
 
 
@@ -191,7 +213,7 @@ def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows) if rows else buf.new_empty((0, *buf.shape[1:]))
 
 
-@SLOW
+@settings(SLOW, suppress_health_check=[HealthCheck.function_scoped_fixture])  # set once
 @given(
     pool=st.integers(1, 64),
     k=st.integers(1, 8),
@@ -202,7 +224,9 @@ def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     strided=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_fused_gather_equals_unfused(pool, k, hidden, m, p_dtype, h_dtype, strided, seed):
+def test_fused_gather_equals_unfused(
+    pool, k, hidden, m, p_dtype, h_dtype, strided, seed, cpu_compile
+):
     bufs = gather_buffers(pool, k, hidden, p_dtype, h_dtype, seed, strided)
     indices = torch.randint(0, pool, (m,), generator=torch.Generator().manual_seed(seed))
     ref = gather_spec_extras(indices, *bufs, impl="unfused")
@@ -218,7 +242,7 @@ def test_fused_gather_equals_unfused(pool, k, hidden, m, p_dtype, h_dtype, strid
 
 @pytest.mark.parametrize("impl", ["unfused", "fused"])
 @pytest.mark.parametrize("with_hidden", [True, False])
-def test_empty_batch_gives_empty_outputs_of_the_right_kind(impl, with_hidden):
+def test_empty_batch_gives_empty_outputs_of_the_right_kind(impl, with_hidden, cpu_compile):
     bufs = gather_buffers(5, 3, 7, "float32", "bfloat16" if with_hidden else None, seed=5)
     out = gather_spec_extras(torch.empty(0, dtype=torch.long), *bufs, impl=impl)
     assert (out.topk_p.shape, out.topk_p.dtype) == ((0, 3), torch.float32)
@@ -230,7 +254,7 @@ def test_empty_batch_gives_empty_outputs_of_the_right_kind(impl, with_hidden):
         assert out.hidden_states is None
 
 
-def test_fused_gather_compiles_once_while_m_varies():
+def test_fused_gather_compiles_once_while_m_varies(cpu_compile):
     reset_fused_gather()
     assert fused_compile_count() == 0
     bufs = gather_buffers(40, 4, 16, "float32", "float32", seed=6)
@@ -250,7 +274,7 @@ def test_fused_gather_compiles_once_while_m_varies():
     assert fused_compile_count() == 2
 
 
-def test_fused_gather_leaves_callers_tensors_unmarked():
+def test_fused_gather_leaves_callers_tensors_unmarked(cpu_compile):
     bufs = gather_buffers(8, 2, 4, "float32", "float32", seed=9)
     indices = torch.tensor([1, 7])
     gather_spec_extras(indices, *bufs, impl="fused")
@@ -279,3 +303,39 @@ def test_available_impls_and_fallback_on_cpu():
     assert fallback_impl("unfused", "cpu") == "unfused"
     with pytest.raises(GatherImplError):
         fallback_impl("nope", "cpu")
+
+
+def test_fused_gather_on_cpu_runs_eagerly_by_default_with_one_note(cpu_eager, caplog):
+    reset_fused_gather()
+    bufs = gather_buffers(12, 3, 5, "float32", "float32", seed=12)
+    with caplog.at_level(logging.WARNING, logger="overlap_harness.kernels"):
+        for m in (4, 0, 9):
+            indices = torch.randint(0, 12, (m,), generator=torch.Generator().manual_seed(m))
+            out = gather_spec_extras(indices, *bufs, impl="fused")
+            for got, want in zip(out, gather_spec_extras(indices, *bufs, impl="unfused"),
+                                 strict=True):
+                assert_same(got, want)
+    assert fused_compile_count() == 0  # torch.compile never ran
+    notes = [r.getMessage() for r in caplog.records]
+    assert notes == ["overlap-harness: note: the fused gather runs uncompiled on the CPU, "
+                     "same values (compiled only on a GPU or with "
+                     "OVERLAP_HARNESS_COMPILE_GATHER=1)"]
+
+
+def test_fused_gather_asked_to_compile_without_a_compiler_falls_back(monkeypatch, caplog):
+    # Inductor searches config.cpp.cxx; a name that is no compiler is a machine without g++.
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (None, "no-such-cxx-compiler"))
+    monkeypatch.setenv("OVERLAP_HARNESS_COMPILE_GATHER", "1")
+    monkeypatch.setenv("CXX", "no-such-cxx-compiler")
+    set_cpu_compile(None)
+    reset_fused_gather()
+    bufs = gather_buffers(9, 2, 3, "float32", None, seed=13)
+    indices = torch.tensor([8, 0, 3])
+    with caplog.at_level(logging.WARNING, logger="overlap_harness.kernels"):
+        out = gather_spec_extras(indices, *bufs, impl="fused")
+    assert torch.equal(out.bonus_tokens, bufs[2][indices])
+    assert fused_compile_count() == 0
+    assert eager_reason() is not None and eager_reason().startswith("no C++ compiler")
+    assert len(caplog.records) == 1 and "no C++ compiler" in caplog.records[0].getMessage()
+    set_cpu_compile(None)
+    reset_fused_gather()
