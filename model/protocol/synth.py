@@ -107,6 +107,31 @@ def take_cols(r2t: torch.Tensor, rows: list[int], start: torch.Tensor, width: in
     return r2t[rows_t[:, None], clamp_index(cols, r2t.shape[1])]
 
 
+def _last_visible_write(
+    slots: torch.Tensor, write_slots: torch.Tensor, write_owners: torch.Tensor
+) -> torch.Tensor:
+    """Per position of ``slots`` (m, C): the index of the last write to that slot that request
+    i sees (owner <= i), or -1; owners must be non-decreasing in write order.
+
+    Request i sees exactly the first ``bound[i]`` writes. Keys ``slot * (W + 1) + order``
+    sorted once; the largest key below ``slot * (W + 1) + bound[i]`` is that slot's last
+    visible write when its slot matches. All on the tensors' device, no host sync.
+    """
+    m = slots.shape[0]
+    count = write_slots.numel()
+    order = torch.arange(count, dtype=torch.int64, device=slots.device)
+    ws = write_slots.to(torch.int64)
+    bound = torch.searchsorted(write_owners.to(torch.int64).contiguous(),
+                               torch.arange(m, dtype=torch.int64, device=slots.device),
+                               right=True)  # (m,)
+    keys, _ = torch.sort(ws * (count + 1) + order)
+    query = slots * (count + 1) + bound[:, None]  # (m, C)
+    at = torch.searchsorted(keys, query.reshape(-1)).reshape(query.shape) - 1
+    hit = keys[at.clamp(min=0)]
+    same_slot = (at >= 0) & (torch.div(hit, count + 1, rounding_mode="floor") == slots)
+    return torch.where(same_slot, torch.remainder(hit, count + 1), torch.full_like(at, -1))
+
+
 def context_hashes(
     req_to_token: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -121,24 +146,25 @@ def context_hashes(
     Reads the slot ids ``req_to_token[row, :length]``, then the KV content in those slots,
     and (with SWA) the mapping entries of the last ``swa_window`` positions; a cleared mapping
     entry (0) or a wrong slot id changes the hash. ``writes`` = (slots, values, owner) are the
-    forward's own KV writes, in order: request i sees those of requests 0..i (the last write
-    to a slot wins), as if the requests ran one after another.
+    forward's own KV writes, in request order (``owner`` never decreases, as each forward
+    issues them): request i sees those of requests 0..i (the last write to a slot wins), as if
+    the requests ran one after another.
+
+    Memory is O(m x C + W) for W writes: each context position looks up the last write to its
+    slot among the first ``bound[i]`` writes by binary search over the writes sorted by
+    (slot, order). The broadcast it replaces built an (m, C, W) mask, 2.7 GB at batch 512
+    (issue 17); the values are the same (tests/model/test_context_hashes.py checks both).
     """
     dev = req_to_token.device
     n_rows, cols = req_to_token.shape
-    m = len(rows)
     rows_t = ints(rows, dev).clamp(0, max(n_rows - 1, 0))
     length = lengths.to(torch.int64).reshape(-1).clamp(0, cols)
     col = torch.arange(cols, dtype=torch.int64, device=dev)
     slots = clamp_index(req_to_token[rows_t], kv_cache.shape[0])  # (m, C)
     vals = kv_cache[slots]
     if writes is not None and writes[0].numel():
-        ws, wv, wo = writes
-        seen = (slots[:, :, None] == ws[None, None, :]) & (
-            wo[None, None, :] <= torch.arange(m, device=dev)[:, None, None])
-        order = torch.arange(ws.numel(), dtype=torch.int64, device=dev)
-        last = torch.where(seen, order, torch.full_like(order, -1)).amax(dim=-1)
-        vals = torch.where(last >= 0, wv.to(torch.int64)[last.clamp(min=0)], vals)
+        last = _last_visible_write(slots, writes[0], writes[2])
+        vals = torch.where(last >= 0, writes[1].to(torch.int64)[last.clamp(min=0)], vals)
     inside = col[None, :] < length[:, None]
     h = torch.remainder((torch.remainder(vals * (col + 1), MOD) * inside).sum(dim=1), MOD)
     if swa_mapping is not None and swa_window > 0:
