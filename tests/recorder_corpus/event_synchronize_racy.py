@@ -1,0 +1,31 @@
+"""event.synchronize() on an event recorded on the wrong stream.
+
+``done`` is recorded on the default stream, which never saw the D2H copy issued on the copy
+stream; synchronizing on it does not order the host after the copy, and the host reads the
+pinned buffer too early (host-D2H on ``host_out``).
+Twin: event_synchronize_fixed.py records ``done`` on the copy stream, behind the copy.
+"""
+
+import torch
+from corpus_helper import corpus_delay, corpus_report
+
+N = 768
+
+
+def main() -> None:
+    device_values = torch.arange(N, device="cuda", dtype=torch.float32) - 5
+    host_out = torch.zeros(N, pin_memory=True)  # corpus-alloc: host_out
+    copy_stream = torch.cuda.Stream()
+    copy_stream.wait_stream(torch.cuda.current_stream())
+    done = torch.cuda.Event()
+    with torch.cuda.stream(copy_stream):
+        corpus_delay(copy_stream, 5000)
+        host_out.copy_(device_values, non_blocking=True)  # corpus-site: d2h
+    done.record()
+    done.synchronize()
+    result = host_out.tolist()  # corpus-site: host_read
+    corpus_report("event_synchronize", result, [float(i - 5) for i in range(N)])
+
+
+if __name__ == "__main__":
+    main()
