@@ -14,7 +14,7 @@ N = 1280
 def main() -> None:
     logits = torch.arange(N, device="cuda", dtype=torch.float32) + 0.5
     corpus_delay(torch.cuda.current_stream(), 5000)
-    on_host = logits.to("cpu", non_blocking=True)  # corpus-site: d2h
+    on_host = logits.to("cpu", non_blocking=True)  # corpus-site: d2h, corpus-alloc: on_host
     result = on_host.tolist()  # corpus-site: host_read
     corpus_report("nonblocking_to_cpu", result, [i + 0.5 for i in range(N)])
 
