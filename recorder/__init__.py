@@ -1,0 +1,11 @@
+"""The recorder: real PyTorch stream code checked by the happens-before detector.
+
+``watch()`` records a block, ``check_script()`` a whole script; CPU mode fakes CUDA on the
+CPU, GPU mode watches real streams. See :mod:`recorder.api`.
+"""
+
+from recorder.api import CheckResult, RecorderError, Watch, check_script, watch
+from recorder.kernels import DeclaredAccess, declare_kernel, declared, reads, writes
+
+__all__ = ["CheckResult", "DeclaredAccess", "RecorderError", "Watch", "check_script",
+           "declare_kernel", "declared", "reads", "watch", "writes"]

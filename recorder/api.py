@@ -1,0 +1,237 @@
+"""The public API: ``watch()`` a block of real PyTorch stream code, or ``check_script()``.
+
+``with watch() as w: ...`` records everything the block does on its streams (see
+:mod:`recorder.core`) and, on exit, holds the verdict: ``w.races`` (every race, as
+:class:`model.trace.Race`, with both access sites in the user's code), ``w.run`` (a
+:class:`model.trace.DeviceRun` for the reports), ``w.unknown_ops`` (kernels whose accesses
+nobody declared). ``mode="cpu"`` fakes CUDA on the CPU (the default without a GPU);
+``mode="gpu"`` watches real streams; ``mode="auto"`` picks the GPU when there is one.
+Every patch is undone on exit, also when the block raises.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from model.errors import HarnessError
+from model.results import CaseResult
+from model.trace import DeviceRun, OpKind, Race
+from recorder import kernels, project_kernels
+from recorder.core import Access, Recording, UnknownOp
+from recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
+from recorder.dispatch import RecordingDispatchMode, access_of
+from recorder.elements import row_elements, to_storage_elements
+from recorder.fake_streams import CudaState, active, cuda_patches, patched
+
+MODES = ("auto", "cpu", "gpu")
+
+
+class RecorderError(HarnessError):
+    """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
+
+
+def resolve_mode(mode: str) -> str:
+    """``"cpu"`` or ``"gpu"`` for ``mode``; ``auto`` is the GPU when CUDA is available."""
+    if mode not in MODES:
+        raise RecorderError(f"mode: expected one of {'|'.join(MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if mode == "gpu" and not torch.cuda.is_available():
+        raise RecorderError("mode 'gpu' needs a CUDA device; this torch sees none "
+                            "(use mode 'cpu', the default without a GPU)")
+    return mode
+
+
+class Watch:
+    """A running (then finished) recording; see the module docstring."""
+
+    def __init__(self, mode: str = "auto") -> None:
+        self.mode = resolve_mode(mode)
+        self.cpu_mode = self.mode == "cpu"
+        self.recording = Recording()
+        self._stack: ExitStack | None = None
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def races(self) -> list[Race]:
+        """Every race found (so far, while the block runs)."""
+        return list(self.recording.races)
+
+    @property
+    def run(self) -> DeviceRun:
+        """The run as the reports read it."""
+        return self.recording.device_run()
+
+    @property
+    def unknown_ops(self) -> list[UnknownOp]:
+        """Ops that touched device memory with accesses nobody declared."""
+        return list(self.recording.unknown_ops)
+
+    @property
+    def buffer_sites(self) -> dict[str, str]:
+        """Each tensor's name in reports -> the ``file:line`` that allocated it."""
+        return dict(self.recording.buffer_sites)
+
+    # -- the kernel sink (recorder.kernels) ------------------------------------------------
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Record no op inside (a declared kernel's own internals); watch fresh outputs."""
+        self.dispatch.quiet += 1
+        try:
+            yield
+        finally:
+            self.dispatch.quiet -= 1
+
+    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess]) -> None:
+        """One op on the current stream with the declared accesses."""
+        out: list[Access] = []
+        for declared in accesses:
+            t = declared.tensor
+            info = self.memory.lookup(t)
+            if info is None:
+                continue
+            if declared.rows is None:
+                out.append(access_of(info, t, declared.write))
+            else:
+                ids = row_elements(t, declared.rows)
+                out.append(Access(info, to_storage_elements(ids, t.element_size(),
+                                                            info.itemsize), declared.write))
+        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL)
+
+    # -- the context -----------------------------------------------------------------------
+    def __enter__(self) -> Watch:
+        stack = ExitStack()
+        try:
+            if self.cpu_mode:
+                self._enter_cpu(stack)
+            else:
+                self._enter_gpu(stack)
+            stack.enter_context(kernels.installed(self))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+        return self
+
+    def _enter_cpu(self, stack: ExitStack) -> None:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels imported now run on CPU
+        cuda = CudaState(self.recording)
+        self.memory = CpuMemory(self.recording, cuda)
+        self.dispatch = RecordingDispatchMode(self.recording, self.memory)
+        stack.enter_context(active(cuda))
+        stack.enter_context(patched(cuda_patches()))
+        cuda.agent(None)  # the default stream is agent 1, as on the simulated device
+        stack.enter_context(self.dispatch)
+        stack.enter_context(FakeCudaFunctionMode(self.memory, self.dispatch))
+
+    def _enter_gpu(self, stack: ExitStack) -> None:
+        from recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks
+
+        self.memory = gpu_mode.GpuMemory(self.recording)
+        self.dispatch = RecordingDispatchMode(self.recording, self.memory)
+        stack.enter_context(gpu_mode.traced(self.recording, self.memory))
+        stack.enter_context(self.dispatch)
+        stack.enter_context(gpu_mode.DataPtrMode(self.memory, self.dispatch))
+
+    def __exit__(self, *exc: object) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+        self.recording.sweep()
+
+
+def watch(mode: str = "auto") -> Watch:
+    """Record the block's stream work and check it: ``with watch() as w: ...; w.races``.
+
+    Raises:
+        RecorderError: an unknown ``mode``, or ``"gpu"`` without a CUDA device.
+    """
+    return Watch(mode)
+
+
+@dataclass(slots=True)
+class CheckResult:
+    """What ``check_script`` found: the races, the run, and how the script ended."""
+
+    script: str
+    argv: list[str]
+    mode: str
+    races: list[Race] = field(default_factory=list)
+    run: DeviceRun = field(default_factory=DeviceRun)
+    unknown_ops: list[UnknownOp] = field(default_factory=list)
+    buffer_sites: dict[str, str] = field(default_factory=dict)
+    error: str | None = None  # the script's traceback when it crashed
+    exit_status: int = 0  # the script's own ``sys.exit`` status
+
+    @property
+    def crashed(self) -> bool:
+        """The script raised, or exited with a non-zero status."""
+        return self.error is not None
+
+    def to_case(self) -> CaseResult:
+        """The result as a scenario run, for the reports (timeline, Perfetto, SARIF)."""
+        name = Path(self.script).name
+        verdict = "error" if self.crashed else ("race" if self.races else "race_free")
+        return CaseResult(run_id=name, scenario=name, mutation="", path=self.script,
+                          expect="race_free", verdict=verdict, ok=not self.races,
+                          races=list(self.races), error=self.error,
+                          timeline=list(self.run.timeline))
+
+
+def _script_traceback(exc: BaseException) -> str:
+    """The script's own traceback: frames of the recorder and of runpy left out."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "runpy" not in f.filename and f"{os.sep}recorder{os.sep}" not in f.filename]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto") -> CheckResult:
+    """Run the Python script ``path`` as ``__main__`` with ``argv`` under :func:`watch`.
+
+    The script sees ``sys.argv == [path, *argv]``, its own folder first on ``sys.path`` and
+    the caller's environment. A crash (an exception, or a non-zero ``sys.exit``) is kept in
+    the result with the script's traceback; races found before it are kept too.
+
+    Raises:
+        RecorderError: ``path`` is not a readable file, or the mode cannot run here.
+    """
+    script = Path(path)
+    if not script.is_file():
+        raise RecorderError(f"{path}: no such script")
+    result = CheckResult(str(path), list(argv), resolve_mode(mode))
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *argv]
+    sys.path.insert(0, str(script.resolve().parent))
+    watcher = Watch(result.mode)
+    try:
+        with watcher:
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code not in (None, 0):
+            result.exit_status = code if isinstance(code, int) else 1
+            result.error = f"the script exited with status {code}"
+    except Exception as exc:  # the script's own crash: reported, not raised
+        result.error = _script_traceback(exc)
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    result.races = watcher.races
+    result.run = watcher.run
+    result.unknown_ops = watcher.unknown_ops
+    result.buffer_sites = watcher.buffer_sites
+    return result
+
+
+project_kernels.register()  # the project's own Triton gather is declared from the start

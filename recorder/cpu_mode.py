@@ -1,0 +1,237 @@
+"""CPU mode: a program written for ``torch.cuda`` runs on the CPU, recorded as device work.
+
+Device tensors are plain CPU tensors whose storages the recording knows as device memory
+(:class:`CpuMemory`); :class:`FakeCudaFunctionMode` (a ``TorchFunctionMode``, which sees
+every torch function, method and property before torch's C++ does) makes them look like
+CUDA tensors: ``.device`` is ``cuda:0``, ``.is_cuda`` is True, and a ``device="cuda"``
+argument makes a device tensor on the CPU. This layer, not torch, must handle what a CPU-only
+build would refuse or get wrong: ``.to("cuda")``, ``.cuda()``, ``.cpu()`` (a copy, not the
+same CPU tensor), ``pin_memory()``, ``record_stream``, and the host reads that bypass the
+dispatcher (``.tolist()``, ``.numpy()``, printing). Everything else runs as the CPU op it is,
+under the dispatch mode, which records it. Values are computed in issue order: the serial
+oracle's values, whatever the streams.
+
+Fact this builds on (found by a prototype, torch 2.x CPU builds): ``.to("cuda")`` and indexing
+of a tensor that claims to be on CUDA fail inside torch before any dispatch or function mode
+sees them; plain CPU tensors that only *look* like CUDA to Python code avoid that.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+
+from model.detector import HOST_AGENT
+from model.trace import OpKind
+from recorder.core import Recording, StorageInfo
+from recorder.dispatch import Placement, RecordingDispatchMode, access_of
+from recorder.fake_streams import CudaState
+
+_TensorBase = torch._C.TensorBase
+CUDA0 = torch.device("cuda", 0)
+_HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
+
+
+def _is_cuda(device: Any) -> bool:
+    if device is None or isinstance(device, int):
+        return isinstance(device, int)
+    try:
+        return torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError):
+        return False
+
+
+class CpuMemory:
+    """Watched storages are keyed by their CPU data pointer (see :mod:`recorder.core`)."""
+
+    def __init__(self, recording: Recording, cuda: CudaState) -> None:
+        self.recording = recording
+        self.cuda = cuda
+        self.placement = Placement.INFER
+
+    def lookup(self, t: torch.Tensor) -> StorageInfo | None:
+        storage = t.untyped_storage()
+        info = self.recording.storages.get(storage.data_ptr())
+        if info is not None and not info.alive():  # freed; its address went to a new tensor
+            self.recording.free(storage.data_ptr())
+            return None
+        return info
+
+    def fresh_placement(self, t: torch.Tensor, device_involved: bool) -> str:
+        return Placement.DEVICE if device_involved else Placement.HOST
+
+    def current_agent(self) -> int:
+        return self.cuda.agent(None)
+
+    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
+        storage = t.untyped_storage()
+        weak = StorageWeakRef(storage)
+        itemsize = t.element_size()
+        return self.recording.allocate(storage.data_ptr(), storage.nbytes() // itemsize,
+                                       itemsize, t.dtype, tuple(t.shape), pinned, agent,
+                                       lambda: not weak.expired(), label)
+
+    @contextmanager
+    def placed(self, placement: str) -> Any:
+        """Fresh outputs of the ops inside live at ``placement``."""
+        previous, self.placement = self.placement, placement
+        try:
+            yield
+        finally:
+            self.placement = previous
+
+
+class FakeCudaFunctionMode(TorchFunctionMode):
+    """Makes watched CPU tensors look like CUDA tensors (see the module docstring)."""
+
+    def __init__(self, memory: CpuMemory, dispatch: RecordingDispatchMode) -> None:
+        super().__init__()
+        self.memory = memory
+        self.dispatch = dispatch
+        self.recording = memory.recording
+
+    def _device_info(self, value: Any) -> StorageInfo | None:
+        if isinstance(value, torch.Tensor):
+            info = self.memory.lookup(value)
+            if info is not None and not info.pinned:
+                return info
+        return None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        getter = getattr(func, "__self__", None)
+        if getter is _TensorBase.device:
+            return CUDA0 if self._device_info(args[0]) is not None else func(*args)
+        if getter is _TensorBase.is_cuda:
+            return self._device_info(args[0]) is not None or func(*args)
+        name = getattr(func, "__name__", "")
+        handler = _METHODS.get(name) if args and isinstance(args[0], torch.Tensor) else None
+        if handler is not None and (func is getattr(_TensorBase, name, None)
+                                    or func is getattr(torch.Tensor, name, None)):
+            return handler(self, *args, **kwargs)
+        placement = Placement.INFER
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+            placement = Placement.DEVICE
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+            placement = Placement.PINNED
+        if placement == Placement.INFER:
+            return func(*args, **kwargs)
+        with self.memory.placed(placement):
+            out = func(*args, **kwargs)
+        self._adopt(out, placement, name)
+        return out
+
+    def _adopt(self, out: Any, placement: str, name: str) -> None:
+        """Watch fresh results that no aten op produced (``torch.tensor(data, device=...)``
+        builds its data in C++ and only lifts it through the dispatcher as an alias)."""
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() and self.memory.lookup(t) is None:
+                pinned = placement == Placement.PINNED
+                agent = HOST_AGENT if pinned else self.memory.current_agent()
+                info = self.memory.register(t, pinned, agent, name)
+                kind = OpKind.HOST_WRITE if pinned else OpKind.COPY
+                self.recording.op(name, agent, [access_of(info, t, True)], kind)
+
+    # -- methods torch itself cannot run or would get wrong on a CPU-only build ------------
+    def _to(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        copy = bool(kwargs.get("copy", False))
+        on_device = self._device_info(t) is not None
+        plain: dict[str, Any] = {"dtype": dtype or t.dtype, "copy": copy}
+        if memory_format is not None:
+            plain["memory_format"] = memory_format
+        if device is None or device.type == ("cuda" if on_device else "cpu"):
+            return t.to(**plain)  # same side: a dtype change or a copy, recorded as is
+        if device.type == "cuda":  # host -> device
+            with self.memory.placed(Placement.DEVICE):
+                out = t.to(**{**plain, "copy": True})
+        elif device.type == "cpu":  # device -> host: pinned when non-blocking, as torch does
+            with self.memory.placed(Placement.PINNED if non_blocking else Placement.HOST):
+                out = t.to(**{**plain, "copy": True})
+        else:
+            return t.to(*args, **kwargs)
+        if not non_blocking:
+            agent = self.memory.current_agent()
+            self.recording.host_sync("copy (blocking)", [self.recording.detector.last_op(agent)])
+        return out
+
+    def _cuda(self, t: torch.Tensor, device: Any = None, non_blocking: bool = False,
+              memory_format: Any = None) -> torch.Tensor:
+        extra = {} if memory_format is None else {"memory_format": memory_format}
+        return self._to(t, "cuda", non_blocking=non_blocking, **extra)
+
+    def _cpu(self, t: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+        extra = {} if memory_format is None else {"memory_format": memory_format}
+        return self._to(t, "cpu", **extra)
+
+    def _pin_memory(self, t: torch.Tensor, device: Any = None) -> torch.Tensor:
+        info = self.memory.lookup(t)
+        if info is not None and info.pinned:
+            return t
+        if info is not None:
+            raise RuntimeError("cannot pin 'torch.cuda' memory: only dense CPU tensors can be "
+                               "pinned")
+        with self.memory.placed(Placement.PINNED):
+            return t.clone()
+
+    def _is_pinned(self, t: torch.Tensor, device: Any = None) -> bool:
+        info = self.memory.lookup(t)
+        return info is not None and info.pinned
+
+    def _get_device(self, t: torch.Tensor) -> int:
+        return 0 if self._device_info(t) is not None else -1
+
+    def _record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        info = self._device_info(t)
+        if info is not None:  # real code skips record_stream on CPU tensors
+            self.recording.record_stream(info, self.memory.cuda.agent(stream))
+
+    def _data_ptr(self, t: torch.Tensor) -> int:
+        info = self._device_info(t)
+        if info is not None and not (self.dispatch.paused or self.dispatch.quiet):
+            self.recording.unknown("data_ptr", self.memory.current_agent(), [info.name])
+        return t.data_ptr()
+
+    def _host_read(self, name: str, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Reads that bypass the dispatcher: a blocking copy of device memory (a copy on the
+        current stream, then a host sync on it), or a host read of pinned memory."""
+        info = self.memory.lookup(t)
+        if info is not None and not self.dispatch.paused:
+            access = access_of(info, t, False)
+            if info.pinned:
+                self.recording.op(name, HOST_AGENT, [access], OpKind.HOST_READ)
+            else:
+                op = self.recording.op(name, self.memory.current_agent(), [access],
+                                       OpKind.COPY)
+                self.recording.host_sync(f"{name} (blocking)", [op])
+        self.dispatch.paused += 1
+        try:
+            return getattr(torch.Tensor, name)(t, *args, **kwargs)
+        finally:
+            self.dispatch.paused -= 1
+
+
+def _reader(name: str) -> Any:
+    def read(mode: FakeCudaFunctionMode, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return mode._host_read(name, t, *args, **kwargs)
+    return read
+
+
+_METHODS: dict[str, Any] = {
+    "to": FakeCudaFunctionMode._to,
+    "cuda": FakeCudaFunctionMode._cuda,
+    "cpu": FakeCudaFunctionMode._cpu,
+    "pin_memory": FakeCudaFunctionMode._pin_memory,
+    "is_pinned": FakeCudaFunctionMode._is_pinned,
+    "get_device": FakeCudaFunctionMode._get_device,
+    "record_stream": FakeCudaFunctionMode._record_stream,
+    "data_ptr": FakeCudaFunctionMode._data_ptr,
+    **{name: _reader(name) for name in _HOST_READS},
+}

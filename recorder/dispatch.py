@@ -1,0 +1,205 @@
+"""The dispatch mode: every aten op a watched program runs becomes a node with its accesses.
+
+:class:`RecordingDispatchMode` sees each aten op below autograd (a
+``TorchDispatchMode``), runs it, and tells the :class:`recorder.core.Recording` what it
+touched: element sets from the schema and each tensor's view (:mod:`recorder.elements`), on
+the current stream when device memory is involved, on the host when the op only touches
+pinned host memory (a host read or write of pinned memory is a host access). A fresh output
+of a device op is a new device allocation; the mode's :class:`Memory` decides where fresh
+outputs live and which storages are watched, so the same mode serves the CPU mode (CUDA faked
+on CPU tensors) and the GPU mode (real CUDA tensors).
+
+Blocking host reads: ``copy_`` between host and device memory without ``non_blocking`` and
+``_local_scalar_dense`` (``.item()``, ``bool(t)``) of device memory are a copy on the current
+stream followed by a host sync on it (STREAM-SEMANTICS.md: a blocking D2H orders host after
+copy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from model.detector import HOST_AGENT
+from model.trace import OpKind
+from recorder.core import Access, Recording, StorageInfo
+from recorder.elements import (
+    element_ids,
+    index_elements,
+    is_view_or_metadata,
+    schema_accesses,
+    to_storage_elements,
+)
+from recorder.sites import assigned_name, split_site, user_site
+
+aten = torch.ops.aten
+
+_COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense.default,
+             aten.lift_fresh.default, aten.lift_fresh_copy.default}
+
+
+class Placement:
+    """Where the fresh outputs of the ops running now live (set by the function layer)."""
+
+    INFER = "infer"  # device when a device tensor is involved, else unwatched host memory
+    DEVICE = "device"
+    PINNED = "pinned"
+    HOST = "host"  # plain host memory, unwatched (the result of a blocking ``.cpu()``)
+
+
+class Memory(Protocol):
+    """What a mode tells the dispatch layer about memory and streams."""
+
+    placement: str
+
+    def lookup(self, t: torch.Tensor) -> StorageInfo | None:
+        """The watched storage ``t`` views, or None (unwatched host memory)."""
+        ...
+
+    def fresh_placement(self, t: torch.Tensor, device_involved: bool) -> str:
+        """Where a fresh output ``t`` lives: a :class:`Placement` value other than INFER."""
+        ...
+
+    def current_agent(self) -> int:
+        """The detector agent of the current stream."""
+        ...
+
+    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
+        """Watch the storage of a fresh tensor ``t``."""
+        ...
+
+
+def access_of(info: StorageInfo, t: torch.Tensor, write: bool, ids: Any = None) -> Access:
+    """The access of view ``t`` (or of its elements ``ids``) in ``info``'s element size."""
+    elems = element_ids(t) if ids is None else ids
+    return Access(info, to_storage_elements(elems, t.element_size(), info.itemsize), write)
+
+
+def op_name(func: Any) -> str:
+    """``add_`` for ``aten.add_.Tensor``: the name a user knows."""
+    return func._schema.name.split("::")[-1]
+
+
+def tensor_label(name: str, site: str, index: int, count: int) -> str:
+    """``buf@prog.py:12``: a fresh tensor's name in reports (the variable its allocation
+    line assigns, else the op's name) and where it was allocated."""
+    variable = assigned_name(site) or name
+    if count > 1:
+        variable = f"{variable}[{index}]"
+    file, line = split_site(site)
+    return f"{variable}@{Path(file).name}:{line}" if line is not None else variable
+
+
+class RecordingDispatchMode(TorchDispatchMode):
+    """Records every aten op into ``recording`` through ``memory`` (see the module doc)."""
+
+    def __init__(self, recording: Recording, memory: Memory) -> None:
+        super().__init__()
+        self.recording = recording
+        self.memory = memory
+        self.paused = 0  # >0: record nothing (a host read that bypasses the dispatcher)
+        self.quiet = 0  # >0 inside a declared kernel: watch fresh outputs, record no op
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self.paused or is_view_or_metadata(func):
+            return func(*args, **kwargs)
+        memory = self.memory
+        if self.quiet:
+            out = func(*args, **kwargs)
+            for t, pinned in self._fresh_outputs(func, out, memory.placement == Placement.DEVICE
+                                                 or self._any_device(func, args, kwargs)):
+                memory.register(t, pinned, memory.current_agent(), op_name(func))
+            return out
+        inputs = []
+        device_involved = memory.placement == Placement.DEVICE
+        host_involved = False
+        for t, write in schema_accesses(func, args, kwargs):
+            info = memory.lookup(t)
+            if info is None:
+                host_involved = True
+                continue
+            if info.pinned:
+                host_involved = True
+            else:
+                device_involved = True
+            inputs.append((t, info, write))
+        out = func(*args, **kwargs)
+        fresh = self._fresh_outputs(func, out, device_involved)
+        if not inputs and not fresh:
+            return out
+        return self._record(func, args, kwargs, out, inputs, fresh, device_involved,
+                            host_involved)
+
+    def _any_device(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        for t, _write in schema_accesses(func, args, kwargs):
+            info = self.memory.lookup(t)
+            if info is not None and not info.pinned:
+                return True
+        return False
+
+    def _fresh_outputs(self, func: Any, out: Any, device_involved: bool) -> list[tuple]:
+        """Fresh tensors the op returned, with where they live (watched ones only)."""
+        returns = func._schema.returns
+        values = out if isinstance(out, tuple | list) else (out,)
+        fresh = []
+        for ret, value in zip(returns, values, strict=False):
+            if ret.alias_info is not None or not isinstance(value, torch.Tensor):
+                continue
+            if value.numel() == 0:
+                continue
+            where = self.memory.placement
+            if where == Placement.INFER:
+                where = self.memory.fresh_placement(value, device_involved)
+            if where in (Placement.DEVICE, Placement.PINNED):
+                fresh.append((value, where == Placement.PINNED))
+        return fresh
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list,
+                fresh: list, device_involved: bool, host_involved: bool) -> Any:
+        recording = self.recording
+        memory = self.memory
+        name = op_name(func)
+        on_device = device_involved or any(not pinned for _t, pinned in fresh)
+        agent = memory.current_agent() if on_device else HOST_AGENT
+        site = user_site()
+        accesses: list[Access] = []
+        picked = index_elements(func, args, kwargs) if inputs else None
+        for position, (t, info, write) in enumerate(inputs):
+            if position == 0 and picked is not None and t is args[0]:
+                ids, reads, writes = picked
+                if reads:
+                    accesses.append(access_of(info, t, False, ids))
+                if writes:
+                    accesses.append(access_of(info, t, True, ids))
+                continue
+            accesses.append(access_of(info, t, write))
+        for index, (t, pinned) in enumerate(fresh):
+            label = tensor_label(name, site, index, len(fresh))
+            info = memory.register(t, pinned, agent, label)
+            accesses.append(access_of(info, t, True))
+        touches_pinned = any(a.info.pinned for a in accesses)
+        if agent == HOST_AGENT:
+            kind = OpKind.HOST_WRITE if any(a.write for a in accesses) else OpKind.HOST_READ
+        elif touches_pinned or func in _COPY_OPS:
+            kind = OpKind.COPY
+        else:
+            kind = OpKind.KERNEL
+        op = recording.op(name, agent, accesses, kind, site=site)
+        if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, host_involved):
+            recording.host_sync(f"{name} (blocking)", [op])
+        return out
+
+    @staticmethod
+    def _blocks_host(func: Any, args: tuple, kwargs: dict, host_involved: bool) -> bool:
+        """A blocking host<->device copy or a scalar read of device memory."""
+        if func is aten._local_scalar_dense.default:
+            return True
+        if func is aten.copy_.default and host_involved:
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            return not non_blocking
+        return False

@@ -1,0 +1,96 @@
+"""Sites: the ``file:line`` of the user's code that issued an op.
+
+A watched op is seen deep inside torch (a dispatch mode, a patched ``torch.cuda`` function),
+so its site is the innermost frame of the call stack that belongs to none of: torch, this
+package, the standard library's plumbing (contextlib, runpy, importlib, functools) and the
+test runner. Paths are shown relative to the working directory when they lie under it, as a
+compiler's diagnostics are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import torch
+
+_SKIPPED_DIRS = tuple(
+    str(Path(p).resolve().parent) + os.sep
+    for p in (torch.__file__, __file__)
+) + tuple(
+    str(Path(m.__file__).resolve()) for m in (contextlib, functools, runpy)
+) + (str(Path(importlib.__file__).resolve().parent) + os.sep, "<frozen ", "_pytest" + os.sep,
+     "pluggy" + os.sep)
+
+_HARNESS_FILES = ("overlap_harness" + os.sep + "check_cmd.py",
+                  "overlap_harness" + os.sep + "pytest_races.py")
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_file(filename: str) -> bool:
+    """True when ``filename`` is the user's code (not torch's, the recorder's, or plumbing)."""
+    try:
+        full = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        full = filename
+    if full.endswith(_HARNESS_FILES):
+        return False
+    return not any(full.startswith(d) or d in full for d in _SKIPPED_DIRS)
+
+
+@functools.lru_cache(maxsize=4096)
+def display_path(filename: str) -> str:
+    """``filename`` relative to the working directory when under it, else as given."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except (OSError, ValueError):
+        return filename
+
+
+def user_site(skip: int = 1) -> str:
+    """``file:line`` of the innermost frame of user code on the stack ("" when none)."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _is_user_file(filename):
+            return f"{display_path(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def split_site(site: str) -> tuple[str, int | None]:
+    """``("file.py", 12)`` from ``"file.py:12"``; ``(site, None)`` when it has no line."""
+    file, _, line = site.rpartition(":")
+    if file and line.isdigit():
+        return file, int(line)
+    return site, None
+
+
+def assigned_name(site: str) -> str | None:
+    """The variable a site's line assigns to (``buf`` in ``buf = torch.zeros(4)``), if any:
+    how reports name a tensor."""
+    file, line = split_site(site)
+    if line is None:
+        return None
+    text = _line_text(file, line)
+    head, sep, _rest = text.partition("=")
+    if not sep or _rest.startswith("="):
+        return None
+    target = head.strip().split(":")[0].strip()  # drop an annotation
+    if target and all(part.isidentifier() for part in target.split(".")):
+        return target
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _line_text(file: str, line: int) -> str:
+    try:
+        lines = Path(file).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return lines[line - 1] if 0 < line <= len(lines) else ""
