@@ -71,7 +71,7 @@ from model.device import (
 )
 from model.errors import DeviceUsageError
 from model.opkeys import Gate, KeyCounter, OpKey
-from model.protocol.synth import staging
+from model.staging import staging
 from model.trace import HOST, DeviceRun, OpId, OpKind
 
 

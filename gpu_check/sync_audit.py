@@ -15,7 +15,7 @@ and gives each run's host launch cost (median gap between consecutive stream ops
 
     python -m gpu_check.sync_audit scenarios/protocol/s03_d2h_waits_publish.toml [more ...]
 
-``--no-staging`` turns :func:`model.protocol.synth.staging` off, so the op functions' host
+``--no-staging`` turns :func:`model.staging.staging` off, so the op functions' host
 index lists reach the GPU by a plain copy, as ``torch.tensor(list, device="cuda")`` did
 before: a check that the audit sees those syncs.
 

@@ -9,10 +9,9 @@ every float is exact and bit-identical on every device (a division by a power of
 CUDA divides by a scalar as a multiply by its rounded reciprocal, the CPU divides correctly
 rounded, and the two differ in the last bit).
 
-Host-known index lists reach the op's device through :func:`ints`, which a device that runs
-op functions at issue time (``gpu_check.CudaDevice``) routes through its own asynchronous
-staging (:func:`staging`): ``torch.tensor(list, device="cuda")`` would block the host until
-the op's stream is idle, so every op would read its inputs at issue time, not when it runs.
+Host-known index lists reach the op's device through :func:`ints`, that is through the
+device API's :func:`model.staging.host_ints`: a device that runs op functions at issue time
+routes it through its own asynchronous staging; the protocol does not know which device.
 
 All functions take and return CPU or device ``torch.int64`` tensors (floats where named) and
 never raise on garbage input: indices are clamped, values reduced modulo :data:`MOD`, so a race
@@ -21,11 +20,11 @@ shows up as a wrong value, not a crash of the simulator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 
 import torch
+
+from model.staging import host_ints
 
 MOD = 1_000_003
 """All hashed values live in [0, MOD)."""
@@ -33,33 +32,10 @@ VOCAB = 997
 """Token ids live in [0, VOCAB); -1 is the debug poison."""
 
 
-_STAGE: ContextVar[Callable[[torch.Tensor], torch.Tensor] | None] = ContextVar(
-    "protocol_stage", default=None)
-
-
-@contextmanager
-def staging(stage: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
-    """While active, :func:`ints` hands its CPU tensor to ``stage`` (which returns a device
-    copy the current stream may use) instead of copying it with a host sync."""
-    token = _STAGE.set(stage)
-    try:
-        yield
-    finally:
-        _STAGE.reset(token)
-
-
 def ints(values: Sequence[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """Host-known ints (a list, or a CPU int64 tensor) as an int64 tensor on ``device``.
-
-    On a CPU device, a plain tensor. On another device, through the active :func:`staging`
-    hook when there is one (no host sync), else by a plain (synchronizing) copy.
-    """
-    t = values if isinstance(values, torch.Tensor) else torch.tensor(
-        values, dtype=torch.int64, device="cpu")
-    if torch.device(device).type == t.device.type:
-        return t
-    stage = _STAGE.get()
-    return t.to(device) if stage is None else stage(t)
+    """Host-known ints as an int64 tensor on ``device``, through the device's staging
+    (:func:`model.staging.host_ints`)."""
+    return host_ints(values, device)
 
 
 def mix(*xs: torch.Tensor | int) -> torch.Tensor:
