@@ -4,15 +4,25 @@
 Entry point: :func:`run_protocol` runs a scenario's workload through the overlap loop on a
 device and returns the host-side :class:`ProtocolOutcome`; :func:`compare_runs` holds an
 overlapped run against the serial oracle, value by value.
+
+The parts, named after SGLang's: :class:`~model.protocol.context.RunContext` (streams,
+scheduler buffers, sizes, costs), :class:`~model.protocol.future_map.FutureMap` (the relay:
+publish / stash / resolve / gather), one :class:`~model.protocol.barrier.BarrierPlacement`
+per WAR-barrier placement, :class:`~model.protocol.scheduler.Scheduler` (the event loop) and
+:class:`~model.protocol.run_batch.BatchRunner` (``run_batch``). Injected bugs live apart, in
+``faults.py`` (the mutation layer), which :func:`run_protocol` composes in.
 """
 
 from __future__ import annotations
 
 from model.config import ProtocolConfig, Scenario, Timing, Workload
 from model.device import Device
-from model.protocol.context import Ctx, StreamAliasError
+from model.protocol.barrier import placement_for
+from model.protocol.context import RunContext, StreamAliasError
+from model.protocol.faults import future_map_for
 from model.protocol.oracle import ValueDiff, compare_runs
 from model.protocol.outcome import DebugFailure, ProtocolOutcome, RequestOutcome
+from model.protocol.run_batch import BatchRunner
 from model.protocol.scheduler import Scheduler
 
 __all__ = [
@@ -50,8 +60,9 @@ def run_protocol(
         proto, workload, timing = scenario.protocol, scenario.workload, scenario.timing
     else:
         proto, workload, timing = scenario
-    ctx = Ctx(dev, proto, timing)
-    sched = Scheduler(ctx, workload)
+    ctx = RunContext(dev, proto, timing)
+    runner = BatchRunner(ctx, future_map_for(ctx, workload), placement_for(proto))
+    sched = Scheduler(ctx, workload, runner)
     for n in range(workload.iterations):
         sched.iteration(n)
     sched.drain(workload.iterations)

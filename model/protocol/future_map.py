@@ -1,315 +1,370 @@
-"""The FutureMap relay (PROTOCOL.md §3): indices, seq_lens resolve, gather, publish, stash.
+"""The FutureMap relay (PROTOCOL.md §3): a batch's results to the next iteration.
 
-A batch's results travel to the next iteration through P-row device buffers indexed by the
-request-pool row (REF) or by slots of the old ring (#13713): ``publish`` scatters the new
-seq_lens on F and records ``publish_ready``; ``stash`` scatters the bonus token, top-k and
-hidden states on F; the next iteration gathers them back, seq_lens on S (and its CPU mirror on
-D, or by a blocking ``.cpu()`` on S), the rest on F. Every sync carries its SyncLabel.
+:class:`FutureMap` is named after SGLang's class and, like it, owns its buffers and its
+events: ``output_tokens_buf``, ``new_seq_lens_buf``, the lazily allocated ``topk_p_buf`` /
+``topk_index_buf`` / ``hidden_states_buf``, the pinned seq_lens mirror, and ``publish_ready``.
+Its methods are the protocol's relay steps:
+
+- :meth:`FutureMap.publish` scatters the new seq_lens on F and records ``publish_ready``;
+- :meth:`FutureMap.stash` scatters the bonus token, top-k and hidden states on F;
+- :meth:`FutureMap.resolve` gathers seq_lens on S and brings their CPU copy to the host
+  (from D, or by a blocking ``.cpu()`` on S);
+- :meth:`FutureMap.gather` (spec-v2) and :meth:`FutureMap.gather_output_tokens` (non-spec)
+  gather the relayed values on F for the next forward.
+
+Rows are the request-pool rows (REF) or, in the old ring layout (#13713), slots of a ring.
+Every sync carries its SyncLabel. Bug injections (a stash on a side stream, skipped or
+replayed rows) are not here: they subclass this class in ``faults.py``, the mutation layer,
+through the decision points :meth:`FutureMap.publish_positions` and
+:meth:`FutureMap.stash_launches` and the no-op hooks around the stash and the gathers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from model.device import Buffer, SyncLabel
-from model.protocol.context import Ctx
+from model.config import FutureLayout, SeqLensD2H
+from model.device import Buffer, Stream, SyncLabel
+from model.protocol.context import RunContext
 from model.protocol.kernels import gather_spec_extras
 from model.protocol.outcome import DebugFailure
 from model.protocol.state import Batch
 from model.protocol.synth import clamp_index, take_rows
 
-L = SyncLabel
 I64 = torch.int64
 
 
-def build_indices(ctx: Ctx, batch: Batch, op: str) -> None:
-    """On S: the batch's ``future_indices`` (and, in the ring layout, its output slots).
+class FutureMap:
+    """The relay buffers and events of one run, and the steps that use them."""
 
-    Merge and filter build a fresh index tensor from the host's lists (cat / index with keep
-    indices arriving by non-blocking H2D); F reads it later, so its lifetime is fenced by
-    ``record_stream(F)`` and the pin ring.
-    """
-    if ctx.ring:
-        out = []
-        for r in batch.reqs:
-            s = ctx.ring_counter % ctx.FP
-            ctx.ring_counter += 1
-            ctx.ring_owner[s] = r.id
-            out.append(s)
-        batch.slots_in = [r.fslot for r in batch.reqs]
-        batch.slots_out = out
-        for r, s in zip(batch.reqs, out, strict=True):
-            r.fslot = s
-    else:
-        batch.slots_in = batch.slots_out = batch.rows
-    m = batch.m
-    batch.fi = ctx.tmp(batch, "future_indices", (m,), I64, ctx.S)
-    vals = torch.tensor(batch.slots_in, dtype=I64)
-    ctx.dev.launch(ctx.S, op, lambda: vals, writes=[batch.fi], cost_us=ctx.k_us)
-    if ctx.ring:
-        batch.fo = ctx.tmp(batch, "future_indices_out", (m,), I64, ctx.S)
-        outv = torch.tensor(batch.slots_out, dtype=I64)
-        ctx.dev.launch(ctx.S, op + "_out", lambda: outv, writes=[batch.fo], cost_us=ctx.k_us)
-    else:
-        batch.fo = batch.fi
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        device, config = ctx.device, ctx.config
+        self.ring = config.future_layout == FutureLayout.RING
+        self.slots = config.ring_size if self.ring else ctx.pool_size  # rows of each buffer
+        poison = -1 if config.debug_poison else None  # -1 poison (#26108; seq_lens #30471)
+        self.output_tokens_buf = device.buffer("output_tokens_buf", (self.slots,), I64,
+                                               fill=poison)
+        self.new_seq_lens_buf = device.buffer("new_seq_lens_buf", (self.slots,), I64,
+                                              fill=poison)
+        self.seq_lens_mirror: Buffer | None = (
+            device.buffer("new_seq_lens_cpu_pinned", (self.slots,), I64, pinned=True)
+            if ctx.d2h_stream is not None else None)
+        self.topk_p_buf: Buffer | None = None  # lazy, first non-empty stash (§7 bootstrap)
+        self.topk_index_buf: Buffer | None = None
+        self.hidden_states_buf: Buffer | None = None
+        self.publish_ready = device.event("publish_ready")
+        self.publish_recorded = False
+        self.verify_done = device.event("verify_done")  # legacy, before #25879
+        self.verify_done_recorded = False
+        self.ring_counter = 0
+        self.ring_owner: dict[int, str] = {}
 
+    # -- indices ----------------------------------------------------------------------------
+    def build_indices(self, batch: Batch, op: str) -> None:
+        """On S: the batch's ``future_indices`` (and, in the ring layout, its output slots).
 
-def _cpu_on_schedule(ctx: Ctx, batch: Batch) -> list[int]:
-    """The blocking ``.cpu()`` of the gathered seq_lens on S (bootstrap, HIP, or by choice)."""
-    assert batch.seq_lens is not None
-    pinned = ctx.dev.buffer("seq_lens_cpu", (batch.m,), I64, pinned=True)
-    ctx.dev.copy(ctx.S, batch.seq_lens, pinned, non_blocking=False, cost_us=ctx.d2h_us,
-                 label=L.SEQ_LENS_CPU_SYNC, name="seq_lens_cpu")
-    return [int(v) for v in ctx.dev.host_read(pinned, None, name="read_seq_lens_cpu")]
-
-
-def resolve_seq_lens_cpu(ctx: Ctx, batch: Batch) -> list[int] | None:
-    """Step 4a: S gathers seq_lens from ``new_seq_lens_buf``; the host gets its CPU copy.
-
-    CUDA: S waits ``publish_ready``; the CPU copy comes from D (D waits ``publish_ready``,
-    copies the WHOLE buffer into the pinned mirror, the host syncs D and selects rows), or
-    from a blocking ``.cpu()`` on S, or not at all (backend opted out). Before the first
-    publish the event was never recorded and resolve uses ``.cpu()``. HIP: the host waits on
-    ``publish_ready`` instead of a stream wait, and uses ``.cpu()``. Legacy verify_done: S
-    already waited on verify_done in scheduling, so no publish_ready wait here.
-
-    With ``debug_poison`` (#30471) the gathered values are asserted >= 0 on S and the rows
-    are re-poisoned to -1 on S once the CPU copy is done, so a resolve without a fresh
-    publish of its row reads -1 and result processing reports ``seq_lens_poison``.
-    """
-    dev = ctx.dev
-    if not ctx.legacy and ctx.publish_recorded:
-        if ctx.cuda:
-            dev.wait_event(ctx.S, ctx.publish_ready, L.PUBLISH_READY_SCHEDULE_WAIT)
+        Merge and filter build a fresh index tensor from the host's lists (cat / index with
+        keep indices arriving by non-blocking H2D); F reads it later, so its lifetime is fenced
+        by ``record_stream(F)`` and the pin ring.
+        """
+        ctx = self.ctx
+        if self.ring:
+            out = []
+            for r in batch.reqs:
+                slot = self.ring_counter % self.slots
+                self.ring_counter += 1
+                self.ring_owner[slot] = r.id
+                out.append(slot)
+            batch.slots_in = [r.fslot for r in batch.reqs]
+            batch.slots_out = out
+            for r, slot in zip(batch.reqs, out, strict=True):
+                r.fslot = slot
         else:
-            dev.synchronize(ctx.publish_ready, L.PUBLISH_READY_HOST_WAIT)
-    batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.S)
-    rows = list(batch.slots_in)
-    fp = ctx.FP
-    dev.launch(ctx.S, "gather_seq_lens", lambda buf, fi: buf[clamp_index(fi, fp)],
-               reads=[(ctx.new_seq_lens_buf, rows), batch.fi], writes=[batch.seq_lens],
-               cost_us=ctx.k_us, observe="gather_seq_lens")
-    if ctx.cfg.debug_poison:
-        flags = ctx.tmp(batch, "seq_lens_flags", (batch.m,), I64, ctx.S)
-        batch.flags["seq_lens_flags"] = flags
-        dev.launch(ctx.S, "assert_seq_lens", lambda s: (s < 0).to(I64),
-                   reads=[batch.seq_lens], writes=[flags], cost_us=ctx.k_us)
-    cpu = _seq_lens_to_host(ctx, batch, rows)
-    if ctx.cfg.debug_poison:
-        m = len(rows)
-        dev.launch(ctx.S, "repoison_seq_lens",
-                   lambda fi: torch.full((m,), -1, dtype=I64, device=fi.device),
-                   reads=[batch.fi], writes=[(ctx.new_seq_lens_buf, rows)], cost_us=ctx.k_us)
-    return cpu
+            batch.slots_in = batch.slots_out = batch.rows
+        m = batch.m
+        batch.fi = ctx.tmp(batch, "future_indices", (m,), I64, ctx.schedule_stream)
+        vals = torch.tensor(batch.slots_in, dtype=I64)
+        ctx.device.launch(ctx.schedule_stream, op, lambda: vals, writes=[batch.fi],
+                          cost_us=ctx.kernel_us)
+        if self.ring:
+            batch.fo = ctx.tmp(batch, "future_indices_out", (m,), I64, ctx.schedule_stream)
+            outv = torch.tensor(batch.slots_out, dtype=I64)
+            ctx.device.launch(ctx.schedule_stream, op + "_out", lambda: outv,
+                              writes=[batch.fo], cost_us=ctx.kernel_us)
+        else:
+            batch.fo = batch.fi
 
+    def check_ring(self, batch: Batch) -> None:
+        """Ring layout only: a harness check that each gathered slot still belongs to its
+        reader (the #13713 overflow shows as a ``ring_alias`` debug failure)."""
+        if not self.ring:
+            return
+        for r, slot in zip(batch.reqs, batch.slots_in, strict=True):
+            owner = self.ring_owner.get(slot)
+            if owner != r.id:
+                self.ctx.outcome.debug_failures.append(DebugFailure(
+                    batch.iteration, r.id, "ring_alias",
+                    f"FutureMap ring slot {slot} was reallocated to {owner!r} before {r.id!r} "
+                    "read it"))
 
-def _seq_lens_to_host(ctx: Ctx, batch: Batch, rows: list[int]) -> list[int] | None:
-    """The CPU copy of the gathered seq_lens: from D, a blocking ``.cpu()`` on S, or none."""
-    dev = ctx.dev
-    if ctx.cfg.seq_lens_d2h.value == "none":
-        return None
-    if ctx.use_d2h and ctx.publish_recorded:
-        assert ctx.D is not None and ctx.seq_lens_mirror is not None
-        dev.wait_event(ctx.D, ctx.publish_ready, L.PUBLISH_READY_D2H_WAIT)
-        dev.copy(ctx.D, ctx.new_seq_lens_buf, ctx.seq_lens_mirror, non_blocking=True,
-                 cost_us=ctx.d2h_us, name="d2h_seq_lens")
-        dev.synchronize(ctx.D, L.D2H_HOST_SYNC)
-        vals = dev.host_read(ctx.seq_lens_mirror, rows, name="select_seq_lens")
-        return [int(v) for v in vals]
-    return _cpu_on_schedule(ctx, batch)
+    # -- resolve (step 4a) ---------------------------------------------------------------------
+    def resolve(self, batch: Batch) -> list[int] | None:
+        """``resolve_seq_lens_cpu``: S gathers seq_lens from ``new_seq_lens_buf``; the host
+        gets its CPU copy.
 
+        CUDA: S waits ``publish_ready``; the CPU copy comes from D (D waits
+        ``publish_ready``, copies the WHOLE buffer into the pinned mirror, the host syncs D
+        and selects rows), or from a blocking ``.cpu()`` on S, or not at all (backend opted
+        out). Before the first publish the event was never recorded and resolve uses
+        ``.cpu()``. HIP: the host waits on ``publish_ready`` instead of a stream wait, and uses
+        ``.cpu()``. Legacy verify_done: S already waited on verify_done in scheduling.
 
-def gather_spec_inputs(ctx: Ctx, batch: Batch) -> dict[str, Buffer | None]:
-    """Step 4c, spec-v2: ``fi.record_stream(F)``, then the spec-extras gather on F.
+        With ``debug_poison`` (#30471) the gathered values are asserted >= 0 on S and the rows
+        are re-poisoned to -1 on S once the CPU copy is done, so a resolve without a fresh
+        publish of its row reads -1 and result processing reports ``seq_lens_poison``.
+        """
+        ctx, device, schedule = self.ctx, self.ctx.device, self.ctx.schedule_stream
+        if not ctx.legacy_verify_done and self.publish_recorded:
+            if ctx.on_cuda:
+                device.wait_event(schedule, self.publish_ready,
+                                  SyncLabel.PUBLISH_READY_SCHEDULE_WAIT)
+            else:
+                device.synchronize(self.publish_ready, SyncLabel.PUBLISH_READY_HOST_WAIT)
+        batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, schedule)
+        rows = list(batch.slots_in)
+        slots = self.slots
+        device.launch(schedule, "gather_seq_lens", lambda buf, fi: buf[clamp_index(fi, slots)],
+                      reads=[(self.new_seq_lens_buf, rows), batch.fi], writes=[batch.seq_lens],
+                      cost_us=ctx.kernel_us, observe="gather_seq_lens")
+        if ctx.config.debug_poison:
+            flags = ctx.tmp(batch, "seq_lens_flags", (batch.m,), I64, schedule)
+            batch.flags["seq_lens_flags"] = flags
+            device.launch(schedule, "assert_seq_lens", lambda s: (s < 0).to(I64),
+                          reads=[batch.seq_lens], writes=[flags], cost_us=ctx.kernel_us)
+        cpu = self._seq_lens_to_host(batch, rows)
+        if ctx.config.debug_poison:
+            m = len(rows)
+            device.launch(schedule, "repoison_seq_lens",
+                          lambda fi: torch.full((m,), -1, dtype=I64, device=fi.device),
+                          reads=[batch.fi], writes=[(self.new_seq_lens_buf, rows)],
+                          cost_us=ctx.kernel_us)
+        return cpu
 
-    ``fused``/``triton`` is one launch, ``unfused`` four (§4). With ``debug_poison`` the
-    assert-and-invalidate launch follows (#26108).
-    """
-    dev, F, m = ctx.dev, ctx.F, batch.m
-    assert batch.fi is not None
-    dev.record_stream(batch.fi, F, L.FUTURE_INDICES_RECORD_STREAM)
-    _after_stash(ctx)
-    ctx.ensure_spec_bufs(F)
-    assert ctx.topk_p_buf is not None and ctx.topk_index_buf is not None
-    rows = list(batch.slots_in)
-    k, h, fp = ctx.k, ctx.cfg.hidden_size, ctx.FP
-    out: dict[str, Buffer | None] = {
-        "topk_p": ctx.tmp(batch, "topk_p", (m, k), torch.float32, F),
-        "topk_index": ctx.tmp(batch, "topk_index", (m, k), I64, F),
-        "bonus": ctx.tmp(batch, "bonus_tokens", (m,), I64, F),
-        "hidden": (ctx.tmp(batch, "hidden_states", (m, h), torch.float32, F)
-                   if ctx.hidden_buf is not None else None),
-    }
-    srcs = [("topk_p", ctx.topk_p_buf), ("topk_index", ctx.topk_index_buf),
-            ("bonus", ctx.output_tokens_buf), ("hidden", ctx.hidden_buf)]
-    srcs = [(n, b) for n, b in srcs if b is not None]
-    if ctx.cfg.gather.value == "unfused":
-        for name, src in srcs:
-            dst = out[name]
-            dev.launch(F, f"gather_{name}", lambda buf, fi: buf[clamp_index(fi, fp)],
-                       reads=[(src, rows), batch.fi], writes=[dst], cost_us=ctx.k_us,
-                       observe="gather_spec_extras")
-    else:
-        impl = ctx.cfg.gather.value
-        has_h = ctx.hidden_buf is not None
+    def _seq_lens_to_host(self, batch: Batch, rows: list[int]) -> list[int] | None:
+        """The CPU copy of the gathered seq_lens: from D, a blocking ``.cpu()`` on S, or none."""
+        ctx, device = self.ctx, self.ctx.device
+        if ctx.config.seq_lens_d2h == SeqLensD2H.NONE:
+            return None
+        if ctx.d2h_stream is not None and self.publish_recorded:
+            assert self.seq_lens_mirror is not None
+            device.wait_event(ctx.d2h_stream, self.publish_ready,
+                              SyncLabel.PUBLISH_READY_D2H_WAIT)
+            device.copy(ctx.d2h_stream, self.new_seq_lens_buf, self.seq_lens_mirror,
+                        non_blocking=True, cost_us=ctx.d2h_us, name="d2h_seq_lens")
+            device.synchronize(ctx.d2h_stream, SyncLabel.D2H_HOST_SYNC)
+            vals = device.host_read(self.seq_lens_mirror, rows, name="select_seq_lens")
+            return [int(v) for v in vals]
+        return self._cpu_on_schedule(batch)
 
-        def fused(fi, tp, ti, ot, *hs):
-            res = gather_spec_extras(clamp_index(fi, fp), tp, ti, ot, hs[0] if hs else None, impl)
-            return res if has_h else res[:3]
+    def _cpu_on_schedule(self, batch: Batch) -> list[int]:
+        """The blocking ``.cpu()`` of the gathered seq_lens on S (bootstrap, HIP, or by
+        choice)."""
+        ctx, device = self.ctx, self.ctx.device
+        assert batch.seq_lens is not None
+        pinned = device.buffer("seq_lens_cpu", (batch.m,), I64, pinned=True)
+        device.copy(ctx.schedule_stream, batch.seq_lens, pinned, non_blocking=False,
+                    cost_us=ctx.d2h_us, label=SyncLabel.SEQ_LENS_CPU_SYNC, name="seq_lens_cpu")
+        return [int(v) for v in device.host_read(pinned, None, name="read_seq_lens_cpu")]
 
-        reads = [batch.fi] + [(b, rows) for _, b in srcs]
-        writes = [out[n] for n, _ in srcs]
-        dev.launch(F, "gather_spec_extras", fused, reads=reads, writes=writes,
-                   cost_us=ctx.k_us, observe="gather_spec_extras")
-    bonus = out["bonus"]
-    assert bonus is not None
-    _poison(ctx, batch, bonus)
-    return out
+    # -- gather (step 4c) ----------------------------------------------------------------------
+    def gather(self, batch: Batch) -> dict[str, Buffer | None]:
+        """Spec-v2 ``resolve_forward_inputs``: ``fi.record_stream(F)``, then the spec-extras
+        gather on F.
 
-
-def gather_output_tokens(ctx: Ctx, batch: Batch, indices: Buffer | None = None) -> Buffer:
-    """Step 4c, non-spec decode: gather ``output_tokens_buf[req_pool_indices]`` on F.
-
-    A mixed batch passes its ``mix_running_indices`` as ``indices`` (their lifetime is the
-    caller's keep-alive); otherwise the batch's ``future_indices``, with ``record_stream(F)``.
-    """
-    dev, F = ctx.dev, ctx.F
-    if indices is None:
+        ``fused``/``triton`` is one launch, ``unfused`` four (§4). With ``debug_poison`` the
+        assert-and-invalidate launch follows (#26108).
+        """
+        ctx, device, forward, m = self.ctx, self.ctx.device, self.ctx.forward_stream, batch.m
         assert batch.fi is not None
-        indices = batch.fi
-        dev.record_stream(indices, F, L.FUTURE_INDICES_RECORD_STREAM)
-    _after_stash(ctx)
-    ids = ctx.tmp(batch, "input_ids", (batch.m,), I64, F)
-    fp = ctx.FP
-    dev.launch(F, "gather_output_tokens", lambda buf, fi: buf[clamp_index(fi, fp)],
-               reads=[(ctx.output_tokens_buf, list(batch.slots_in)), indices], writes=[ids],
-               cost_us=ctx.k_us, observe="gather_output_tokens")
-    _poison(ctx, batch, ids)
-    return ids
+        device.record_stream(batch.fi, forward, SyncLabel.FUTURE_INDICES_RECORD_STREAM)
+        self.before_gather()
+        self.ensure_spec_bufs(forward)
+        assert self.topk_p_buf is not None and self.topk_index_buf is not None
+        rows = list(batch.slots_in)
+        topk, hidden_size, slots = ctx.topk, ctx.config.hidden_size, self.slots
+        out: dict[str, Buffer | None] = {
+            "topk_p": ctx.tmp(batch, "topk_p", (m, topk), torch.float32, forward),
+            "topk_index": ctx.tmp(batch, "topk_index", (m, topk), I64, forward),
+            "bonus": ctx.tmp(batch, "bonus_tokens", (m,), I64, forward),
+            "hidden": (ctx.tmp(batch, "hidden_states", (m, hidden_size), torch.float32, forward)
+                       if self.hidden_states_buf is not None else None),
+        }
+        srcs = [("topk_p", self.topk_p_buf), ("topk_index", self.topk_index_buf),
+                ("bonus", self.output_tokens_buf), ("hidden", self.hidden_states_buf)]
+        srcs = [(n, b) for n, b in srcs if b is not None]
+        impl = ctx.config.gather.value
+        if impl == "unfused":
+            for name, src in srcs:
+                device.launch(forward, f"gather_{name}",
+                              lambda buf, fi: buf[clamp_index(fi, slots)],
+                              reads=[(src, rows), batch.fi], writes=[out[name]],
+                              cost_us=ctx.kernel_us, observe="gather_spec_extras")
+        else:
+            has_hidden = self.hidden_states_buf is not None
 
+            def fused(fi, tp, ti, ot, *hs):
+                res = gather_spec_extras(clamp_index(fi, slots), tp, ti, ot,
+                                         hs[0] if hs else None, impl)
+                return res if has_hidden else res[:3]
 
-def _poison(ctx: Ctx, batch: Batch, gathered: Buffer) -> None:
-    """CI's async assert (values >= 0) and invalidate (``buf[indices] = -1``), on F.
+            device.launch(forward, "gather_spec_extras", fused,
+                          reads=[batch.fi] + [(b, rows) for _, b in srcs],
+                          writes=[out[n] for n, _ in srcs],
+                          cost_us=ctx.kernel_us, observe="gather_spec_extras")
+        bonus = out["bonus"]
+        assert bonus is not None
+        self._assert_and_invalidate(batch, bonus)
+        return out
 
-    The assert does not crash the run: it sets a per-row flag that copy_to_cpu brings back and
-    result processing turns into a ``poison_assert`` :class:`DebugFailure`.
-    """
-    if not ctx.cfg.debug_poison:
-        return
-    m = batch.m
-    flags = ctx.tmp(batch, "assert_flags", (m,), I64, ctx.F)
-    batch.flags["assert_flags"] = flags  # device side; copy_to_cpu brings it back
+    def gather_output_tokens(self, batch: Batch, indices: Buffer | None = None) -> Buffer:
+        """Non-spec ``resolve_forward_inputs``: ``output_tokens_buf[req_pool_indices]`` on F.
 
-    def assert_invalidate(v):
-        return torch.full((m,), -1, dtype=I64, device=v.device), (v < 0).to(I64)
+        A mixed batch passes its ``mix_running_indices`` as ``indices`` (their lifetime is the
+        caller's keep-alive); otherwise the batch's ``future_indices``, with
+        ``record_stream(F)``.
+        """
+        ctx, device, forward = self.ctx, self.ctx.device, self.ctx.forward_stream
+        if indices is None:
+            assert batch.fi is not None
+            indices = batch.fi
+            device.record_stream(indices, forward, SyncLabel.FUTURE_INDICES_RECORD_STREAM)
+        self.before_gather()
+        ids = ctx.tmp(batch, "input_ids", (batch.m,), I64, forward)
+        slots = self.slots
+        device.launch(forward, "gather_output_tokens",
+                      lambda buf, fi: buf[clamp_index(fi, slots)],
+                      reads=[(self.output_tokens_buf, list(batch.slots_in)), indices],
+                      writes=[ids], cost_us=ctx.kernel_us, observe="gather_output_tokens")
+        self._assert_and_invalidate(batch, ids)
+        return ids
 
-    ctx.dev.launch(ctx.F, "assert_invalidate", assert_invalidate, reads=[gathered],
-                   writes=[(ctx.output_tokens_buf, list(batch.slots_in)), flags],
-                   cost_us=ctx.k_us, observe="assert_gathered")
+    def _assert_and_invalidate(self, batch: Batch, gathered: Buffer) -> None:
+        """CI's async assert (values >= 0) and invalidate (``buf[indices] = -1``), on F.
 
+        The assert does not crash the run: it sets a per-row flag that copy_to_cpu brings back
+        and result processing turns into a ``poison_assert`` :class:`DebugFailure`.
+        """
+        ctx = self.ctx
+        if not ctx.config.debug_poison:
+            return
+        m = batch.m
+        flags = ctx.tmp(batch, "assert_flags", (m,), I64, ctx.forward_stream)
+        batch.flags["assert_flags"] = flags  # device side; copy_to_cpu brings it back
 
-def publish(ctx: Ctx, batch: Batch, new_seq_lens: Buffer, stream=None) -> None:
-    """``on_publish``: scatter the new seq_lens into ``new_seq_lens_buf``, record publish_ready.
+        def assert_invalidate(v):
+            return torch.full((m,), -1, dtype=I64, device=v.device), (v < 0).to(I64)
 
-    Returns early for an empty batch (DP idle): no scatter and no record. Rows named by a
-    ``skip_publish`` event are left out (§9.21's mutation). Non-spec publishes too, unread and
-    with no event. Legacy ``verify_done``: the scatter stands for S's seq_lens being rebound
-    to the forward's output, and ``verify_done`` is recorded after it instead.
-    """
-    if batch.m == 0:
-        return
-    stream = stream or ctx.F
-    keep = [i for i, r in enumerate(batch.reqs) if r.id not in batch.skip_publish]
-    rows = [batch.slots_out[i] for i in keep]
-    ctx.dev.launch(stream, "publish", lambda v, fo: take_rows(v, keep),
-                   reads=[new_seq_lens, batch.fo], writes=[(ctx.new_seq_lens_buf, rows)],
-                   cost_us=ctx.k_us)
-    if ctx.legacy:  # before #25879: S's seq_lens are the forward's output, fenced by verify_done
-        ctx.dev.record(ctx.verify_done, stream)
-        ctx.verify_done_recorded = True
-    elif ctx.spec:
-        ctx.dev.record(ctx.publish_ready, stream)
-        ctx.publish_recorded = True
+        ctx.device.launch(ctx.forward_stream, "assert_invalidate", assert_invalidate,
+                          reads=[gathered],
+                          writes=[(self.output_tokens_buf, list(batch.slots_in)), flags],
+                          cost_us=ctx.kernel_us, observe="assert_gathered")
 
+    # -- publish and stash (steps 4f, 4h) ---------------------------------------------------------
+    def publish(self, batch: Batch, new_seq_lens: Buffer, stream: Stream | None = None) -> None:
+        """``on_publish``: scatter the new seq_lens into ``new_seq_lens_buf``, record
+        publish_ready.
 
-def stash(ctx: Ctx, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
-          topk_index: Buffer | None = None, hidden: Buffer | None = None) -> None:
-    """Scatter the bonus tokens (and top-k, hidden states) into their relay rows.
+        Returns early for an empty batch (DP idle): no scatter and no record. Non-spec
+        publishes too, unread and with no event. Legacy ``verify_done``: the scatter stands for
+        S's seq_lens being rebound to the forward's output, and ``verify_done`` is recorded
+        after it instead.
+        """
+        if batch.m == 0:
+            return
+        ctx = self.ctx
+        stream = stream or ctx.forward_stream
+        keep = self.publish_positions(batch)
+        rows = [batch.slots_out[i] for i in keep]
+        ctx.device.launch(stream, "publish", lambda v, fo: take_rows(v, keep),
+                          reads=[new_seq_lens, batch.fo], writes=[(self.new_seq_lens_buf, rows)],
+                          cost_us=ctx.kernel_us)
+        if ctx.legacy_verify_done:  # S's seq_lens are the forward's output, fenced by verify_done
+            ctx.device.record(self.verify_done, stream)
+            self.verify_done_recorded = True
+        elif ctx.is_spec:
+            ctx.device.record(self.publish_ready, stream)
+            self.publish_recorded = True
 
-    On F (FIFO before the next gather), or, with ``stash_stream = side``, on the side stream
-    after it waits on F, followed by a ``stash_done`` record that F waits on before its next
-    gather (label ``stash.fifo``; removed, §9.1's bug). The side stream's reads are covered
-    by ``record_stream`` so the pin ring may free them. Empty batches return early. Requests in
-    ``batch.skip_stash`` are left out (§9.18's missing seed); those in ``batch.double_stash``
-    are stashed a second time by a ``stash_replay`` launch (§9.17's WW).
-    """
-    if batch.m == 0:
-        return
-    stream = ctx.F
-    if ctx.side is not None:
-        ctx.dev.wait_stream(ctx.side, ctx.F)  # the data is ready
-        stream = ctx.side
-    srcs: list[tuple[Buffer, Buffer | None]] = [(tokens, ctx.output_tokens_buf)]
-    if topk_p is not None and topk_index is not None:
-        ctx.ensure_spec_bufs(stream)
-        srcs += [(topk_p, ctx.topk_p_buf), (topk_index, ctx.topk_index_buf)]
-        if hidden is not None and ctx.hidden_buf is not None:
-            srcs.append((hidden, ctx.hidden_buf))
-    keep = [i for i, r in enumerate(batch.reqs) if r.id not in batch.skip_stash]
-    _scatter(ctx, stream, batch, "stash", keep, srcs)
-    dup = [i for i in keep if batch.reqs[i].id in batch.double_stash]
-    _scatter(ctx, stream, batch, "stash_replay", dup, srcs)
-    if ctx.side is not None:
-        for src in [s for s, _ in srcs] + [batch.fo]:
-            if src is not None:
-                ctx.dev.record_stream(src, ctx.side)
-        ctx.dev.record(ctx.stash_done, ctx.side)
-        ctx.stash_recorded = True
+    def stash(self, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
+              topk_index: Buffer | None = None, hidden: Buffer | None = None) -> None:
+        """Scatter the bonus tokens (and top-k, hidden states) into their relay rows, on F:
+        FIFO before the next gather, so no event is needed. Empty batches return early."""
+        if batch.m == 0:
+            return
+        stream = self.stash_stream()
+        srcs: list[tuple[Buffer, Buffer | None]] = [(tokens, self.output_tokens_buf)]
+        if topk_p is not None and topk_index is not None:
+            self.ensure_spec_bufs(stream)
+            srcs += [(topk_p, self.topk_p_buf), (topk_index, self.topk_index_buf)]
+            if hidden is not None and self.hidden_states_buf is not None:
+                srcs.append((hidden, self.hidden_states_buf))
+        for name, positions in self.stash_launches(batch):
+            self._scatter(stream, batch, name, positions, srcs)
+        self.after_stash(stream, batch, [src for src, _ in srcs])
 
+    def ensure_spec_bufs(self, stream: Stream) -> None:
+        """Allocate the top-k and hidden relay buffers on first use (``torch.empty``)."""
+        if self.topk_p_buf is not None:
+            return
+        ctx, device = self.ctx, self.ctx.device
+        self.topk_p_buf = device.buffer("topk_p_buf", (self.slots, ctx.topk), torch.float32,
+                                        stream=stream)
+        self.topk_index_buf = device.buffer("topk_index_buf", (self.slots, ctx.topk), I64,
+                                            stream=stream)
+        if ctx.config.hidden_states:
+            self.hidden_states_buf = device.buffer(
+                "hidden_states_buf", (self.slots, ctx.config.hidden_size), torch.float32,
+                stream=stream)
 
-def _after_stash(ctx: Ctx) -> None:
-    """Before a gather on F: wait for the side stream's last stash (``stash.fifo``)."""
-    if ctx.side is not None and ctx.stash_recorded:
-        ctx.dev.wait_event(ctx.F, ctx.stash_done, L.STASH_ORDER)
+    def _scatter(self, stream: Stream, batch: Batch, name: str, positions: list[int],
+                 srcs: list[tuple[Buffer, Buffer | None]]) -> None:
+        """One stash launch: rows ``positions`` of each source into those requests' rows."""
+        if not positions:
+            return
+        rows = [batch.slots_out[i] for i in positions]
+        reads: list = [src for src, _ in srcs] + [batch.fo]
+        writes: list = [(dst, rows) for _, dst in srcs]
+        full = len(positions) == batch.m
 
+        def fn(*v):
+            vals = tuple(x if full else take_rows(x, positions) for x in v[:-1])
+            return vals if len(vals) > 1 else vals[0]
 
-def _scatter(ctx: Ctx, stream, batch: Batch, name: str, pos: list[int],
-             srcs: list[tuple[Buffer, Buffer | None]]) -> None:
-    """One stash launch: rows ``pos`` of each source into the relay rows of those requests."""
-    if not pos:
-        return
-    rows = [batch.slots_out[i] for i in pos]
-    reads: list = [src for src, _ in srcs] + [batch.fo]
-    writes: list = [(dst, rows) for _, dst in srcs]
-    full = len(pos) == batch.m
+        self.ctx.device.launch(stream, name, fn, reads=reads, writes=writes,
+                               cost_us=self.ctx.kernel_us)
 
-    def fn(*v):
-        vals = tuple(x if full else take_rows(x, pos) for x in v[:-1])
-        return vals if len(vals) > 1 else vals[0]
+    # -- decision points the mutation layer (faults.py) overrides -------------------------------
+    def publish_positions(self, batch: Batch) -> list[int]:
+        """Which of the batch's requests publish: all of them."""
+        return list(range(batch.m))
 
-    ctx.dev.launch(stream, name, fn, reads=reads, writes=writes, cost_us=ctx.k_us)
+    def stash_launches(self, batch: Batch) -> list[tuple[str, list[int]]]:
+        """The stash launches, as (op name, batch positions): one, of every request."""
+        return [("stash", list(range(batch.m)))]
 
+    def stash_stream(self) -> Stream:
+        """The stream the stash runs on: F."""
+        return self.ctx.forward_stream
 
-def copy_to_cpu(ctx: Ctx, batch: Batch, bufs: dict[str, Buffer]) -> None:
-    """Non-blocking D2H of the results into pinned memory on F, then a NEW copy_done event."""
-    dev = ctx.dev
-    batch.copy_done = dev.event("copy_done")
-    bufs = {**bufs, **batch.flags}
-    batch.flags = {}
-    for name, src in bufs.items():
-        dst = dev.buffer(f"{name}_cpu", src.shape, src.dtype, pinned=True)
-        dev.copy(ctx.F, src, dst, non_blocking=True, cost_us=ctx.d2h_us, name=f"d2h_{name}")
-        batch.results[name] = dst
-    dev.record(batch.copy_done, ctx.F)
+    def after_stash(self, stream: Stream, batch: Batch, sources: list[Buffer]) -> None:
+        """After the stash launches: nothing (F's FIFO orders them before the next gather)."""
 
+    def before_gather(self) -> None:
+        """Before a gather on F: nothing (the stash ran earlier on F)."""
 
-def check_ring(ctx: Ctx, batch: Batch) -> None:
-    """Ring layout only: a harness check that each gathered slot still belongs to its reader."""
-    if not ctx.ring:
-        return
-    for r, s in zip(batch.reqs, batch.slots_in, strict=True):
-        owner = ctx.ring_owner.get(s)
-        if owner != r.id:
-            ctx.outcome.debug_failures.append(DebugFailure(
-                batch.iteration, r.id, "ring_alias",
-                f"FutureMap ring slot {s} was reallocated to {owner!r} before {r.id!r} read it"))
+    def on_forward_entry(self, batch: Batch) -> None:
+        """F has entered the forward of ``batch`` (after its wait on S): nothing to relay."""
+
+    def on_loop_end(self) -> None:
+        """The loop has run its last iteration: nothing left to relay."""

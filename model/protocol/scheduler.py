@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from model.config import EventKind, WarBarrier, Workload
+from model.config import EventKind, Workload
 from model.device import SyncLabel
 from model.errors import HarnessError
-from model.protocol import future_map as fm
-from model.protocol.context import Ctx
+from model.protocol.context import RunContext
 from model.protocol.outcome import DebugFailure
-from model.protocol.run_batch import delayed_sample, run_batch
+from model.protocol.run_batch import BatchRunner
 from model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
 
-L = SyncLabel
 I64 = torch.int64
 DEBUG_FLAGS = (  # (result key, DebugFailure.check, detail) of the async device asserts
     ("assert_flags", "poison_assert", "gather saw -1 (never stashed)"),
@@ -31,65 +29,56 @@ DEBUG_FLAGS = (  # (result key, DebugFailure.check, detail) of the async device 
 class Scheduler:
     """Host-side scheduler state and the per-iteration steps; see the module docstring."""
 
-    def __init__(self, ctx: Ctx, workload: Workload) -> None:
+    def __init__(self, ctx: RunContext, workload: Workload, runner: BatchRunner) -> None:
         self.ctx = ctx
-        self.w = workload
-        self.rows = FreeList(1, ctx.P, "rows")
-        self.slots = FreeList(1, ctx.NS, "KV slots", fifo=True)
+        self.workload = workload
+        self.runner = runner
+        self.future_map = runner.future_map
+        self.barrier = runner.barrier
+        self.rows = FreeList(1, ctx.pool_size, "rows")
+        self.slots = FreeList(1, ctx.kv_slots, "KV slots", fifo=True)
         self.reqs = [Req(r, request_seed(r.id)) for r in workload.requests]
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.prefilling: list[Req] = []  # admitted, chunks left
         self.last_prefill: list[Req] = []  # to merge at the next get_next_batch
         self.results: list[Batch] = []
-        self.replayed: set[str] = set()  # double-stashed: their next stash already happened
         for r in self.reqs:
             ctx.outcome.request(r.id)
 
     # -- the loop -------------------------------------------------------------------------
     def iteration(self, n: int) -> None:
         """One pass of the overlap loop."""
-        ctx, dev = self.ctx, self.ctx.dev
-        dev.set_iteration(n)
+        ctx, device = self.ctx, self.ctx.device
+        schedule, forward = ctx.schedule_stream, ctx.forward_stream
+        device.set_iteration(n)
         self.waiting += [r for r in self.reqs if r.spec.arrive == n]
-        if ctx.barrier in (WarBarrier.LOOP_TOP, WarBarrier.READ_DONE):
-            self.war_barrier()
+        self.barrier.at_loop_top(device, schedule, forward)
         batch = self.get_next_batch(n)
-        run_batch(ctx, batch)
-        if ctx.barrier == WarBarrier.AFTER_LAUNCH:
-            dev.wait_stream(ctx.S, ctx.F, L.WAR_BARRIER)
+        self.runner.run(batch)
+        self.barrier.after_launch(device, schedule, forward)
         self.results.append(batch)
         if len(self.results) > 1:
             self.pop_and_process(self.results.pop(0))
-        if ctx.cfg.delayed_sampling and batch.kind == "decode" and not ctx.spec:
-            delayed_sample(ctx, batch)
+        if ctx.config.delayed_sampling and batch.kind == "decode" and not ctx.is_spec:
+            self.runner.delayed_sample(batch)
 
     def drain(self, n: int) -> None:
         """After the last iteration: process the results still queued."""
-        self.ctx.dev.set_iteration(n)
-        if self.ctx.pending_stash is not None:
-            self.ctx.pending_stash()
-            self.ctx.pending_stash = None
+        self.ctx.device.set_iteration(n)
+        self.future_map.on_loop_end()
         while self.results:
             self.pop_and_process(self.results.pop(0))
-
-    def war_barrier(self) -> None:
-        """S waits on F: on the one-shot read_done event if one was recorded, else all of F."""
-        ctx = self.ctx
-        if ctx.barrier == WarBarrier.READ_DONE and ctx.read_done is not None:
-            ctx.dev.wait_event(ctx.S, ctx.read_done, L.WAR_BARRIER)
-            ctx.read_done = None
-        else:
-            ctx.dev.wait_stream(ctx.S, ctx.F, L.WAR_BARRIER)
 
     # -- get_next_batch_to_run ------------------------------------------------------------
     def get_next_batch(self, n: int) -> Batch:
         """Step 3: merge, filter, retract, then a prefill batch or the decode batch."""
-        ctx, dev = self.ctx, self.ctx.dev
-        dev.host_work("schedule_prep", ctx.t.schedule_prep)
-        events = [e for e in self.w.events if e.at == n]
-        if ctx.legacy and ctx.verify_done_recorded:
-            dev.wait_event(ctx.S, ctx.verify_done, L.VERIFY_DONE_SCHEDULE_WAIT)
+        ctx, device, fmap = self.ctx, self.ctx.device, self.future_map
+        device.host_work("schedule_prep", ctx.timing.schedule_prep)
+        events = [e for e in self.workload.events if e.at == n]
+        if ctx.legacy_verify_done and fmap.verify_done_recorded:
+            device.wait_event(ctx.schedule_stream, fmap.verify_done,
+                              SyncLabel.VERIFY_DONE_SCHEDULE_WAIT)
         self.running += self.last_prefill
         self.last_prefill = []
         self.running = [r for r in self.running if not r.finished]
@@ -106,49 +95,31 @@ class Scheduler:
         if batch is None:
             batch = self.prepare_for_decode(n)
         elif EventKind.MIXED_CHUNK in kinds and self.running:
-            return self.mix_with_running(batch, events)
-        self._relay_events(batch, events)
+            return self.mix_with_running(batch)
         return batch
 
-    def mix_with_running(self, pre: Batch, events: list) -> Batch:
+    def mix_with_running(self, pre: Batch) -> Batch:
         """A mixed batch (§9.16): the prefill chunk plus the running decodes, non-spec only.
 
         S builds ``mix_running_indices`` (the decode part's rows) for F's gather of their
         input ids; ``run_batch`` keeps it alive until then (or not: the #34076 mutation).
         """
         ctx = self.ctx
-        if ctx.spec:
+        if ctx.is_spec:
             raise HarnessError(
                 f"workload event mixed_chunk at iteration {pre.iteration}: mixed batches need "
                 'protocol.mode = "non_spec" (spec-v2 does not mix prefill and decode, §7)')
         dec = self.prepare_for_decode(pre.iteration)
-        for part in (pre, dec):
-            self._relay_events(part, events)
-        mix = ctx.dev.buffer("mix_running_indices", (dec.m,), I64, stream=ctx.S)
+        mix = ctx.device.buffer("mix_running_indices", (dec.m,), I64, stream=ctx.schedule_stream)
         rows = torch.tensor(dec.rows, dtype=I64)
-        ctx.dev.launch(ctx.S, "mix_running_indices", lambda: rows, writes=[mix],
-                       cost_us=ctx.k_us)
+        ctx.device.launch(ctx.schedule_stream, "mix_running_indices", lambda: rows, writes=[mix],
+                          cost_us=ctx.kernel_us)
         return Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec), mix_idx=mix)
-
-    def _relay_events(self, batch: Batch, events: list) -> None:
-        """Apply the relay-bug events of this iteration to ``batch`` (§9.17, §9.18, §9.21).
-
-        ``double_stash``: the request's row is stashed twice (a replayed result); the host counts
-        the replay as the request's next stash, so its stash in the next batch is dropped and
-        the slot sees W W R R. ``skip_seed``: the request's stash (its prefill's seed of the
-        first decode) is not written, so the next gather reads a never-stashed slot.
-        """
-        ids = set(batch.ids)
-        of = lambda kind: {e.id for e in events if e.kind == kind}  # noqa: E731
-        batch.skip_publish = of(EventKind.SKIP_PUBLISH)
-        batch.double_stash = of(EventKind.DOUBLE_STASH) & ids
-        batch.skip_stash = (of(EventKind.SKIP_SEED) | self.replayed) & ids
-        self.replayed = (self.replayed - batch.skip_stash) | batch.double_stash
 
     def _late_finishes(self) -> set[str]:
         """Requests a ``finish_late`` event finishes while this iteration processes results."""
-        n = self.ctx.dev.iteration
-        return {e.id for e in self.w.events if e.kind == EventKind.FINISH_LATE and e.at == n}
+        n = self.ctx.device.iteration
+        return {e.id for e in self.workload.events if e.kind == EventKind.FINISH_LATE and e.at == n}
 
     def _req(self, rid: str) -> Req:
         return next((r for r in self.reqs if r.id == rid), Req(self.reqs[0].spec, 0))
@@ -167,16 +138,16 @@ class Scheduler:
         ctx = self.ctx
         if r.row is None:
             return
-        sel = rows_cols([r.row], [(0, r.alloc)], ctx.C)
+        sel = rows_cols([r.row], [(0, r.alloc)], ctx.max_context)
         if ctx.swa_map is not None:
             slots = list(r.slots)
-            ctx.dev.launch(ctx.S, op,
-                           lambda r2t: torch.zeros(len(slots), dtype=I64, device=r2t.device),
-                           reads=[(ctx.req_to_token, sel)], writes=[(ctx.swa_map, slots)],
-                           cost_us=ctx.k_us)
+            ctx.device.launch(ctx.schedule_stream, op,
+                              lambda r2t: torch.zeros(len(slots), dtype=I64, device=r2t.device),
+                              reads=[(ctx.req_to_token, sel)], writes=[(ctx.swa_map, slots)],
+                              cost_us=ctx.kernel_us)
         else:
-            ctx.dev.launch(ctx.S, op, lambda r2t: None, reads=[(ctx.req_to_token, sel)],
-                           cost_us=ctx.k_us)
+            ctx.device.launch(ctx.schedule_stream, op, lambda r2t: None,
+                              reads=[(ctx.req_to_token, sel)], cost_us=ctx.kernel_us)
         self.slots.free(r.slots)
         self.rows.free([r.row])
         r.row, r.slots, r.swa_evicted = None, [], 0
@@ -188,14 +159,14 @@ class Scheduler:
             return
         slots = r.slots_at(lo, hi)
         zeros = torch.zeros(len(slots), dtype=I64)  # host constant, staged by the device
-        ctx.dev.launch(ctx.S, op, lambda: zeros,
-                       writes=[(ctx.swa_map, slots)], cost_us=ctx.k_us)
+        ctx.device.launch(ctx.schedule_stream, op, lambda: zeros,
+                          writes=[(ctx.swa_map, slots)], cost_us=ctx.kernel_us)
         r.swa_evicted = max(r.swa_evicted, hi)
 
     def grow(self, r: Req, new_alloc: int) -> tuple[int, int]:
         """Host slot alloc up to ``new_alloc`` columns; returns the new columns [cur, nxt)."""
         cur = r.alloc
-        nxt = min(max(cur, new_alloc), self.ctx.C)
+        nxt = min(max(cur, new_alloc), self.ctx.max_context)
         if nxt > cur:
             r.slots += self.slots.alloc(nxt - cur)
         return cur, nxt
@@ -206,15 +177,17 @@ class Scheduler:
         vals = [s for r, (a, b) in zip(reqs, ranges, strict=True) for s in r.slots[a:b]]
         if not vals:
             return
-        sel = rows_cols([r.row or 0 for r in reqs], ranges, ctx.C)
+        sel = rows_cols([r.row or 0 for r in reqs], ranges, ctx.max_context)
         v = torch.tensor(vals, dtype=I64)
         writes: list = [(ctx.req_to_token, sel)]
         if ctx.swa_map is not None:
             writes.append((ctx.swa_map, vals))
-            sw = torch.remainder(v * 7 + 1, ctx.NS) + 1
-            ctx.dev.launch(ctx.S, op, lambda: (v, sw), writes=writes, cost_us=ctx.k_us)
+            sw = torch.remainder(v * 7 + 1, ctx.kv_slots) + 1
+            ctx.device.launch(ctx.schedule_stream, op, lambda: (v, sw), writes=writes,
+                              cost_us=ctx.kernel_us)
         else:
-            ctx.dev.launch(ctx.S, op, lambda: v, writes=writes, cost_us=ctx.k_us)
+            ctx.device.launch(ctx.schedule_stream, op, lambda: v, writes=writes,
+                              cost_us=ctx.kernel_us)
 
     def new_prefill(self, n: int) -> Batch | None:
         """Admit waiting requests (and continue chunked ones) into a prefill batch."""
@@ -243,16 +216,16 @@ class Scheduler:
             batch.last_chunk.append(e >= r.target_len)
             ranges.append(self.grow(r, e + ctx.alloc_len))
         self.write_alloc(todo, ranges, "prefill_alloc")
-        fm.build_indices(ctx, batch, "build_future_indices")
+        self.future_map.build_indices(batch, "build_future_indices")
         toks = [t for r, s, e in zip(todo, batch.chunk_starts, batch.chunk_ends, strict=True)
                 for t in r.input_tokens()[s:e]]
-        staged = ctx.dev.buffer("prefill_ids_pinned", (len(toks),), I64, pinned=True)
-        ctx.dev.host_write(staged, None, torch.tensor(toks, dtype=I64), name="stage_input_ids")
+        staged = ctx.device.buffer("prefill_ids_pinned", (len(toks),), I64, pinned=True)
+        ctx.device.host_write(staged, None, torch.tensor(toks, dtype=I64), name="stage_input_ids")
         batch.results["staged_ids"] = staged
         lens = torch.tensor(batch.chunk_ends, dtype=I64)
-        batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.S)
-        ctx.dev.launch(ctx.S, "build_seq_lens", lambda: lens, writes=[batch.seq_lens],
-                       cost_us=ctx.k_us)
+        batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.schedule_stream)
+        ctx.device.launch(ctx.schedule_stream, "build_seq_lens", lambda: lens,
+                          writes=[batch.seq_lens], cost_us=ctx.kernel_us)
         for r, e, last in zip(todo, batch.chunk_ends, batch.last_chunk, strict=True):
             r.prefilled, r.chunk = e, r.chunk + 1
             if last:
@@ -270,19 +243,20 @@ class Scheduler:
         for r in reqs:
             if ctx.swa_map is not None:
                 self.clear_swa(r, r.swa_evicted, r.kv_committed - ctx.swa_window, "swa_evict")
-            if ctx.spec:
-                ranges.append(self.grow(r, r.kv_committed + ctx.cfg.alloc_factor * ctx.alloc_len))
+            if ctx.is_spec:
+                over = ctx.config.alloc_factor * ctx.alloc_len  # 2x at REF (§7 over-allocation)
+                ranges.append(self.grow(r, r.kv_committed + over))
             else:
                 ranges.append(self.grow(r, r.kv_committed + 1))
         self.write_alloc(reqs, ranges, "prepare_for_decode")
         if reqs:
-            fm.build_indices(ctx, batch, "merge_filter_indices")
-        if not ctx.spec:  # non-spec: a NEW seq_lens tensor from the host's lengths
+            self.future_map.build_indices(batch, "merge_filter_indices")
+        if not ctx.is_spec:  # non-spec: a NEW seq_lens tensor from the host's lengths
             batch.host_lens = [r.kv_committed for r in reqs]
             lens = torch.tensor(batch.host_lens, dtype=I64)
-            batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.S)
-            ctx.dev.launch(ctx.S, "build_seq_lens", lambda: lens, writes=[batch.seq_lens],
-                           cost_us=ctx.k_us)
+            batch.seq_lens = ctx.tmp(batch, "seq_lens", (batch.m,), I64, ctx.schedule_stream)
+            ctx.device.launch(ctx.schedule_stream, "build_seq_lens", lambda: lens,
+                              writes=[batch.seq_lens], cost_us=ctx.kernel_us)
             for r in reqs:
                 r.kv_committed += 1  # the host knows non-spec lengths exactly
         return batch
@@ -298,15 +272,15 @@ class Scheduler:
         finished here (a stop condition, not ``max_new``), after the batch that still holds it
         was launched.
         """
-        ctx, dev = self.ctx, self.ctx.dev
+        ctx, device = self.ctx, self.ctx.device
         if batch.parts:  # mixed: each part has its results and copy_done
             for part in batch.parts:
                 self.pop_and_process(part)
             return
         assert batch.copy_done is not None
-        dev.synchronize(batch.copy_done, L.COPY_DONE_HOST_SYNC)
-        dev.host_work("process_results", ctx.t.process_results)
-        vals = {k: dev.host_read(b, None, name=f"read_{k}") for k, b in batch.results.items()}
+        device.synchronize(batch.copy_done, SyncLabel.COPY_DONE_HOST_SYNC)
+        device.host_work("process_results", ctx.timing.process_results)
+        vals = {k: device.host_read(b, None, name=f"read_{k}") for k, b in batch.results.items()}
         for i, r in enumerate(batch.reqs):
             out = ctx.outcome.request(r.id)
             for flag, check, what in DEBUG_FLAGS:
@@ -318,7 +292,7 @@ class Scheduler:
                 continue
             if batch.kind == "prefill" and not batch.last_chunk[i]:
                 continue  # intermediate chunk
-            if batch.kind == "decode" and ctx.spec:
+            if batch.kind == "decode" and ctx.is_spec:
                 a = int(vals["accept_lens"][i])
                 new = [int(t) for t in vals["out_tokens"][i, :a]]
                 out.accept_lens[batch.iteration] = a
@@ -333,5 +307,5 @@ class Scheduler:
                 out.finished_at = batch.iteration
                 self.release(r, "release_kv")
         for b in batch.results.values():
-            dev.free(b)
+            device.free(b)
         batch.results = {}

@@ -124,9 +124,6 @@ class Batch:
     results: dict[str, Buffer] = field(default_factory=dict)  # pinned D2H targets
     flags: dict[str, Buffer] = field(default_factory=dict)  # debug-check flags (device side)
     copy_done: Event | None = None
-    skip_publish: set[str] = field(default_factory=set)
-    double_stash: set[str] = field(default_factory=set)  # stashed twice (§9.17)
-    skip_stash: set[str] = field(default_factory=set)  # not stashed (§9.18; replayed early)
     grammar_mask: Buffer | None = None
     logits: Buffer | None = None
     rows: list[int] = field(default_factory=list)  # request-pool rows, fixed at creation

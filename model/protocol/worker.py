@@ -18,29 +18,29 @@ import torch
 
 from model.device import Buffer
 from model.protocol import synth
-from model.protocol.context import Ctx
+from model.protocol.context import RunContext
 from model.protocol.state import Batch, Req, rows_cols
 from model.protocol.synth import clamp_index
 
 I64 = torch.int64
 
 
-def windows(ctx: Ctx, batch: Batch, width: int) -> list[tuple[int, int]]:
+def windows(ctx: RunContext, batch: Batch, width: int) -> list[tuple[int, int]]:
     """Per request, positions ``[lo, hi)`` a read or write of ``width`` from seq_len may touch."""
     if batch.exact_lens:
         return [(n, n + width) for n in batch.host_lens]
-    return [(n, n + ctx.N + width) for n in batch.host_lens]
+    return [(n, n + ctx.num_draft_tokens + width) for n in batch.host_lens]
 
 
-def ctx_hi(ctx: Ctx, batch: Batch) -> list[int]:
+def ctx_hi(ctx: RunContext, batch: Batch) -> list[int]:
     """Per request, the end of the context positions attention may read."""
-    return [n if batch.exact_lens else n + ctx.N for n in batch.host_lens]
+    return [n if batch.exact_lens else n + ctx.num_draft_tokens for n in batch.host_lens]
 
 
-def _ctx_reads(ctx: Ctx, batch: Batch, his: list[int]) -> list:
+def _ctx_reads(ctx: RunContext, batch: Batch, his: list[int]) -> list:
     """Attention's reads: req_to_token[row, :L], the KV in those slots, the SWA window."""
     rows = batch.rows
-    reads: list = [(ctx.req_to_token, rows_cols(rows, [(0, h) for h in his], ctx.C))]
+    reads: list = [(ctx.req_to_token, rows_cols(rows, [(0, h) for h in his], ctx.max_context))]
     slots = [s for r, h in zip(batch.reqs, his, strict=True) for s in r.slots_at(0, h)]
     reads.append((ctx.kv_cache, slots))
     if ctx.swa_map is not None:
@@ -61,12 +61,12 @@ def _positions(wins: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     return pos, own
 
 
-def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
+def prefill_forward(ctx: RunContext, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
     """Target prefill of each request's chunk ``[start, end)``: KV writes and the next token."""
-    dev, F, m = ctx.dev, ctx.F, batch.m
+    device, forward, m = ctx.device, ctx.forward_stream, batch.m
     starts, ends, rows = batch.chunk_starts, batch.chunk_ends, batch.rows
-    nxt = ctx.tmp(batch, "next_token_ids", (m,), I64, F)
-    nsl = ctx.tmp(batch, "new_seq_lens", (m,), I64, F)
+    nxt = ctx.tmp(batch, "next_token_ids", (m,), I64, forward)
+    nsl = ctx.tmp(batch, "new_seq_lens", (m,), I64, forward)
     wins = list(zip(starts, ends, strict=True))
     wslots = _write_slots(batch.reqs, wins)
     reads = [ids, *_ctx_reads(ctx, batch, ends), (ctx.kv_cache, wslots)]
@@ -74,7 +74,7 @@ def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
 
     pos, own = _positions(wins)
     lasts = [sum(e - s for s, e in wins[:i + 1]) - 1 for i in range(m)]
-    cols, ns = ctx.C, ctx.NS
+    cols, ns = ctx.max_context, ctx.kv_slots
 
     def fn(ids_v, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
@@ -89,27 +89,28 @@ def prefill_forward(ctx: Ctx, batch: Batch, ids: Buffer) -> dict[str, Buffer]:
         last = ids_v[synth.ints(lasts, dv)]
         return vals, synth.next_token(last, lens, c), lens
 
-    dev.launch(F, "prefill_forward", fn, reads=reads,
-               writes=[(ctx.kv_cache, wslots), nxt, nsl],
-               cost_us=ctx.draft_us + ctx.verify_us, observe="prefill_forward")
+    device.launch(forward, "prefill_forward", fn, reads=reads,
+                  writes=[(ctx.kv_cache, wslots), nxt, nsl],
+                  cost_us=ctx.draft_us + ctx.verify_us, observe="prefill_forward")
     return {"next_tokens": nxt, "new_seq_lens": nsl}
 
 
-def draft_prefill(ctx: Ctx, batch: Batch, res: dict[str, Buffer]) -> dict[str, Buffer]:
+def draft_prefill(ctx: RunContext, batch: Batch, res: dict[str, Buffer]) -> dict[str, Buffer]:
     """The draft model's prefill: first top-k and hidden states (real probabilities)."""
     return _extend(ctx, batch, res, "draft_prefill", ones=False)
 
 
 def _extend(
-    ctx: Ctx, batch: Batch, res: dict[str, Buffer], name: str, ones: bool
+    ctx: RunContext, batch: Batch, res: dict[str, Buffer], name: str, ones: bool
 ) -> dict[str, Buffer]:
-    dev, F, m, k, h = ctx.dev, ctx.F, batch.m, ctx.k, ctx.cfg.hidden_size
-    tp = ctx.tmp(batch, "next_topk_p", (m, k), torch.float32, F)
-    ti = ctx.tmp(batch, "next_topk_index", (m, k), I64, F)
+    device, forward, m = ctx.device, ctx.forward_stream, batch.m
+    k, h = ctx.topk, ctx.config.hidden_size
+    tp = ctx.tmp(batch, "next_topk_p", (m, k), torch.float32, forward)
+    ti = ctx.tmp(batch, "next_topk_index", (m, k), I64, forward)
     writes = [tp, ti]
     hid = None
-    if ctx.cfg.hidden_states:
-        hid = ctx.tmp(batch, "next_hidden", (m, h), torch.float32, F)
+    if ctx.config.hidden_states:
+        hid = ctx.tmp(batch, "next_hidden", (m, h), torch.float32, forward)
         writes.append(hid)
 
     def fn(tok, lens):
@@ -118,8 +119,8 @@ def _extend(
             return p, ids
         return p, ids, synth.next_hidden(tok, lens, h)
 
-    dev.launch(F, name, fn, reads=[res["next_tokens"], res["new_seq_lens"]], writes=writes,
-               cost_us=ctx.extend_us)
+    device.launch(forward, name, fn, reads=[res["next_tokens"], res["new_seq_lens"]], writes=writes,
+                  cost_us=ctx.extend_us)
     out = dict(res)
     out.update(next_topk_p=tp, next_topk_index=ti)
     if hid is not None:
@@ -127,19 +128,24 @@ def _extend(
     return out
 
 
-def spec_draft_verify(ctx: Ctx, batch: Batch, x: dict[str, Buffer | None],
-                      plan: Buffer | None) -> dict[str, Buffer]:
-    """Draft (out_cache_loc from req_to_token, multi-step draft, tree) and verify on F."""
-    dev, F, m, N, ts = ctx.dev, ctx.F, batch.m, ctx.N, ctx.ts
+def spec_draft(ctx: RunContext, batch: Batch,
+               x: dict[str, Buffer | None]) -> tuple[Buffer, Buffer]:
+    """The draft on F: ``out_cache_loc`` from ``req_to_token``, the multi-step draft and its
+    tree; then verify's ``out_cache_loc``. The two copies out of ``req_to_token`` stand for a
+    graph runner's ``replay_prepare`` metadata reads. Returns (draft tokens, verify's
+    ``out_cache_loc``)."""
+    device, forward, m = ctx.device, ctx.forward_stream, batch.m
+    N, ts = ctx.num_draft_tokens, ctx.draft_kv_width
     rows, sl = batch.rows, batch.seq_lens
     assert sl is not None
-    docl = ctx.tmp(batch, "draft_out_cache_loc", (m, ts), I64, F)
-    dev.launch(F, "draft_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, ts),
-               reads=[sl, (ctx.req_to_token, rows_cols(rows, windows(ctx, batch, ts), ctx.C))],
-               writes=[docl], cost_us=ctx.k_us, observe="draft_out_cache_loc")
-    drafts = ctx.tmp(batch, "draft_tokens", (m, N - 1), I64, F)
+    docl = ctx.tmp(batch, "draft_out_cache_loc", (m, ts), I64, forward)
+    device.launch(forward, "draft_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, ts),
+                  reads=[sl, (ctx.req_to_token,
+                              rows_cols(rows, windows(ctx, batch, ts), ctx.max_context))],
+                  writes=[docl], cost_us=ctx.kernel_us, observe="draft_out_cache_loc")
+    drafts = ctx.tmp(batch, "draft_tokens", (m, N - 1), I64, forward)
     has_h = x.get("hidden") is not None
-    steps = ctx.cfg.num_steps
+    steps = ctx.config.num_steps
 
     def draft(bonus, tp, ti, s, ocl, *hs):
         sc, tk, par = synth.draft_steps(bonus, tp, ti, hs[0] if hs else None, s, ocl, steps)
@@ -147,20 +153,24 @@ def spec_draft_verify(ctx: Ctx, batch: Batch, x: dict[str, Buffer | None],
 
     dreads = [x["bonus"], x["topk_p"], x["topk_index"], sl, docl]
     dreads += [x["hidden"]] if has_h else []
-    dev.launch(F, "draft", draft, reads=dreads, writes=[drafts], cost_us=ctx.draft_us)
-    vocl = ctx.tmp(batch, "out_cache_loc", (m, N), I64, F)
-    dev.launch(F, "verify_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, N),
-               reads=[sl, (ctx.req_to_token, rows_cols(rows, windows(ctx, batch, N), ctx.C))],
-               writes=[vocl], cost_us=ctx.k_us, observe="verify_out_cache_loc")
-    return _verify(ctx, batch, x["bonus"], drafts, vocl, plan)
+    device.launch(forward, "draft", draft, reads=dreads, writes=[drafts], cost_us=ctx.draft_us)
+    vocl = ctx.tmp(batch, "out_cache_loc", (m, N), I64, forward)
+    device.launch(forward, "verify_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, N),
+                  reads=[sl, (ctx.req_to_token,
+                              rows_cols(rows, windows(ctx, batch, N), ctx.max_context))],
+                  writes=[vocl], cost_us=ctx.kernel_us, observe="verify_out_cache_loc")
+    return drafts, vocl
 
 
-def _verify(ctx: Ctx, batch: Batch, bonus, drafts, vocl, plan) -> dict[str, Buffer]:
-    dev, F, m, N = ctx.dev, ctx.F, batch.m, ctx.N
+def spec_verify(ctx: RunContext, batch: Batch, bonus: Buffer | None, drafts: Buffer,
+                vocl: Buffer, plan: Buffer | None) -> dict[str, Buffer]:
+    """Verify on F: the target forward over bonus + drafts, its KV writes, accept lengths,
+    the next bonus token and the new seq_lens."""
+    device, forward, m, N = ctx.device, ctx.forward_stream, batch.m, ctx.num_draft_tokens
     rows, sl = batch.rows, batch.seq_lens
     names = ("next_tokens", "accept_lens", "new_seq_lens")
-    res = {n: ctx.tmp(batch, n, (m,), I64, F) for n in names}
-    out_tok = ctx.tmp(batch, "out_tokens", (m, N), I64, F)
+    res = {n: ctx.tmp(batch, n, (m,), I64, forward) for n in names}
+    out_tok = ctx.tmp(batch, "out_tokens", (m, N), I64, forward)
     wins = windows(ctx, batch, N)
     wslots = _write_slots(batch.reqs, wins)
     reads = [bonus, drafts, sl, vocl, *_ctx_reads(ctx, batch, ctx_hi(ctx, batch)),
@@ -191,36 +201,36 @@ def _verify(ctx: Ctx, batch: Batch, bonus, drafts, vocl, plan) -> dict[str, Buff
         outs = torch.where(j < acc, drafts, torch.where(j == acc, nb[:, None], -1))
         return kvw, nb, a, n0 + a, outs
 
-    dev.launch(F, "verify", fn, reads=reads,
-               writes=[(ctx.kv_cache, wslots), res["next_tokens"], res["accept_lens"],
+    device.launch(forward, "verify", fn, reads=reads,
+                  writes=[(ctx.kv_cache, wslots), res["next_tokens"], res["accept_lens"],
                        res["new_seq_lens"], out_tok],
-               cost_us=ctx.verify_us, observe="verify")
+                  cost_us=ctx.verify_us, observe="verify")
     res["out_tokens"] = out_tok
     return res
 
 
-def draft_extend(ctx: Ctx, batch: Batch, res: dict[str, Buffer]) -> dict[str, Buffer]:
+def draft_extend(ctx: RunContext, batch: Batch, res: dict[str, Buffer]) -> dict[str, Buffer]:
     """draft_extend_for_decode on F: next top-k and hidden states from verify's outputs."""
     return _extend(ctx, batch, res, "draft_extend", ones=True)
 
 
-def decode_forward(ctx: Ctx, batch: Batch, ids: Buffer, delayed: bool) -> dict[str, Buffer]:
+def decode_forward(ctx: RunContext, batch: Batch, ids: Buffer, delayed: bool) -> dict[str, Buffer]:
     """Non-spec decode: one token per request at position L (slot req_to_token[row, L]).
 
     With delayed sampling it writes logits only; sampling happens later (step 7).
     """
-    dev, F, m, rows = ctx.dev, ctx.F, batch.m, batch.rows
+    device, forward, m, rows = ctx.device, ctx.forward_stream, batch.m, batch.rows
     sl = batch.seq_lens
     assert sl is not None
-    out = ctx.tmp(batch, "logits" if delayed else "next_token_ids", (m,), I64, F)
-    nsl = ctx.tmp(batch, "new_seq_lens", (m,), I64, F)
+    out = ctx.tmp(batch, "logits" if delayed else "next_token_ids", (m,), I64, forward)
+    nsl = ctx.tmp(batch, "new_seq_lens", (m,), I64, forward)
     wins = [(n, n + 1) for n in batch.host_lens]
     wslots = _write_slots(batch.reqs, wins)
     his = [n + 1 for n in batch.host_lens]
     swa, w = ctx.swa_map is not None, ctx.swa_window
 
     pos, own = _positions(wins)
-    ns = ctx.NS
+    ns = ctx.kv_slots
 
     def fn(tok, s, r2t, kv, *rest):
         swa_v = rest[0] if swa else None
@@ -235,7 +245,7 @@ def decode_forward(ctx: Ctx, batch: Batch, ids: Buffer, delayed: bool) -> dict[s
         return kvw, synth.next_token(tok, n0 + 1, c), s + 1
 
     reads = [ids, sl, *_ctx_reads(ctx, batch, his)]
-    dev.launch(F, "decode_forward", fn, reads=reads,
-               writes=[(ctx.kv_cache, wslots), out, nsl],
-               cost_us=ctx.draft_us + ctx.verify_us + ctx.extend_us, observe="decode_forward")
+    device.launch(forward, "decode_forward", fn, reads=reads,
+                  writes=[(ctx.kv_cache, wslots), out, nsl],
+                  cost_us=ctx.draft_us + ctx.verify_us + ctx.extend_us, observe="decode_forward")
     return {"logits" if delayed else "next_tokens": out, "new_seq_lens": nsl}

@@ -1,0 +1,98 @@
+"""WAR-barrier placements: where the schedule stream S is fenced behind the forward stream F.
+
+S writes shared buffers for batch n (``req_to_token``, the SWA mapping) while forward n-1 may
+still read them (PROTOCOL.md §2, "The WAR hazard"). SGLang has placed the fence in several
+points of the loop over its history; each placement here is one class, and each point of the
+loop where a barrier may go is one method of :class:`BarrierPlacement`, called by the loop at
+that point (the scheduler and the batch runner):
+
+- :meth:`~BarrierPlacement.at_loop_top`: iteration start, before ``get_next_batch`` (#26380);
+- :meth:`~BarrierPlacement.after_metadata_reads`: on F, once the forward has copied its
+  metadata out of ``req_to_token`` (the ``out_cache_loc`` copies that stand for a CUDA-graph
+  runner's ``replay_prepare``), before verify;
+- :meth:`~BarrierPlacement.after_forward_reads`: on F, after the last read of S-written
+  buffers (spec-v2: after verify, before draft-extend; non-spec: after the decode forward),
+  where #28363's runner records its one-shot ``read_done`` event;
+- :meth:`~BarrierPlacement.after_launch`: right after ``run_batch`` returns (#31687).
+
+The base class does nothing at every point. A new placement is one subclass plus its entry in
+:data:`PLACEMENTS` and a ``protocol.war_barrier`` choice (model/config.py). On a platform other
+than CUDA there is no barrier (#26646) unless ``protocol.force_barrier`` (#27967) applies the
+configured one (:func:`placement_for`). Every barrier wait carries the ``war_barrier`` label.
+"""
+
+from __future__ import annotations
+
+from model.config import ProtocolConfig, WarBarrier
+from model.device import Device, Event, Stream, SyncLabel
+
+
+class BarrierPlacement:
+    """No WAR barrier: every point of the loop is a no-op (``war_barrier = "none"``)."""
+
+    def at_loop_top(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """Iteration start, before S schedules batch n."""
+
+    def after_metadata_reads(self, device: Device, forward: Stream) -> None:
+        """On F, after the forward's metadata copies from ``req_to_token`` (spec-v2)."""
+
+    def after_forward_reads(self, device: Device, forward: Stream) -> None:
+        """On F, after the forward's last read of S-written buffers."""
+
+    def after_launch(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """Right after ``run_batch`` has launched batch n."""
+
+
+class LoopTop(BarrierPlacement):
+    """#26380: at the top of the loop, S waits on all of F (``wait_stream``)."""
+
+    def at_loop_top(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """S waits on everything F has queued: all of forward n-1."""
+        device.wait_stream(schedule, forward, SyncLabel.WAR_BARRIER)
+
+
+class ReadDone(LoopTop):
+    """#28363: S waits on the runner's one-shot ``read_done`` event, recorded on F after the
+    forward's last read of S-written buffers; all of F when none was recorded since."""
+
+    def __init__(self) -> None:
+        self.read_done: Event | None = None
+
+    def at_loop_top(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """S waits on ``read_done`` if recorded (and consumes it), else on all of F."""
+        if self.read_done is not None:
+            device.wait_event(schedule, self.read_done, SyncLabel.WAR_BARRIER)
+            self.read_done = None
+        else:
+            super().at_loop_top(device, schedule, forward)
+
+    def after_forward_reads(self, device: Device, forward: Stream) -> None:
+        """Record a fresh ``read_done`` on F."""
+        self._record(device, forward)
+
+    def _record(self, device: Device, forward: Stream) -> None:
+        self.read_done = device.event("read_done")
+        device.record(self.read_done, forward)
+
+
+class AfterLaunch(BarrierPlacement):
+    """#31687: S waits on all of F right after each ``run_batch`` launch, so result
+    processing of n-1 (which writes on S) is ordered after forward n too."""
+
+    def after_launch(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """S waits on everything F has queued: all of forward n."""
+        device.wait_stream(schedule, forward, SyncLabel.WAR_BARRIER)
+
+
+PLACEMENTS: dict[WarBarrier, type[BarrierPlacement]] = {
+    WarBarrier.NONE: BarrierPlacement,
+    WarBarrier.LOOP_TOP: LoopTop,
+    WarBarrier.READ_DONE: ReadDone,
+    WarBarrier.AFTER_LAUNCH: AfterLaunch,
+}
+
+
+def placement_for(config: ProtocolConfig) -> BarrierPlacement:
+    """The run's placement: ``config.war_barrier`` on CUDA or when forced; else none."""
+    applies = config.platform.value == "cuda" or config.force_barrier
+    return PLACEMENTS[config.war_barrier if applies else WarBarrier.NONE]()
