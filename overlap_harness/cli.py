@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from model.errors import HarnessError, ScenarioError
+from overlap_harness import check_cmd
 from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
@@ -262,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--deadline", type=float, default=None, metavar="S",
                    help="start no new run after S seconds; report the runs done")
     g.set_defaults(func=_cmd_gpu_check)
+    check_cmd.add_parser(sub)
     return p
 
 

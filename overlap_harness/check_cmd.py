@@ -1,0 +1,125 @@
+"""``overlap-harness check SCRIPT.py [ARGS...]``: run a real PyTorch script, report its races.
+
+The script runs unmodified under the recorder (:mod:`recorder`): on a machine without a GPU
+with CUDA faked on the CPU, with ``--gpu`` on real streams. Its arguments and environment pass
+through. Exit status: 0 no race, 1 races, 2 bad input or a crash of the script (its own
+traceback is shown; races found before the crash are still printed).
+
+``--json FILE`` writes each race's kind, tensor (with its allocation site), elements and, for
+both accesses, file, line, op, stream and mode. ``--out DIR`` writes the timeline plot
+(``plots/<script>.png|svg``), the Perfetto trace (``trace.json``) and SARIF
+(``results.sarif``) that ``run`` writes for scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_RACES, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``check`` on the CLI's subparsers; returns its parser."""
+    c = subparsers.add_parser(
+        "check", help="run a PyTorch script under the recorder and report its stream races",
+        description="Run SCRIPT (with ARGS) recording its CUDA streams, events and ops; "
+                    "report every race. Exit 0: no race, 1: races, 2: bad input or the "
+                    "script crashed.")
+    c.add_argument("script", help="the Python script to run")
+    c.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    c.add_argument("--json", metavar="FILE", help="write the races as JSON ('-' for stdout)")
+    c.add_argument("--out", metavar="DIR", default=None,
+                   help="write the timeline plot, Perfetto trace and SARIF under DIR")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--gpu", action="store_true", help="watch real CUDA streams")
+    where.add_argument("--cpu", action="store_true",
+                       help="fake CUDA on the CPU (the default without a GPU)")
+    c.set_defaults(func=run_check)
+    return c
+
+
+def access_dict(access: Any) -> dict[str, Any]:
+    """One side of a race as JSON: file, line, op, stream, mode."""
+    file, _, line = access.source.rpartition(":")
+    return {"file": file if line.isdigit() else access.source,
+            "line": int(line) if line.isdigit() else None, "op": access.op_name,
+            "stream": access.agent, "mode": access.mode}
+
+
+def result_dict(result: Any) -> dict[str, Any]:
+    """A :class:`recorder.CheckResult` as JSON (see the module docstring)."""
+    races = []
+    for race in result.races:
+        races.append({
+            "kind": str(race.kind), "tensor": race.buffer,
+            "allocated_at": result.buffer_sites.get(race.buffer),
+            "reused_as": race.reused_as, "shape": list(race.shape),
+            "elements": list(race.elements), "older": race.older,
+            "first": access_dict(race.first), "second": access_dict(race.second)})
+    unknown = [{"op": u.name, "stream": u.stream, "site": u.site, "tensors": list(u.tensors)}
+               for u in result.unknown_ops]
+    verdict = "crash" if result.crashed else ("race" if result.races else "race_free")
+    return {"script": result.script, "argv": result.argv, "mode": result.mode,
+            "verdict": verdict, "races": races, "unknown_ops": unknown,
+            "error": result.error}
+
+
+def write_reports(result: Any, out: Path) -> list[Path]:
+    """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``."""
+    # deferred: matplotlib loads only when reports are asked for
+    from reports.perfetto import write_trace
+    from reports.sarif import write_sarif
+    from reports.timeline import plot_timeline, save_plot
+    from reports.writer import safe_name
+
+    case = result.to_case()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    if case.timeline:
+        paths += save_plot(plot_timeline(case), out / "plots" / safe_name(case.run_id))
+    write_trace([case], str(out / "trace.json"))
+    write_sarif([case], out / "results.sarif")
+    return [*paths, out / "trace.json", out / "results.sarif"]
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """The ``check`` command; see the module docstring for the exit status."""
+    # deferred: torch loads only when a script is checked (CLI start-up stays fast)
+    from recorder.api import RecorderError, check_script
+
+    mode = "gpu" if args.gpu else ("cpu" if args.cpu else "auto")
+    try:
+        result = check_script(args.script, args.args, mode=mode)
+    except RecorderError as exc:
+        print(f"overlap-harness check: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for race in result.races:
+        print(race.describe())
+        site = result.buffer_sites.get(race.buffer)
+        if site:
+            print(f"  {race.buffer} allocated at {site}")
+    for unknown in result.unknown_ops:
+        print(f"warning: {unknown.name} on {unknown.stream} at {unknown.site}: an op of "
+              f"unknown access to {', '.join(unknown.tensors)} (declare it with "
+              "recorder.declare_kernel)")
+    if args.json:
+        text = json.dumps(result_dict(result), indent=1) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.json).write_text(text)
+    if args.out:
+        for path in write_reports(result, Path(args.out)):
+            print(f"wrote {path}")
+    n = len(result.races)
+    print(f"{args.script}: {n} race{'s' if n != 1 else ''} ({result.mode} mode, "
+          f"{len(result.run.timeline)} ops recorded)")
+    if result.crashed:
+        print(result.error, file=sys.stderr, end="" if result.error.endswith("\n") else "\n")
+        print(f"overlap-harness check: {args.script} crashed", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_RACES if result.races else EXIT_OK
