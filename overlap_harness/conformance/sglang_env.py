@@ -1,0 +1,121 @@
+"""The one place SGLang 0.5.23 is imported for the conformance run, and everything stubbed.
+
+SGLang is imported, never copied: the wheel is installed with ``pip install --no-deps
+sglang==0.5.23`` plus the ``sglang`` extra's light packages (docs/sglang-conformance.md). On a
+CPU machine three things stand between that wheel and a run of its FutureMap:
+
+1. ``sglang.srt.speculative.spec_utils`` (home of ``spec_need_hidden_states``, called by
+   ``FutureMap._maybe_init_forward_bufs`` on the first EAGLE stash) imports the scheduler batch
+   and through it huggingface_hub, transformers and torchvision: a server's dependencies, not
+   the relay's. It is replaced by :data:`SPEC_UTILS_STUB` below, whose one function answers as
+   the real one does for plain EAGLE (``speculative_algorithm`` not STANDALONE/DFLASH/DSPARK and
+   multi-layer EAGLE off: hidden states are relayed).
+2. ``overlap_utils._is_cuda`` / ``_is_hip`` are fixed when the module is imported
+   (``is_cuda()`` is False on a CPU build), and they choose the CUDA branches the conformance
+   run is about: the pinned ``new_seq_lens_cpu_pinned`` mirror and the private
+   ``fwd_prepare_d2h_stream``. :func:`cuda_branches` switches them for the length of a run.
+3. ``overlap_utils.gather_spec_extras`` is a raw Triton launch, which no dispatch mode sees.
+   The driver runs it under ``TRITON_INTERPRET=1`` (set here before triton is imported) and
+   declares its reads and writes (:mod:`overlap_harness.conformance.declared`).
+
+Nothing else is stubbed: ``SpeculativeAlgorithm`` (``sglang.srt.speculative.spec_info``),
+``FutureMap``, ``RelayPayload`` and ``resolve_forward_inputs`` are SGLang's own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from model.errors import HarnessError
+
+SGLANG_VERSION = "0.5.23"
+INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' "
+                "(docs/sglang-conformance.md)")
+
+
+class SglangUnavailableError(HarnessError):
+    """SGLang 0.5.23 is not installed, is another version, or its import failed."""
+
+
+def _spec_need_hidden_states() -> bool:
+    """Plain EAGLE relays hidden states (spec_utils.spec_need_hidden_states in 0.5.23 returns
+    False only for STANDALONE, DFLASH, DSPARK or multi-layer EAGLE)."""
+    return True
+
+
+SPEC_UTILS_STUB = types.ModuleType("sglang.srt.speculative.spec_utils")
+SPEC_UTILS_STUB.__doc__ = ("Stub installed by overlap_harness.conformance.sglang_env: the real "
+                           "module imports transformers and torchvision through schedule_batch.")
+SPEC_UTILS_STUB.spec_need_hidden_states = _spec_need_hidden_states  # type: ignore[attr-defined]
+
+
+def installed_version() -> str | None:
+    """The installed sglang distribution's version, or None when it is not installed."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the conformance run cannot import SGLang here (one line), or None when it can.
+
+    Checks the installed version and the light packages without importing sglang itself
+    (that import takes seconds)."""
+    version = installed_version()
+    if version is None:
+        return f"sglang is not installed: {INSTALL_HINT}"
+    if version != SGLANG_VERSION:
+        return f"sglang {version} is installed, the conformance run follows {SGLANG_VERSION}"
+    missing = [name for name in ("msgspec", "psutil", "pybase64", "starlette", "triton",
+                                 "zmq", "tqdm", "aiohttp") if _missing(name)]
+    if missing:
+        return f"sglang needs {', '.join(missing)}: pip install -e '.[sglang]'"
+    return None
+
+
+def _missing(module: str) -> bool:
+    import importlib.util  # stdlib; only for the probe
+
+    return importlib.util.find_spec(module) is None
+
+
+def load_overlap_utils() -> types.ModuleType:
+    """Import ``sglang.srt.managers.overlap_utils`` with the stubs above; raises
+    :class:`SglangUnavailableError` with one line when it cannot."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise SglangUnavailableError(reason)
+    # Triton kernels run on the CPU only if this is set before triton is first imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.modules.setdefault("sglang.srt.speculative.spec_utils", SPEC_UTILS_STUB)
+    try:
+        import sglang.srt.managers.overlap_utils as overlap_utils  # deferred: ~5 s, optional
+    except ImportError as exc:
+        raise SglangUnavailableError(f"import sglang.srt.managers.overlap_utils failed: "
+                                     f"{exc}") from None
+    return overlap_utils
+
+
+def speculative_algorithm(name: str | None) -> Any:
+    """SGLang's own ``SpeculativeAlgorithm`` member for ``name`` (None: no speculation)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # deferred: optional
+
+    return SpeculativeAlgorithm.from_string(name)
+
+
+@contextmanager
+def cuda_branches(overlap_utils: types.ModuleType, *, hip: bool = False) -> Iterator[None]:
+    """Switch overlap_utils' import-time platform flags to CUDA (or HIP) for one run."""
+    saved = (overlap_utils._is_cuda, overlap_utils._is_hip)
+    overlap_utils._is_cuda, overlap_utils._is_hip = not hip, hip
+    try:
+        yield
+    finally:
+        overlap_utils._is_cuda, overlap_utils._is_hip = saved
