@@ -15,14 +15,16 @@ def main() -> None:
     table = torch.zeros(ROWS, WIDTH, device="cuda")  # corpus-alloc: table
     rows_first = torch.tensor([0, 1, 2, 3, 4], device="cuda")
     rows_second = torch.tensor([5, 6, 7], device="cuda")
+    ones = torch.ones(5, WIDTH, device="cuda")
+    twos = torch.full((3, WIDTH), 2.0, device="cuda")
     first, second = torch.cuda.Stream(), torch.cuda.Stream()
     first.wait_stream(torch.cuda.current_stream())
     second.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(first):
         corpus_delay(first, 5000)
-        table[rows_first] = 1.0  # corpus-site: write_first
+        table[rows_first] = ones  # corpus-site: write_first
     with torch.cuda.stream(second):
-        table[rows_second] = 2.0  # corpus-site: write_second
+        table[rows_second] = twos  # corpus-site: write_second
     torch.cuda.current_stream().wait_stream(first)
     torch.cuda.current_stream().wait_stream(second)
     row_values = table[:, 0].tolist()
