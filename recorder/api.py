@@ -93,6 +93,15 @@ class Watch:
 
     def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess]) -> None:
         """One op on the current stream with the declared accesses."""
+        self.dispatch.paused += 1  # the helpers' own torch calls are not the program's
+        try:
+            with torch._C.DisableTorchFunction():
+                out = self._declared_accesses(accesses)
+        finally:
+            self.dispatch.paused -= 1
+        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL)
+
+    def _declared_accesses(self, accesses: Iterable[kernels.DeclaredAccess]) -> list[Access]:
         out: list[Access] = []
         for declared in accesses:
             t = declared.tensor
@@ -105,7 +114,7 @@ class Watch:
                 ids = row_elements(t, declared.rows)
                 out.append(Access(info, to_storage_elements(ids, t.element_size(),
                                                             info.itemsize), declared.write))
-        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL)
+        return out
 
     # -- the context -----------------------------------------------------------------------
     def __enter__(self) -> Watch:
@@ -130,8 +139,10 @@ class Watch:
         stack.enter_context(active(cuda))
         stack.enter_context(patched(cuda_patches()))
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
+        function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
+        stack.enter_context(patched(function_mode.patches()))
         stack.enter_context(self.dispatch)
-        stack.enter_context(FakeCudaFunctionMode(self.memory, self.dispatch))
+        stack.enter_context(function_mode)
 
     def _enter_gpu(self, stack: ExitStack) -> None:
         from recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks

@@ -122,7 +122,11 @@ class FakeCudaFunctionMode(TorchFunctionMode):
             kwargs["pin_memory"] = False
             placement = Placement.PINNED
         if placement == Placement.INFER:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if (isinstance(out, torch.Tensor) and out.numel() and self.memory.lookup(out) is None
+                    and any(self._device_info(a) is not None for a in args)):
+                self._adopt(out, Placement.DEVICE, name)  # e.g. ``new_tensor``, built in C++
+            return out
         with self.memory.placed(placement):
             out = func(*args, **kwargs)
         self._adopt(out, placement, name)
@@ -188,10 +192,17 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def _get_device(self, t: torch.Tensor) -> int:
         return 0 if self._device_info(t) is not None else -1
 
-    def _record_stream(self, t: torch.Tensor, stream: Any) -> None:
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        """``Tensor.record_stream``: torch's argument parser refuses a faked stream before
+        any mode sees the call, so the method itself is patched (:meth:`patches`)."""
         info = self._device_info(t)
         if info is not None:  # real code skips record_stream on CPU tensors
             self.recording.record_stream(info, self.memory.cuda.agent(stream))
+
+    def patches(self) -> list[tuple[Any, str, Any]]:
+        """Tensor methods patched while the mode runs."""
+        return [(torch.Tensor, "record_stream",
+                 lambda tensor, stream: self.record_stream(tensor, stream))]
 
     def _data_ptr(self, t: torch.Tensor) -> int:
         info = self._device_info(t)
@@ -231,7 +242,6 @@ _METHODS: dict[str, Any] = {
     "pin_memory": FakeCudaFunctionMode._pin_memory,
     "is_pinned": FakeCudaFunctionMode._is_pinned,
     "get_device": FakeCudaFunctionMode._get_device,
-    "record_stream": FakeCudaFunctionMode._record_stream,
     "data_ptr": FakeCudaFunctionMode._data_ptr,
     **{name: _reader(name) for name in _HOST_READS},
 }

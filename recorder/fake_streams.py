@@ -247,7 +247,7 @@ def cuda_patches() -> list[tuple[Any, str, Any]]:
 def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """Apply ``patches`` inside the block; restore every original on the way out."""
     missing = object()
-    saved = [(obj, name, getattr(obj, name, missing)) for obj, name, _ in patches]
+    saved = [(obj, name, vars(obj).get(name, missing)) for obj, name, _ in patches]
     try:
         for obj, name, value in patches:
             setattr(obj, name, value)
