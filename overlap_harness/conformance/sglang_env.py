@@ -25,6 +25,7 @@ Nothing else is stubbed: ``SpeculativeAlgorithm`` (``sglang.srt.speculative.spec
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import types
@@ -81,8 +82,6 @@ def unavailable_reason() -> str | None:
 
 
 def _missing(module: str) -> bool:
-    import importlib.util  # stdlib; only for the probe
-
     return importlib.util.find_spec(module) is None
 
 
