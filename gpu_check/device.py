@@ -4,13 +4,16 @@ A thin adapter from :class:`model.device.Device` to torch.cuda, so the protocol 
 ``SimDevice`` runs unchanged on a GPU:
 
 - streams are ``torch.cuda.Stream``s, events ``torch.cuda.Event``s (a never-recorded event
-  is tracked here, so waiting on it is a no-op and ``query`` says False, as in SimDevice);
+  is tracked here, so waiting on it is a no-op, as in SimDevice); a branching ``query``
+  takes the simulator's outcome (``query_outcomes``, default False; a True is made true by
+  polling the event first), so both devices follow the same branch;
 - buffers are CUDA tensors, or pinned CPU tensors (``pinned=True``). By default a freed
-  block goes back to :class:`gpu_check.allocator.BlockPool`, which keeps the caching
-  allocator's reuse rules (stream order, ``record_stream``) but the simulator's choice of
-  block, so a reuse race hands the block to the owner the simulator predicts; with
-  ``torch_allocator=True`` memory comes from, and goes back to, torch's caching allocator
-  (``free`` drops the last reference), as a sanitizer run needs;
+  block goes back to :class:`model.allocator.BlockPool`, the caching allocator's reuse rule
+  decided by happens-before, as in the simulator, so a reuse race hands the block to the owner
+  the simulator predicts; with ``torch_allocator=True`` memory comes from, and goes back to,
+  torch's caching allocator (``free`` drops the last reference), as a sanitizer run needs: a
+  block torch hands back after ``record_stream`` gets a new storage id there (torch's event
+  ordered its old accesses before the new ones, so no race between them can exist);
 - host values an op writes, and index lists, reach the GPU through
   :class:`gpu_check.staging.Stager` (no hidden host sync, no copy queued behind a delay);
 - an op's ``cost_us`` is reproduced by ``torch.cuda._sleep`` before its work, at the rate
@@ -47,11 +50,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_check.allocator import BlockPool, FreedBlock
 from gpu_check.calibration import Calibration, calibrate, cycles_for
 from gpu_check.gates import GateSet, GateStats
 from gpu_check.recorder import TraceRecorder, ms_to_ns
 from gpu_check.staging import Stager, intended_sync, prewarm
+from model.allocator import BlockPool, FreedBlock
 from model.detector import HOST_AGENT, AccessReq
 from model.device import (
     AccessSpec,
@@ -110,6 +113,7 @@ class CudaDevice(Device):
         empty_cache: bool = True,
         gates: Sequence[Gate] = (),
         torch_allocator: bool = False,
+        query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
     ) -> None:
         super().__init__(removed)
         if not torch.cuda.is_available():
@@ -130,7 +134,9 @@ class CudaDevice(Device):
         self._tensors: dict[BufferId, torch.Tensor] = {}
         self._buffers: list[Buffer] = []
         self._block_key: dict[BufferId, tuple] = {}
-        self._pool: dict[tuple, tuple[int, list[OpId]]] = {}  # freed: key -> (storage, joins)
+        self._pool: dict[tuple, int] = {}  # torch_allocator: freed key -> storage
+        self._query_outcomes = dict(query_outcomes or {})
+        self._queries: dict[tuple[str, int], int] = {}  # (event, iteration) -> queries so far
         self._users: dict[BufferId, set[int]] = {}  # agents from record_stream
         self._n_storage = 0
         self._blocks = None if torch_allocator else BlockPool()
@@ -202,18 +208,15 @@ class CudaDevice(Device):
         numel = int(np.prod(shape)) if shape else 1
         n_before = self._n_storage
         if self._blocks is None:
-            t, storage, joins = self._torch_block(shape, dtype, pinned, stream, numel)
+            t, storage = self._torch_block(shape, dtype, pinned, stream, numel)
         else:
-            t, storage, joins = self._pool_block(dtype, pinned, stream, numel)
+            t, storage = self._pool_block(dtype, pinned, stream, numel)
             t = t.view(shape)
         fresh = self._n_storage > n_before  # a new storage id: no buffer has held the block
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, storage, ids=ids)
         self._buffers.append(buf)
         self._tensors[buf.id] = t
-        if joins:  # the allocator saw the recorded streams' work complete: an HB edge
-            now = self.now()
-            self._host_node(f"alloc:{name}", OpKind.ALLOC, now, now, joins=joins)
         if fill is not None:
             if stream is None:
                 self.host_write(buf, None, fill, name=f"init:{name}")
@@ -228,9 +231,11 @@ class CudaDevice(Device):
         no ``fill``: a hook (SentinelCudaDevice writes the simulator's initial contents)."""
 
     def _torch_block(self, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool,
-                     stream: Stream | None, numel: int) -> tuple[torch.Tensor, int, list[OpId]]:
-        """A tensor from torch's caching allocator, its storage id (a freed block's when the
-        allocator handed the same one back), and the reuse's HB joins."""
+                     stream: Stream | None, numel: int) -> tuple[torch.Tensor, int]:
+        """A tensor from torch's caching allocator and its storage id: a freed block's when
+        the allocator handed the same one back with no ``record_stream`` (a reuse the program
+        allows at once), a new one otherwise (torch waited for the recorded streams' event, so
+        the old accesses are ordered before the new: they cannot race)."""
         if pinned:
             t = torch.empty(shape, dtype=dtype, pin_memory=True)
         else:
@@ -241,29 +246,29 @@ class CudaDevice(Device):
         self._block_key[BufferId(len(self._buffers))] = key
         prev = self._pool.pop(key, None)
         if prev is not None:
-            return t, prev[0], prev[1]
-        return t, self._new_storage(numel, shape), []
+            return t, prev
+        return t, self._new_storage(numel, shape)
 
     def _pool_block(self, dtype: torch.dtype, pinned: bool, stream: Stream | None,
-                    numel: int) -> tuple[torch.Tensor, int, list[OpId]]:
-        """A flat block from :class:`BlockPool` (the simulator's choice), or a fresh one
-        allocated on the pool's own stream; its storage id and the reuse's HB joins."""
+                    numel: int) -> tuple[torch.Tensor, int]:
+        """A flat block from :class:`BlockPool` (the simulator's choice, by happens-before),
+        or a fresh one allocated on the pool's own stream; and its storage id."""
         assert self._blocks is not None
         agent = -1 if stream is None or pinned else self._agent[stream.id]
         key = (numel, dtype, pinned, agent)
         bid = BufferId(len(self._buffers))
         self._block_key[bid] = key
-        block = self._blocks.take(key)
+        block = self._blocks.take(key, self.rec.host_knows)
         if block is not None:
-            self._flat[bid] = block.tensor
-            return block.tensor, block.storage, block.joins
+            self._flat[bid] = block.payload
+            return block.payload, block.storage
         if pinned:
             t = torch.empty(numel, dtype=dtype, pin_memory=True)
         else:
             with torch.cuda.stream(self._fresh_cs):
                 t = torch.empty(numel, dtype=dtype, device="cuda")
         self._flat[bid] = t
-        return t, self._new_storage(numel, (numel,)), []
+        return t, self._new_storage(numel, (numel,))
 
     def _new_storage(self, numel: int, shape: tuple[int, ...]) -> int:
         storage = self._n_storage
@@ -275,18 +280,15 @@ class CudaDevice(Device):
         if buf.freed:
             raise DeviceUsageError(f"double free of {buf.name!r}")
         buf.freed = True
-        users = sorted(self._users.pop(buf.id, set()))
-        joins = [op for a in users if (op := self.rec.last_op(a)) is not None]
         key = self._block_key.pop(buf.id)
+        owner = key[3] if self._blocks is not None else None
+        users = sorted(self._users.pop(buf.id, set()) - {owner})
+        pending = tuple(op for a in users if (op := self.rec.last_op(a)) is not None)
         if self._blocks is None:
-            self._pool[key] = (buf.storage, joins)
+            if not pending:
+                self._pool[key] = buf.storage
         else:
-            done = []
-            for a in users:  # as torch does: an event on each recorded stream, at the free
-                ev = torch.cuda.Event()
-                ev.record(self._cs[self._stream_of[a]])
-                done.append(ev.query)
-            self._blocks.give(FreedBlock(key, self._flat.pop(buf.id), buf.storage, joins, done))
+            self._blocks.give(FreedBlock(key, self._flat.pop(buf.id), buf.storage, pending))
         del self._tensors[buf.id]  # torch's allocator: the last reference, the block goes back
         now = self.now()
         self._host_node(f"free:{buf.name}", OpKind.FREE, now, now)
@@ -511,8 +513,41 @@ class CudaDevice(Device):
             wait()
         self._host_node(name, OpKind.HOST_SYNC, start, self.now(), joins=ops, label=label)
 
-    def query(self, event: Event) -> bool:
-        return event.id in self._recorded and self._events[event.id].query()
+    def _do_query(self, event: Event, label: SyncLabel | None) -> bool:
+        """The simulator's outcome (``query_outcomes``, default False), made true on the GPU:
+        a True polls the event first. A never-recorded event answers True, as CUDA's does."""
+        site = (event.name, self.iteration)
+        occurrence = self._queries.get(site, 0)
+        self._queries[site] = occurrence + 1
+        outcome = self._query_outcomes.get((*site, occurrence), False)
+        op = self.rec.event_op(event.id)
+        start = self.now()
+        if event.id not in self._recorded or op is None:
+            outcome, observed = True, []
+        elif outcome:
+            with intended_sync():
+                while not self._events[event.id].query():
+                    pass
+            observed = [op]
+        else:
+            observed = []
+        self.rec.add(f"query:{event.name}", HOST_AGENT, OpKind.QUERY, iteration=self.iteration,
+                     source=caller_source(), issue=start, start=start, end=self.now(),
+                     label=None if label is None else str(label), observed=observed)
+        return outcome
+
+    def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
+        op = self.rec.event_op(event.id)
+        if op is None or event.id not in self._recorded:  # the first query says True
+            return
+        start = self.now()
+        with intended_sync():
+            while not self._events[event.id].query():
+                pass
+        self.rec.add(f"poll:{event.name}", HOST_AGENT, OpKind.HOST_SYNC,
+                     iteration=self.iteration, source=caller_source(), issue=start, start=start,
+                     end=self.now(), label=None if label is None else str(label),
+                     observed=[op])
 
     # -- results --------------------------------------------------------------------------
     def finish(self) -> DeviceRun:

@@ -73,6 +73,7 @@ class Pending:
     accesses: list[AccessReq] = field(default_factory=list)
     joins: list[OpId] = field(default_factory=list)
     event: object | None = None  # the event key, for records and waits
+    observed: list[OpId] = field(default_factory=list)  # seen complete (a query, a poll)
 
 
 class TraceRecorder:
@@ -80,6 +81,9 @@ class TraceRecorder:
 
     def __init__(self) -> None:
         self.det = HBDetector()
+        # the same nodes without accesses or times, fed live: the allocator's reuse rule asks
+        # what happens before the host now (``host_knows``), long before ``finish``
+        self._clocks = HBDetector()
         self.entries: list[Pending] = []
         self._last: dict[int, OpId] = {}
         self._bound: dict[object, OpId] = {}
@@ -87,6 +91,7 @@ class TraceRecorder:
     # -- registration ---------------------------------------------------------------------
     def add_agent(self, name: str) -> int:
         """Register a stream; returns its agent index (host is 0)."""
+        self._clocks.add_agent(name)
         return self.det.add_agent(name)
 
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
@@ -114,16 +119,35 @@ class TraceRecorder:
         accesses: Sequence[AccessReq] = (),
         joins: Sequence[OpId] = (),
         event: object | None = None,
+        observed: Sequence[OpId] = (),
     ) -> OpId:
-        """Log a node; returns its op id. A RECORD binds ``event`` to this node."""
+        """Log a node; returns its op id. A RECORD binds ``event`` to this node; ``observed``
+        are nodes the host saw complete (a query that said True, a poll loop)."""
         op = OpId(len(self.entries))
-        self.entries.append(Pending(op, name, agent, self.agent_name(agent), kind, iteration,
-                                    source, label, issue, start, end, work, list(accesses),
-                                    list(joins), event))
+        entry = Pending(op, name, agent, self.agent_name(agent), kind, iteration, source,
+                        label, issue, start, end, work, list(accesses), list(joins), event,
+                        list(observed))
+        self.entries.append(entry)
+        self._feed(self._clocks, entry, NodeInfo(op, name, agent, entry.agent_name, kind,
+                                                 iteration, source, label, None, None), ())
         self._last[agent] = op
         if kind == OpKind.RECORD:
             self._bound[event] = op
         return op
+
+    def host_knows(self, op: OpId) -> bool:
+        """Does ``op`` happen before everything the host issues from now on (by the program's
+        edges)? The allocator's reuse test (:mod:`model.allocator`)."""
+        return self._clocks.host_knows(op)
+
+    @staticmethod
+    def _feed(det: HBDetector, e: Pending, info: NodeInfo, accesses: Sequence[AccessReq]) -> None:
+        if e.kind == OpKind.RECORD:
+            det.on_record(e.event, info)
+        elif e.kind == OpKind.WAIT:
+            det.on_wait(e.event, info)
+        else:
+            det.on_op(info, accesses, e.joins, e.observed)
 
     def last_op(self, agent: int) -> OpId | None:
         """The latest node logged on ``agent`` (what a stream sync waits for)."""
@@ -157,12 +181,7 @@ class TraceRecorder:
             read_at = start if e.work is None else t(e.work)
             info = NodeInfo(e.op, e.name, e.agent, e.agent_name, e.kind, e.iteration, e.source,
                             e.label, read_at, end)
-            if e.kind == OpKind.RECORD:
-                self.det.on_record(e.event, info)
-            elif e.kind == OpKind.WAIT:
-                self.det.on_wait(e.event, info)
-            else:
-                self.det.on_op(info, e.accesses, e.joins)
+            self._feed(self.det, e, info, e.accesses)
             timeline.append(OpRecord(e.op, e.name, e.agent_name, e.kind, e.issue, start, end,
                                      e.label, e.iteration, e.source))
         end_ns = max((r.end_ns for r in timeline), default=0)

@@ -149,8 +149,8 @@ def _query(dev: Device) -> Values:
     dev.copy(s, b, pin, non_blocking=True, cost_us=FAST_US)
     dev.record(e, s)
     dev.host_work("spin", SLOW_US)  # long enough that the copy is done ...
-    done = dev.query(e)
-    return {"query": done, "pin": dev.host_read(pin).tolist()}  # ... yet nothing orders it
+    done = dev.query(e)  # ... yet the branch's default outcome is False, which orders nothing
+    return {"query": done, "pin": dev.host_read(pin).tolist()}
 
 
 REUSE_NUMEL = 1 << 18  # 2 MiB of int64: a size class of its own in the caching allocator
@@ -196,8 +196,9 @@ TRACES: tuple[Trace, ...] = (
           DELAY_COPY),
     Trace("pinned_event_sync", _pinned_d2h(True), (), {"pin": [7, 7, 7, 7]},
           "the same with event.synchronize() first", DELAY_COPY),
-    Trace("query_orders_nothing", _query, ("host-D2H",), {"query": True, "pin": [3, 3]},
-          "query() says done, but orders nothing: a latent race"),
+    Trace("query_orders_nothing", _query, ("host-D2H",), {"query": False, "pin": [3, 3]},
+          "a branching query() takes the outcome that orders nothing (False) on both devices: "
+          "the race the other outcome hides is reported"),
     Trace("reuse_no_record_stream", _reuse(False), ("reuse",), {"gather": [1, 1, 1, 1]},
           "freed while F still reads it; S's next buffer gets the block"),
     Trace("reuse_record_stream", _reuse(True), (), {"gather": [1, 1, 1, 1]},

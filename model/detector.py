@@ -14,8 +14,20 @@ Per memory block (storage) and element, the detector keeps, for every agent, the
 of that agent's latest write and latest read. A new access races with agent X's latest
 conflicting access exactly when that access is unordered with it: X's earlier accesses are
 program-ordered before its latest, so if the latest happens before the new access, they all do.
-So a race is reported against the latest conflicting access of each other agent, per element,
-and races are grouped by (kind, buffer, op pair). Checks are vectorised over element ids.
+So the latest conflicting access of each other agent, per element, decides *whether* an access
+races. A user who fixes that pair may meet an older one, though (``s0 writes x; s0 writes x;
+s1 writes x`` has two racing pairs), so every pair is listed: each agent also keeps, per
+storage, a log of its accesses, and once a race with an agent's latest access is found the log
+is walked back over the accesses that are unordered with the new one (epoch above what the new
+access's clock knows of that agent); those that conflict are reported too, flagged ``older``
+(hidden behind a later access of the same agent). Entries every agent's clock has passed can
+never race again and are dropped. Races are grouped by (kind, buffer, op pair). Checks are
+vectorised over element ids.
+
+Program edges and observations (STREAM-SEMANTICS.md). ``joins`` are program edges (a host sync,
+a bound wait). ``observed`` joins are what the host learned at run time (a ``query()`` that
+returned True, a poll loop that ended): they order the same way, but the graph tags them, so a
+reader can tell which orderings the program text guarantees and which one run observed.
 
 Representation, chosen for speed (a few agents, many small accesses): vector clocks are plain
 lists of ints (a join over a handful of agents is cheaper in Python than a numpy call), node
@@ -40,6 +52,8 @@ from model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
 MAX_AGENTS = 16
 HOST_AGENT = 0
+LOG_PRUNE_EVERY = 64  # an agent's access log of a storage is pruned when it doubles past this
+MAX_OLDER_SCAN = 1024  # log entries walked back per racing agent (counted when cut short)
 
 
 @dataclass(slots=True)
@@ -61,9 +75,10 @@ class NodeInfo:
 
 class _Storage:
     """Per-element, per-agent op of the latest read and write of one memory block (-1: none),
-    and per agent the clock of its latest write and read of any element."""
+    per agent the clock of its latest write and read of any element, and per agent the log of
+    its accesses (epoch, op, elements, write), oldest first, for the older racing pairs."""
 
-    __slots__ = ("r_op", "rmax", "shape", "w_op", "wmax")
+    __slots__ = ("logs", "pruned_at", "r_op", "rmax", "shape", "w_op", "wmax")
 
     def __init__(self, numel: int, shape: tuple[int, ...]) -> None:
         self.shape = shape
@@ -71,6 +86,8 @@ class _Storage:
         self.r_op = np.full((numel, MAX_AGENTS), -1, dtype=np.int64)
         self.wmax = [0] * MAX_AGENTS
         self.rmax = [0] * MAX_AGENTS
+        self.logs: list[list[tuple[int, int, np.ndarray, bool]]] = [[] for _ in range(MAX_AGENTS)]
+        self.pruned_at = [LOG_PRUNE_EVERY] * MAX_AGENTS  # log length that triggers a prune
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +157,10 @@ class HBDetector:
         self.node_epoch: list[int] = []
         # node_epoch as an array, shifted by one so that op -1 (no access) reads epoch 0
         self._epochs = np.zeros(1024, dtype=np.int64)
-        self.edges: list[tuple[int, int]] = []
+        self.edges: list[tuple[int, int]] = []  # program edges (and program order)
+        self.observation_edges: list[tuple[int, int]] = []  # what the host observed
         self.races: list[Race] = []
+        self.older_scan_truncated = 0  # log walks cut at MAX_OLDER_SCAN entries
 
     # -- agents and memory ----------------------------------------------------------------
     def add_agent(self, name: str) -> int:
@@ -164,11 +183,14 @@ class HBDetector:
         info: NodeInfo,
         accesses: Sequence[AccessReq] = (),
         joins: Sequence[OpId] = (),
+        observed: Sequence[OpId] = (),
     ) -> None:
         """A node on ``info.agent``: checks and records its accesses.
 
-        ``joins`` are nodes that happen before this one beyond program and issue order (the
-        synced work of a host sync, the record an allocator waited for).
+        ``joins`` are nodes that happen before this one by program edges beyond program and
+        issue order (the synced work of a host sync, a wait's bound record). ``observed`` are
+        nodes the host saw complete at run time before this node (a ``query()`` that returned
+        True, the end of a poll loop): they order alike, and are kept apart in the graph.
         """
         a = info.agent
         vc = self._vc[a]
@@ -185,6 +207,9 @@ class HBDetector:
         for j in joins:
             _join(vc, node_vc[j], n_agents)
             preds.append(j)
+        for j in observed:
+            _join(vc, node_vc[j], n_agents)
+            self.observation_edges.append((j, info.op))
         vc[a] += 1
         epoch = vc[a]
         op = info.op
@@ -223,6 +248,11 @@ class HBDetector:
         """The latest node issued on ``agent`` (what a stream sync or wait_stream captures)."""
         return self._last[agent]
 
+    def host_knows(self, op: OpId) -> bool:
+        """True when ``op`` happens before everything the host issues from now on (the
+        allocator's reuse test, by program edges: :mod:`model.allocator`)."""
+        return self._vc[HOST_AGENT][self.nodes[op].agent] >= self.node_epoch[op]
+
     def event_op(self, key: object) -> OpId | None:
         """The record node an event currently captures, or None if never recorded."""
         rec = self._events.get(key)
@@ -239,7 +269,8 @@ class HBDetector:
         for n in self.nodes:
             g.add_node(n.op, name=n.name, agent=n.agent_name, kind=str(n.kind),
                        iteration=n.iteration, label=n.label)
-        g.add_edges_from(self.edges)
+        g.add_edges_from(self.edges, kind="program")
+        g.add_edges_from(self.observation_edges, kind="observation")
         return g
 
     # -- the check ------------------------------------------------------------------------
@@ -260,6 +291,23 @@ class HBDetector:
         else:
             st.r_op[e, a] = info.op
             st.rmax[a] = vc[a]
+        log = st.logs[a]
+        log.append((vc[a], info.op, e, write))
+        if len(log) >= st.pruned_at[a]:
+            self._prune(st, a, n_agents)
+
+    def _prune(self, st: _Storage, agent: int, n_agents: int) -> None:
+        """Drop the log entries of ``agent`` that every agent's clock has passed: they happen
+        before every access still to come (a stream registered later starts from the host's
+        clock), so they can never race again."""
+        floor = min(self._vc[x][agent] for x in range(n_agents))
+        log = st.logs[agent]
+        keep = 0
+        while keep < len(log) and log[keep][0] <= floor:
+            keep += 1
+        if keep:
+            del log[:keep]
+        st.pruned_at[agent] = max(LOG_PRUNE_EVERY, 2 * len(log))
 
     def _report(
         self,
@@ -278,13 +326,40 @@ class HBDetector:
             return
         rows, cols = np.nonzero(unordered)
         prior_ops = latest[rows, cols]
+        pairs: dict[int, set[int]] = {}
         for p in np.unique(prior_ops):
-            sel = prior_ops == p
-            elems = tuple(int(x) for x in np.unique(e[rows[sel]]))
-            self.races.append(self._race(self.nodes[int(p)], info, acc, elems, prior_write))
+            pairs[int(p)] = set(e[rows[prior_ops == p]].tolist())
+        latest_ops = set(pairs)
+        st = self._storages[acc.storage]
+        for agent in np.unique(cols).tolist():
+            self._older_pairs(st.logs[agent], vc[agent], info.op, e, prior_write, pairs)
+        for p in sorted(pairs):
+            elems = tuple(sorted(pairs[p]))
+            self.races.append(self._race(self.nodes[p], info, acc, elems, prior_write,
+                                         older=p not in latest_ops))
+
+    def _older_pairs(self, log: list[tuple[int, int, np.ndarray, bool]], known: int, op: int,
+                     e: np.ndarray, prior_write: bool, pairs: dict[int, set[int]]) -> None:
+        """Add to ``pairs`` every access in ``log`` (one agent's, newest last) that is unordered
+        with the new access (epoch above ``known``, what its clock knows of that agent),
+        conflicts with it (mode ``prior_write``) and shares elements with ``e``."""
+        index = len(log) - 1
+        scanned = 0
+        while index >= 0 and log[index][0] > known:
+            if scanned == MAX_OLDER_SCAN:
+                self.older_scan_truncated += 1
+                return
+            _epoch, prior, elems, write = log[index]
+            if write == prior_write and prior != op:
+                common = np.intersect1d(elems, e, assume_unique=False)
+                if common.size:
+                    pairs.setdefault(prior, set()).update(common.tolist())
+            index -= 1
+            scanned += 1
 
     def _race(
-        self, p: NodeInfo, q: NodeInfo, acc: AccessReq, elems: tuple[int, ...], prior_write: bool
+        self, p: NodeInfo, q: NodeInfo, acc: AccessReq, elems: tuple[int, ...], prior_write: bool,
+        older: bool = False,
     ) -> Race:
         p_buf, p_buf_id = p.buffers[acc.storage]
         if p_buf_id != acc.buffer_id:
@@ -301,8 +376,8 @@ class HBDetector:
         shape = self._storages[acc.storage].shape
         first, second = _access(p, p_mode, p_buf), _access(q, q_mode, acc.buffer)
         if kind == RaceKind.REUSE:
-            return Race(kind, p_buf, shape, elems, first, second, manifest, acc.buffer)
-        return Race(kind, acc.buffer, shape, elems, first, second, manifest)
+            return Race(kind, p_buf, shape, elems, first, second, manifest, acc.buffer, older)
+        return Race(kind, acc.buffer, shape, elems, first, second, manifest, older=older)
 
 
 def _join(vc: list[int], other: Sequence[int], n_agents: int) -> None:

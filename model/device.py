@@ -294,9 +294,30 @@ class Device(ABC):
         if self.sync_enabled(label):
             self._do_synchronize(target, label)
 
+    def query(self, event: Event, label: SyncLabel | None = None) -> bool:
+        """Non-blocking probe used as a branch: has the event's captured work completed?
+
+        A True answer is an *observation* (STREAM-SEMANTICS.md, "Program edges and
+        observations"): what the host issues after seeing it is ordered after the event's
+        work, but whether it is True depends on timing, so a device decides the outcome by a
+        rule that does not (the simulator: False unless a run forces True, so exploration can
+        cover both outcomes). A removed ``label`` makes the probe answer False.
+        """
+        if not self.sync_enabled(label):
+            return False
+        return self._do_query(event, label)
+
+    def poll(self, event: Event, label: SyncLabel | None = None) -> None:
+        """``while not event.query(): pass``: a polling loop always ends on True, so it orders
+        the host after the event's work like ``synchronize(event)``, as an observation."""
+        if self.sync_enabled(label):
+            self._do_poll(event, label)
+
     @abstractmethod
-    def query(self, event: Event) -> bool:
-        """Non-blocking probe: has the event's captured work completed? Orders nothing."""
+    def _do_query(self, event: Event, label: SyncLabel | None) -> bool: ...
+
+    @abstractmethod
+    def _do_poll(self, event: Event, label: SyncLabel | None) -> None: ...
 
     @abstractmethod
     def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None: ...

@@ -112,6 +112,7 @@ class Race:
     second: Access
     manifest: bool | None = None
     reused_as: str | None = None  # reuse races: the new owner; ``buffer`` is the old one
+    older: bool = False  # ``first`` is hidden behind a later access of its agent (still racing)
 
     @property
     def key(self) -> str:
@@ -122,6 +123,8 @@ class Race:
         """The user-facing report: both accesses, the elements, latent or manifest."""
         state = {True: "manifest", False: "latent", None: "unknown"}[self.manifest]
         reused = f" (reused as {self.reused_as})" if self.reused_as else ""
+        if self.older:
+            reused += " (an older access, behind a later one of the same agent)"
         return (
             f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)}"
             f"{reused} "
@@ -162,6 +165,32 @@ def _ranges(values: list[int], limit: int) -> str:
     return ",".join(out[:limit]) + more
 
 
+@dataclass(frozen=True, slots=True)
+class QuerySite:
+    """One ``query()`` a run made as a branch, and the outcome the run gave it.
+
+    ``(event, iteration, occurrence)`` names it across runs (occurrence counts the queries of
+    that event in that iteration); ``forced`` says the run was told the outcome (exploration)
+    rather than taking the default, False, which orders nothing.
+    """
+
+    event: str
+    iteration: int
+    occurrence: int
+    outcome: bool
+    forced: bool = False
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What ``SimDevice(query_outcomes=...)`` takes."""
+        return (self.event, self.iteration, self.occurrence)
+
+    def describe(self) -> str:
+        """``query(copy_done)@3#0 = True``: how a race names the outcome it needs."""
+        return f"query({self.event})@{self.iteration}#{self.occurrence} = {self.outcome}"
+
+
 @dataclass(slots=True)
 class DeviceRun:
     """Everything one device run produced: the timeline, the races, the syncs skipped."""
@@ -172,3 +201,4 @@ class DeviceRun:
     end_ns: int = 0
     uninit_reads: list[str] = field(default_factory=list)  # reads of never-written memory
     dup_writes: list[str] = field(default_factory=list)  # one op writing an element twice
+    query_sites: list[QuerySite] = field(default_factory=list)  # branching queries, in order

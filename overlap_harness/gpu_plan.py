@@ -39,7 +39,7 @@ A racy run is judged on its exact values (``EXACT``) unless they are partly the 
 twice (its ``predicted_uninit_reads`` / ``predicted_dup_writes``). Those runs are
 "manifest-only": a trial counts when it differs from the oracle at exactly the places the
 prediction does (:func:`diff_keys`), whatever the values there. A reuse race is judged
-exactly: the GPU's block pool (:mod:`gpu_check.allocator`) hands a freed block to the owner
+exactly: the GPU's block pool (:mod:`model.allocator`) hands a freed block to the owner
 the simulator does (with torch's caching allocator the owner, and so the values, varied from
 trial to trial: s16's keep-alive mutation scored 1/20 at the predicted places in one run).
 

@@ -18,6 +18,7 @@ from model.metrics import compute_metrics
 from model.protocol import run_protocol
 from model.protocol.oracle import compare_runs
 from model.results import CaseResult
+from model.trace import DeviceRun, Race
 from scenarios.expand import RunSpec, expand, scenario_to_dict
 from sim.device import SimDevice
 
@@ -47,8 +48,11 @@ def simulate(
     delays: Mapping[tuple[str, int], float] | None = None,
     jitter: float | None = None,
     seed: int | None = None,
+    values: str = "timed",
 ) -> tuple[Any, SimDevice]:
-    """Run the protocol of ``scenario`` once on a fresh SimDevice; returns (outcome, device)."""
+    """Run the protocol of ``scenario`` once on a fresh SimDevice; returns (outcome, device).
+
+    ``values`` is the device's value mode (``"issue_order"`` for the verdict's run)."""
     t = scenario.timing
     dev = SimDevice(
         removed,
@@ -57,9 +61,27 @@ def simulate(
         seed=scenario.check.seed if seed is None else seed,
         serial=serial,
         delays=delays,
+        values=values,
     )
     outcome = run_protocol(dev, scenario)
     return outcome, dev
+
+
+def canonical_races(scenario: Scenario, removed: Iterable[str], timed: DeviceRun, *,
+                    delays: Mapping[tuple[str, int], float] | None = None,
+                    jitter: float | None = None, seed: int | None = None) -> list[Race]:
+    """The verdict's races: those of the run whose values follow issue order.
+
+    A race that manifests can corrupt a value the host branches on (a finished request, an
+    accepted length) and so change the accesses that follow; the race set of a timed run can
+    then depend on timing. The run with issue-order values has the program's own control flow
+    under any timing (STREAM-SEMANTICS.md, "Program edges and observations"). A timed run
+    without races had no race to corrupt a value, so its trace is already the program's."""
+    if not timed.races:
+        return timed.races
+    _outcome, dev = simulate(scenario, removed, delays=delays, jitter=jitter, seed=seed,
+                             values="issue_order")
+    return dev.finish().races
 
 
 def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
@@ -74,6 +96,8 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     try:
         outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed)
         run = dev.finish()
+        run.races = canonical_races(sc, spec.removed, run, delays=delays, jitter=jitter,
+                                    seed=seed)
         oracle, odev = simulate(sc, spec.removed, serial=True)
         odev.finish()
     except HarnessError as exc:

@@ -11,10 +11,22 @@ host read sees exactly the writes that landed by then. Writes landing at an inst
 effect before reads starting at that instant (end events are URGENT), so an op ordered after
 another on its stream sees its writes. Times are integer nanoseconds.
 
-Races. Every op is fed, in issue order, to :class:`model.detector.HBDetector`.
+Races. Every op is fed, in issue order, to :class:`model.detector.HBDetector`. Nothing the
+clock says adds an edge: a freed block is reused by the happens-before rule of
+:mod:`model.allocator`, and a ``query()`` used as a branch answers False unless the run forces
+True (``query_outcomes``), so the race set is a property of the program whatever the timing
+(STREAM-SEMANTICS.md, "Program edges and observations").
 
 Serial mode (the oracle): every stream aliases one stream and the host synchronizes after
 each op, so there are no races and values follow issue order.
+
+Issue-order values (``values="issue_order"``): the streams, the timing and the detector are
+those of an overlapped run, but every op's function runs when it is issued, so every read sees
+the values of issue order, and the host's control flow (which requests finished, which slots
+were handed out: decisions made on values it read) is the program's, whatever the timing. A
+race can corrupt a value the host then branches on, which changes later accesses; so the race
+*verdict* comes from a run of this kind (:func:`overlap_harness.runner.canonical_races`), and a
+timed run shows what a race does to the values.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import numpy as np
 import simpy
 import torch
 
+from model.allocator import BlockPool, FreedBlock
 from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
 from model.device import (
     AccessSpec,
@@ -46,7 +59,7 @@ from model.device import (
     torch_sel,
 )
 from model.errors import DeviceUsageError
-from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord
+from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
 
 GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
 
@@ -82,7 +95,6 @@ class _Block:
     all_written: bool = False
     all_landed: bool = False
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
-    pending: list[tuple[int, int]] = field(default_factory=list)  # (op, complete_at) at free
 
 
 def _may_repeat(sel: Sel) -> bool:
@@ -178,6 +190,12 @@ class SimDevice(Device):
         serial: the oracle mode (one stream, host sync after every op).
         delays: extra microseconds before an op starts, by (op name, iteration): the
             injected delays of exploration and of the GPU replay.
+        query_outcomes: the answer of a branching ``query()``, by (event name, iteration,
+            occurrence in that iteration); unlisted queries answer False (the outcome that
+            orders nothing). A forced True the clock has not reached makes the host wait.
+        values: ``"timed"`` (reads at an op's simulated start, writes at its end) or
+            ``"issue_order"`` (each op's function runs as it is issued; see the module
+            docstring).
     """
 
     def __init__(
@@ -189,8 +207,13 @@ class SimDevice(Device):
         seed: int = 0,
         serial: bool = False,
         delays: Mapping[tuple[str, int], float] | None = None,
+        query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
+        values: str = "timed",
     ) -> None:
         super().__init__(removed)
+        if values not in ("timed", "issue_order"):
+            raise DeviceUsageError(f"values: expected timed|issue_order, got {values!r}")
+        self._issue_order = values == "issue_order"
         self.env = simpy.Environment()
         self.det = HBDetector()
         self.host_ns = 0
@@ -205,7 +228,9 @@ class SimDevice(Device):
         self._buffers: list[Buffer] = []
         self._views: list[torch.Tensor] = []  # by buffer id: its block's memory in its shape
         self._blocks: list[_Block] = []
-        self._pool: list[_Block] = []
+        self._pool = BlockPool()
+        self._query_outcomes = dict(query_outcomes or {})
+        self.query_sites: list[QuerySite] = []
         self.timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
         self._dups: dict[tuple[str, str], str] = {}
@@ -320,7 +345,8 @@ class SimDevice(Device):
         numel = int(np.prod(shape)) if shape else 1
         agent = -1 if stream is None or pinned else self._state(stream).agent
         key = (numel, dtype, pinned, agent)
-        block, joins = self._reuse(key)
+        freed = self._pool.take(key, self.det.host_knows)
+        block = None if freed is None else freed.payload
         if block is None:
             data = torch.full((numel,), GARBAGE, dtype=dtype)
             block = _Block(len(self._blocks), data, key)
@@ -333,11 +359,6 @@ class SimDevice(Device):
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
         self._buffers.append(buf)
         self._views.append(block.data.view(shape))
-        if joins:  # the allocator saw the recorded streams' work complete: an HB edge
-            n = self._info(f"alloc:{name}", HOST_AGENT, HOST, OpKind.ALLOC, self.host_ns,
-                           self.host_ns, None, caller_source())
-            self.det.on_op(n, joins=joins)
-            self._log(n, self.host_ns)
         if fill is not None:
             if stream is None:
                 self.host_write(buf, None, fill, name=f"init:{name}")
@@ -345,29 +366,16 @@ class SimDevice(Device):
                 self.launch(stream, f"fill:{name}", lambda: fill, writes=[buf])
         return buf
 
-    def _reuse(self, key: tuple) -> tuple[_Block | None, list[OpId]]:
-        if key[2]:  # pinned host memory: not recycled in this model
-            return None, []
-        for i in range(len(self._pool) - 1, -1, -1):  # most recently freed first
-            b = self._pool[i]
-            if b.key == key and all(t <= self.host_ns for _, t in b.pending):
-                del self._pool[i]
-                return b, [op for op, _ in b.pending]
-        return None, []
-
     def free(self, buf: Buffer) -> None:
         if buf.freed:
             raise DeviceUsageError(f"double free of {buf.name!r}")
         buf.freed = True
         block = self._blocks[buf.storage]
-        block.pending = []
-        for agent in sorted(block.recorded):
-            last = self.det.last_op(agent)
-            st = next(s for s in self._sstate.values() if s.agent == agent)
-            if last is not None:
-                block.pending.append((last, st.free_at))
+        owner = block.key[3]  # record_stream on the allocation stream itself is a no-op
+        pending = tuple(last for agent in sorted(block.recorded - {owner})
+                        if (last := self.det.last_op(agent)) is not None)
         block.recorded = set()
-        self._pool.append(block)
+        self._pool.give(FreedBlock(block.key, block, block.id, pending))
         n = self._info(f"free:{buf.name}", HOST_AGENT, HOST, OpKind.FREE, self.host_ns,
                        self.host_ns, None, caller_source())
         self.det.on_op(n)
@@ -416,6 +424,11 @@ class SimDevice(Device):
                          writes: list[tuple[Buffer, Sel]], observe: str | None,
                          rq: list[AccessReq], wq: list[AccessReq]) -> None:
         op = _OpValues(self, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
+        if self._issue_order:  # the function runs and its writes land now: issue order
+            op.on_start(None)
+            if writes:
+                op.on_end(None)
+            return
         _At(self.env, n.start_ns or 0, simpy.events.NORMAL, op.on_start)
         if writes:
             _At(self.env, n.end_ns or 0, simpy.events.URGENT, op.on_end)
@@ -520,9 +533,40 @@ class SimDevice(Device):
         self.det.on_op(n, joins=ops)
         self._log(n, start)
 
-    def query(self, event: Event) -> bool:
+    def _do_query(self, event: Event, label: SyncLabel | None) -> bool:
+        iteration = self.iteration
+        occurrence = sum(1 for q in self.query_sites
+                         if q.event == event.name and q.iteration == iteration)
+        key = (event.name, iteration, occurrence)
+        self.host_ns += self._launch_ns
         done = self._events[event.id].complete_at
-        return done is not None and done <= self.host_ns
+        record = self.det.event_op(event.id)
+        forced = key in self._query_outcomes
+        outcome = self._query_outcomes.get(key, False) or done is None  # never recorded: True
+        start = self.host_ns
+        observed: list[OpId] = []
+        if outcome and record is not None and done is not None:
+            self.host_ns = max(self.host_ns, done)  # the timing in which it was True
+            observed.append(record)
+        n = self._info(f"query:{event.name}", HOST_AGENT, HOST, OpKind.QUERY, start,
+                       self.host_ns, label, caller_source())
+        self.det.on_op(n, observed=observed)
+        self._log(n, start)
+        self.query_sites.append(QuerySite(event.name, iteration, occurrence, outcome, forced,
+                                          n.source))
+        return outcome
+
+    def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
+        done = self._events[event.id].complete_at
+        record = self.det.event_op(event.id)
+        if record is None or done is None:  # never recorded: the first query says True
+            return
+        start = self.host_ns
+        self.host_ns = max(self.host_ns, done)
+        n = self._info(f"poll:{event.name}", HOST_AGENT, HOST, OpKind.HOST_SYNC, start,
+                       self.host_ns, label, caller_source())
+        self.det.on_op(n, observed=[record])
+        self._log(n, start)
 
     # -- results --------------------------------------------------------------------------
     def finish(self) -> DeviceRun:
@@ -531,7 +575,8 @@ class SimDevice(Device):
         self.env.run()
         end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
         return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end,
-                         list(self._uninit.values()), list(self._dups.values()))
+                         list(self._uninit.values()), list(self._dups.values()),
+                         list(self.query_sites))
 
     def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
         """Out-of-band look at memory now (tests, oracle): no access is recorded."""

@@ -145,18 +145,65 @@ def test_a_removed_label_skips_the_sync_and_is_logged() -> None:
     assert_races(dev, 1, "WAR")
 
 
-def test_query_orders_nothing(dev: SimDevice) -> None:
+def _copy_then_query(dev: SimDevice, outcome: bool | None):
     s, _f = two_streams(dev)
     pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
     b = dev.buffer("b", (2,), torch.int64, fill=3, stream=s)
     e = dev.event("e")
     dev.copy(s, b, pin, non_blocking=True, cost_us=10)
     dev.record(e, s)
-    dev.host_work("spin", 50)  # long enough that the copy is done ...
-    assert dev.query(e) is True
-    dev.host_read(pin)  # ... yet no sync orders the read after it
+    dev.host_work("spin", 50)  # long enough that the copy is done by the clock ...
+    answer = dev.query(e)
+    dev.host_read(pin)
+    return answer
+
+
+def test_a_branching_query_answers_false_by_default_and_orders_nothing(dev: SimDevice) -> None:
+    assert _copy_then_query(dev, None) is False  # ... yet the default outcome is not the clock's
     (race,) = assert_races(dev, 1, "host-D2H")
     assert race.manifest is False  # latent: the timing happened to be safe
+    (site,) = dev.query_sites
+    assert (site.key, site.outcome, site.forced) == (("e", -1, 0), False, False)
+
+
+def test_a_query_forced_true_is_an_observation_that_orders_what_follows() -> None:
+    dev = SimDevice(host_launch_us=1.0, query_outcomes={("e", -1, 0): True})
+    assert _copy_then_query(dev, True) is True
+    assert_no_race(dev)
+    assert dev.det.observation_edges and not dev.det.races
+    g = dev.det.graph()
+    assert {d["kind"] for *_e, d in g.edges(data=True)} == {"program", "observation"}
+
+
+def test_a_forced_true_the_clock_has_not_reached_makes_the_host_wait() -> None:
+    dev = SimDevice(host_launch_us=1.0, query_outcomes={("e", -1, 0): True})
+    s = dev.stream("s")
+    b = dev.buffer("b", (2,), torch.int64, fill=3, stream=s)
+    e = dev.event("e")
+    dev.launch(s, "slow", lambda v: v + 1, reads=[b], writes=[b], cost_us=500)
+    dev.record(e, s)
+    before = dev.host_ns
+    assert dev.query(e) is True
+    assert dev.host_ns >= dev.det.nodes[dev.det.event_op(e.id)].end_ns > before
+
+
+def test_a_query_of_a_never_recorded_event_is_true_and_orders_nothing(dev: SimDevice) -> None:
+    e = dev.event("never")
+    assert dev.query(e) is True
+    assert not dev.det.observation_edges
+
+
+def test_a_poll_loop_orders_like_synchronize(dev: SimDevice) -> None:
+    s, _f = two_streams(dev)
+    pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
+    b = dev.buffer("b", (2,), torch.int64, fill=3, stream=s)
+    e = dev.event("e")
+    dev.copy(s, b, pin, non_blocking=True, cost_us=10)
+    dev.record(e, s)
+    dev.poll(e)
+    assert dev.host_read(pin).tolist() == [3, 3]
+    assert_no_race(dev)
+    assert len(dev.det.observation_edges) == 1
 
 
 # -- host syncs and copies -------------------------------------------------------------------

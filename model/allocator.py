@@ -1,0 +1,90 @@
+"""The caching allocator's reuse rule, written once for every device.
+
+PyTorch's caching allocator (its documented rules, STREAM-SEMANTICS.md "Caching-allocator
+reuse"): a block belongs to the stream it was allocated on. Freed without ``record_stream``, it
+may go to the very next allocation on that stream at once, although another stream may still
+be using it: the new owner's accesses then race with the old user's (a *reuse* race). After
+``record_stream(T)``, the allocator records an event on ``T`` at the free and hands the block out
+only once that event has completed, which it learns by querying the event when it allocates.
+
+That query is an *observation*: whether it says "done" depends on timing. If the model reused a
+block when the clock said so (as it once did), which block went where, and so which races
+exist, would depend on the timing of the run. So the rule here decides reuse by
+**happens-before**: a block with recorded streams is reusable once every recorded stream's last
+op at the free happens before the allocation in program order (the host synchronized it, or
+waited for something ordered after it). Such a reuse needs no new edge, and it is one that every
+timing allows. A real allocator may reuse the block earlier, when timing happens to let it; that
+reuse is ordered by the allocator's own event, so it can never add a race of its own; it only
+changes which block an allocation gets, which the real allocator decides by size and address
+anyway. The choice among reusable blocks here is deterministic: the most recently freed block
+of the same key (numel, dtype, pinned, allocation stream). Pinned host blocks are never handed
+out again within a run.
+
+The pool is pure bookkeeping over opaque payloads (a simulated block, a CUDA tensor): the
+simulated device, the CUDA device and the recorder of real code all use it, so each makes the
+same choice for the same program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from model.trace import OpId
+
+BlockKey = tuple  # (numel, dtype, pinned, allocation agent or -1 for the host)
+
+
+@dataclass(slots=True)
+class FreedBlock:
+    """A block back in the pool.
+
+    Args:
+        key: what an allocation must match to reuse it (see :data:`BlockKey`).
+        payload: the device's memory behind the block (opaque here).
+        storage: the block's storage id in the race detector (a reuse keeps it, which is how
+            the detector tells a reuse race: same storage, another buffer).
+        pending: the last op of each stream recorded with ``record_stream`` at the free; the
+            block waits until every one of them happens before the allocating host.
+    """
+
+    key: BlockKey
+    payload: Any
+    storage: int
+    pending: tuple[OpId, ...] = ()
+
+
+class BlockPool:
+    """Freed blocks, handed out most recently freed first once reusable by happens-before."""
+
+    def __init__(self) -> None:
+        self._free: list[FreedBlock] = []
+        self._kept: list[Any] = []  # freed pinned payloads: alive as long as the pool
+        self.reused = 0
+
+    def take(self, key: BlockKey, ordered: Callable[[OpId], bool]) -> FreedBlock | None:
+        """The block a new allocation with ``key`` reuses, or None (allocate a fresh one).
+
+        ``ordered(op)`` answers whether ``op`` happens before the allocating host now (by
+        program edges only; never by the clock).
+        """
+        if key[2]:  # pinned: never reused
+            return None
+        for index in range(len(self._free) - 1, -1, -1):
+            block = self._free[index]
+            if block.key == key and all(ordered(op) for op in block.pending):
+                del self._free[index]
+                self.reused += 1
+                return block
+        return None
+
+    def give(self, block: FreedBlock) -> None:
+        """Take a freed block back (pinned ones are only kept alive)."""
+        if block.key[2]:
+            self._kept.append(block.payload)
+        else:
+            self._free.append(block)
+
+    def __len__(self) -> int:
+        return len(self._free)
