@@ -66,8 +66,11 @@ def _settle() -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     # Pinned blocks too: a reused one holds the last run's (right) values, so an early host
-    # read would not show; fresh pinned pages do. torch.accelerator has it from torch 2.9 on.
-    empty_host_cache = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    # read would not show (seen on an H100: nonblocking_to_cpu wrong only in its first run);
+    # fresh pinned pages read as zeros. torch 2.13 has torch.accelerator.empty_host_cache,
+    # torch 2.11 only torch._C._host_emptyCache.
+    empty_host_cache = (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+                        or getattr(torch._C, "_host_emptyCache", None))
     if empty_host_cache is not None:
         empty_host_cache()
 
