@@ -33,6 +33,8 @@ class RunSpec:
     expect: Expect
     races: tuple[str, ...]
     run_id: str
+    mutation_index: int = -1  # its [[mutation]] entry in the file; -1 for the base run
+    allow_unused: bool = False  # the mutation may remove syncs this configuration never reaches
 
 
 def to_data(value: Any) -> Any:
@@ -97,10 +99,11 @@ def expand(scenario: Scenario) -> list[RunSpec]:
     none: frozenset[str] = frozenset()
     runs = [RunSpec(scenario, "", scenario.protocol, none, check.expect, check.races,
                     _run_id(scenario, "", scenario.protocol, none))]
-    for m in scenario.mutation:
+    for index, m in enumerate(scenario.mutation):
         protocol = dataclasses.replace(scenario.protocol, **m.set)
         removed = frozenset(m.remove)
         name = mutation_name(m)
         runs.append(RunSpec(scenario, name, protocol, removed, m.expect, m.races,
-                            _run_id(scenario, name, protocol, removed)))
+                            _run_id(scenario, name, protocol, removed), index,
+                            m.allow_unused))
     return runs

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
+import os
 import re
 import tomllib
 from collections.abc import Iterable
@@ -24,7 +26,7 @@ from typing import Any
 
 from model.config import Scenario
 from model.errors import ScenarioError
-from scenarios.rules import Problems, check_scenario
+from scenarios.rules import Problems, check_runnable, check_scenario
 from scenarios.schema import (
     PARTIAL_TABLES,
     element_type,
@@ -38,25 +40,32 @@ from scenarios.schema import (
 
 _BAD = object()  # a value that failed its check (the problem is already recorded)
 _INDEX = re.compile(r"\[\d+\]")
+#: Deepest bracket nesting a file may have. The schema needs 3 (``[[mutation]]`` holding
+#: ``set = {...}``); tomllib recurses once per level, so a file nested thousands deep would
+#: end in a RecursionError. The limit leaves room for any scenario and stops that early.
+MAX_NESTING = 32
+_UTF8_BOM = b"\xef\xbb\xbf"
 _TOML_WHERE = re.compile(r"^(?P<msg>.*) \((?:at line (?P<line>\d+), column (?P<col>\d+)|"
                          r"at end of document)\)$")
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, *, runnable: bool = False) -> Scenario:
     """Load and validate one scenario file.
 
     Raises ``ScenarioError`` listing every problem of the file (unreadable, bad TOML, bad
-    keys or values, impossible combinations).
+    keys or values, impossible combinations; with ``runnable``, also a scenario with nothing
+    to run, which the commands that run scenarios ask for so it cannot pass silently).
     """
     lines: list[str] = []
-    scenario = _load_file(Path(path), str(path), lines)
+    scenario = _load_file(Path(path), str(path), lines, runnable)
     if lines or scenario is None:
         raise ScenarioError(lines or [f"{path}: could not be loaded"])
     return scenario
 
 
-def load_paths(paths: Iterable[str | Path]) -> list[Scenario]:
+def load_paths(paths: Iterable[str | Path], *, runnable: bool = False) -> list[Scenario]:
     """Load a suite: files, and folders searched recursively for ``*.toml`` (sorted).
+    ``runnable`` as for :func:`load_scenario`.
 
     A file reached twice (named and inside a named folder) is loaded once. Raises
     ``ScenarioError`` with every problem across all files: missing paths, folders without
@@ -68,7 +77,7 @@ def load_paths(paths: Iterable[str | Path]) -> list[Scenario]:
         lines.append("no scenario files given")
     scenarios: list[Scenario] = []
     for file, shown in files:
-        scenario = _load_file(file, shown, lines)
+        scenario = _load_file(file, shown, lines, runnable)
         if scenario is not None:
             scenarios.append(scenario)
     first: dict[str, Scenario] = {}
@@ -97,8 +106,11 @@ def _collect(paths: Iterable[str | Path], lines: list[str]) -> list[tuple[Path, 
         elif p.exists():
             candidates = [(p, str(given))]
         else:
-            lines.append(f"{given}: no such file or folder")
+            lines.append(f"{given}: {_missing(p)}")
             candidates = []
+        if p.is_dir():
+            lines += [f"{f}: {_missing(f)}" for f in sorted(p.rglob("*.toml"))
+                      if f.is_symlink() and not f.exists()]
         for f, shown in candidates:
             if f.resolve() not in seen:
                 seen.add(f.resolve())
@@ -106,8 +118,22 @@ def _collect(paths: Iterable[str | Path], lines: list[str]) -> list[tuple[Path, 
     return found
 
 
-def _load_file(file: Path, shown: str, lines: list[str]) -> Scenario | None:
-    """Parse and check one file; its problems go to ``lines``. None if it cannot be built."""
+def _missing(path: Path) -> str:
+    """Why a path that does not exist cannot be read: no such file, a symbolic link loop, or
+    a link to a missing target (``Path.exists`` says False for all three)."""
+    if not path.is_symlink():
+        return "no such file or folder"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symbolic link loop (the link leads back to itself); point it at a file"
+    return f"symbolic link to {os.readlink(path)}, which does not exist"
+
+
+def _load_file(file: Path, shown: str, lines: list[str], runnable: bool) -> Scenario | None:
+    """Parse and check one file; its problems go to ``lines``. None if it cannot be built.
+    ``runnable`` adds :func:`~scenarios.rules.check_runnable`."""
     raw = _read(file, shown, lines)
     if raw is None:
         return None
@@ -116,17 +142,40 @@ def _load_file(file: Path, shown: str, lines: list[str]) -> Scenario | None:
     values.setdefault("name", file.stem)
     scenario = Scenario(**values, path=shown)
     check_scenario(scenario, out)
+    if runnable:
+        check_runnable(scenario, out)
     return scenario
 
 
 def _read(file: Path, shown: str, lines: list[str]) -> dict[str, Any] | None:
+    """The parsed TOML of ``file``, or None with its problem added to ``lines``.
+
+    Checked before parsing: readable, no byte-order mark (TOML forbids it and tomllib would
+    call it an "Invalid statement"), UTF-8, nesting depth (see :data:`MAX_NESTING`)."""
     try:
-        with file.open("rb") as fh:
-            return tomllib.load(fh)
+        data = file.read_bytes()
+    except IsADirectoryError:
+        lines.append(f"{shown}: is a folder, not a scenario file")
+        return None
     except OSError as exc:
         lines.append(f"{shown}: cannot read: {exc.strerror or exc}")
+        return None
+    if data.startswith(_UTF8_BOM):
+        lines.append(f"{shown}: line 1: starts with a UTF-8 byte-order mark (BOM), which TOML "
+                     "does not allow; save the file as UTF-8 without BOM")
+        return None
+    try:
+        text = data.decode("utf-8")
+        deep = _too_deep(text, MAX_NESTING)
+        if deep is not None:
+            lines.append(f"{shown}: line {deep}: arrays or tables nested more than "
+                         f"{MAX_NESTING} deep; a scenario needs at most 3")
+            return None
+        return tomllib.loads(text)
     except UnicodeDecodeError as exc:
         lines.append(f"{shown}: not UTF-8 text (byte {exc.start}); save it as UTF-8")
+    except RecursionError:  # a nesting _too_deep missed (it does not parse TOML fully)
+        lines.append(f"{shown}: arrays or tables nested too deep for the TOML reader")
     except tomllib.TOMLDecodeError as exc:
         m = _TOML_WHERE.match(str(exc))
         if m is None:
@@ -136,6 +185,41 @@ def _read(file: Path, shown: str, lines: list[str]) -> dict[str, Any] | None:
                          f"TOML syntax error: {m['msg']}")
         else:
             lines.append(f"{shown}: end of file: TOML syntax error: {m['msg']}")
+    return None
+
+
+def _too_deep(text: str, limit: int) -> int | None:
+    """The line where bracket nesting (``[`` and ``{``, outside strings and comments) first
+    exceeds ``limit``, or None. A scan, not a parse: brackets of table headers open and close
+    on their line, so they count only briefly."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    depth, line, i, size = 0, 1, 0, len(text)
+    while i < size:
+        ch = text[i]
+        if ch == "\n":
+            line += 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = size if end < 0 else end
+            continue
+        elif ch in "\"'":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            j = i + len(quote)
+            while j < size and not text.startswith(quote, j):
+                if len(quote) == 1 and text[j] == "\n":
+                    break  # an unclosed one-line string: tomllib reports it
+                j += 2 if ch == '"' and text[j] == "\\" else 1
+            line += text.count("\n", i, j)
+            i = j + len(quote)
+            continue
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return line
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        i += 1
     return None
 
 

@@ -68,6 +68,14 @@ def check_scenario(s: Scenario, out: Problems) -> None:
     _check_mutation_names(s, out)
 
 
+def check_runnable(s: Scenario, out: Problems) -> None:
+    """A scenario to run must have something to run: an empty file, one without a
+    ``[workload]`` and one without requests would run nothing and pass (a silent pass)."""
+    if not s.workload.requests and out.ok("workload", "workload.requests"):
+        out.add("workload.requests", "none, so the scenario has nothing to run; add "
+                                     "[[workload.requests]] with an id, prompt_len and max_new")
+
+
 def protocol_violations(p: ProtocolConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """Impossible protocol combinations as (key to blame, keys involved, reason).
 
