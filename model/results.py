@@ -38,6 +38,7 @@ class CaseResult:
     uninit_reads: list[str] = field(default_factory=list)  # values set by the allocator
     dup_writes: list[str] = field(default_factory=list)  # scatter order decides the value
     error: str | None = None
+    wall_s: float = 0.0  # wall seconds of the run and its oracle (JUnit ``time=``)
     timeline: list[OpRecord] = field(default_factory=list, repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 

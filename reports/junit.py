@@ -1,4 +1,8 @@
-"""JUnit XML: one test case per scenario and mutation; the failure text is the race report."""
+"""JUnit XML: one test case per scenario and mutation; the failure text is the race report.
+
+Every ``testcase`` and the ``testsuite`` carry ``time=`` (seconds, the run and its oracle;
+CI dashboards sort and chart by it) from :attr:`CaseResult.wall_s`.
+"""
 
 from __future__ import annotations
 
@@ -27,11 +31,12 @@ def to_junit(results: Sequence[CaseResult], suite: str = "overlap-harness") -> s
     fails = sum(1 for r in results if not r.ok and r.error is None)
     errors = sum(1 for r in results if r.error is not None)
     root = ET.Element("testsuites")
+    total = sum(r.wall_s for r in results)
     ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(results)),
-                       failures=str(fails), errors=str(errors))
+                       failures=str(fails), errors=str(errors), time=f"{total:.3f}")
     for r in results:
         tc = ET.SubElement(ts, "testcase", classname=r.scenario, name=r.mutation or "base",
-                           file=r.path)
+                           file=r.path, time=f"{r.wall_s:.3f}")
         if r.error is not None:
             ET.SubElement(tc, "error", message=r.error).text = failure_text(r)
         elif not r.ok:

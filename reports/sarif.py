@@ -3,12 +3,16 @@
 One rule per race kind; one result per race. Its location is the scenario file, at the line
 of the mutation that removed the sync (its ``remove``/``set`` line) or of the scenario's
 ``name``; related locations are the protocol source lines of both accesses and, for a
-mutation, the sync that would have ordered them.
+mutation, the sync that would have ordered them. Paths are relative to ``%SRCROOT%`` (the
+repository around the working directory; a UI supplies its checkout) or, for the harness's
+own sources elsewhere, to ``HARNESSROOT``: the log is the same on every machine.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,18 +21,41 @@ from model.results import CaseResult
 from model.trace import Access, RaceKind
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-ROOT = Path(__file__).resolve().parent.parent
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+SRCROOT, HARNESS = "%SRCROOT%", "HARNESSROOT"
 
 
-def artifact(path: str) -> dict[str, str]:
-    """A SARIF artifactLocation: repository-relative under %SRCROOT% where possible (what
-    code-scanning UIs expect), else a file:// URI."""
-    p = Path(path)
-    full = p if p.is_absolute() else (Path.cwd() / p)
-    try:
-        return {"uri": full.resolve().relative_to(ROOT).as_posix(), "uriBaseId": "%SRCROOT%"}
-    except ValueError:
-        return {"uri": full.resolve().as_uri()}
+def repository_root(start: Path | None = None) -> Path:
+    """The repository the user works in: the nearest folder at or above ``start`` (default:
+    the working directory) that holds ``.git``, else ``start`` itself."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return folder
+    return here
+
+
+def artifact(path: str, root: Path | None = None) -> dict[str, str]:
+    """A SARIF artifactLocation relative to a base id, never an absolute URI.
+
+    Under the user's repository (``root``, default :func:`repository_root`): relative to
+    ``%SRCROOT%``, what code-scanning UIs resolve against the checkout. The harness's own
+    source lines outside it: relative to ``HARNESSROOT``. Anything else: a relative path
+    from ``%SRCROOT%`` (``../``), so the log holds no machine-specific path.
+    """
+    return dict(_relative(path, root or repository_root(), Path.cwd()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _relative(path: str, base: Path, cwd: Path) -> tuple[tuple[str, str], ...]:
+    """(uri, uriBaseId) of ``path``; cached, as a suite names the same few files thousands of
+    times."""
+    full = (Path(path) if Path(path).is_absolute() else cwd / path).resolve()
+    for folder, base_id in ((base, SRCROOT), (HARNESS_ROOT, HARNESS)):
+        if full.is_relative_to(folder):
+            return (("uri", full.relative_to(folder).as_posix()), ("uriBaseId", base_id))
+    return (("uri", Path(os.path.relpath(full, base)).as_posix()), ("uriBaseId", SRCROOT))
+
 
 RULES = {
     RaceKind.RAW: "A read is not ordered after the write it should see: it may read a stale "
@@ -56,35 +83,35 @@ def _line_of(path: str, needles: Sequence[str]) -> int:
     return 1
 
 
-def _source_location(a: Access, idx: int) -> dict[str, Any] | None:
+def _source_location(a: Access, idx: int, root: Path) -> dict[str, Any] | None:
     if not a.source or ":" not in a.source:
         return None
     file, _, line = a.source.rpartition(":")
     if not line.isdigit():
         return None
     return {"id": idx, "message": {"text": a.describe()},
-            "physicalLocation": {"artifactLocation": artifact(file),
+            "physicalLocation": {"artifactLocation": artifact(file, root),
                                  "region": {"startLine": int(line)}}}
 
 
-def _results(case: CaseResult) -> list[dict[str, Any]]:
+def _results(case: CaseResult, root: Path) -> list[dict[str, Any]]:
     needles = [f'"{label}"' for label in case.removed] + [f'name = "{case.mutation}"',
                                                           f'name = "{case.scenario}"']
     line = _line_of(case.path, needles)
     out = []
     for race in case.races:
         related = [loc for i, a in enumerate((race.first, race.second))
-                   if (loc := _source_location(a, i)) is not None]
+                   if (loc := _source_location(a, i, root)) is not None]
         for j, label in enumerate(case.removed):
             related.append({"id": 10 + j, "message": {
                 "text": f"removed sync {label!r} would order these accesses"},
-                "physicalLocation": {"artifactLocation": artifact(case.path),
+                "physicalLocation": {"artifactLocation": artifact(case.path, root),
                                      "region": {"startLine": line}}})
         out.append({
             "ruleId": str(race.kind),
             "level": "error" if case.expect != "race" else "note",
             "message": {"text": f"{case.name}: {race.describe()}"},
-            "locations": [{"physicalLocation": {"artifactLocation": artifact(case.path),
+            "locations": [{"physicalLocation": {"artifactLocation": artifact(case.path, root),
                                                 "region": {"startLine": line}}}],
             "relatedLocations": related,
             "properties": {"manifest": race.manifest, "run_id": case.run_id},
@@ -97,10 +124,14 @@ def to_sarif(cases: Sequence[CaseResult]) -> dict[str, Any]:
     rules = [{"id": str(k), "name": f"{k}Race".replace("-", ""),
               "shortDescription": {"text": f"{k} race"}, "fullDescription": {"text": text},
               "help": {"text": text}} for k, text in RULES.items()]
-    results = [r for c in cases for r in _results(c)]
+    root = repository_root()
+    results = [r for c in cases for r in _results(c, root)]
+    bases = {SRCROOT: {"description": {"text": "the repository checked (its working tree)"}},
+             HARNESS: {"uri": HARNESS_ROOT.as_uri() + "/",
+                       "description": {"text": "the overlap-harness sources"}}}
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [{
         "tool": {"driver": {"name": "overlap-harness", "rules": rules}},
-        "results": results}]}
+        "originalUriBaseIds": bases, "results": results}]}
 
 
 def write_sarif(cases: Sequence[CaseResult], path: str | Path) -> None:

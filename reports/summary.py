@@ -2,8 +2,9 @@
 
 At a glance: a banner with the counts, the results table with racy and failing rows coloured,
 then for every racy, faulty or failing case its timeline plot (embedded) and the race reports
-naming both accesses; the necessity table when given; the sim-vs-GPU comparison when a GPU
-suite report exists under ``reports/gpu/``.
+naming both accesses; the necessity table when given, with what its signed columns mean; the
+sim-vs-GPU rows of the runs that were run, when a GPU suite report under ``reports/gpu/``
+has any of them (same run id, so the same configuration); nothing about other runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from model.results import CaseResult
+from reports.tables import NECESSITY_LEGEND
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -75,12 +77,22 @@ def latest_gpu_report(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def _gpu_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def gpu_rows(report: dict[str, Any], results: Sequence[CaseResult]
+             ) -> tuple[list[str], list[list[str]]]:
+    """The GPU report's rows for the runs in ``results`` (matched by run id), and the keys.
+
+    A run id carries the hash of the run's resolved configuration, so a row is shown only for
+    the very run that was simulated; an unrelated scenario gets no GPU table at all.
+    """
     runs = report.get("runs") or report.get("cases") or []
     if not runs or not isinstance(runs, list) or not isinstance(runs[0], dict):
         return [], []
-    keys = [k for k, v in runs[0].items() if isinstance(v, str | int | float | bool)][:9]
-    return keys, [[str(run.get(k, "")) for k in keys] for run in runs]
+    ran = {r.run_id for r in results}
+    mine = [run for run in runs if isinstance(run, dict) and run.get("run_id") in ran]
+    if not mine:
+        return [], []
+    keys = [k for k, v in mine[0].items() if isinstance(v, str | int | float | bool)][:9]
+    return keys, [[str(run.get(k, "")) for k in keys] for run in mine]
 
 
 def to_markdown(results: Sequence[CaseResult], plots: dict[str, str],
@@ -99,6 +111,7 @@ def to_markdown(results: Sequence[CaseResult], plots: dict[str, str],
                 "| scenario | sync | verdict | races when removed | manifest | stall saved us "
                 "| idle saved us |", "|---|---|---|---|---|---|---|"]
         out += ["| " + " | ".join(row) + " |" for row in necessity]
+        out += ["", NECESSITY_LEGEND]
     out += ["", "## Racy, faulty and failing runs"]
     for r in results:
         if needs_plot(r):
@@ -106,12 +119,11 @@ def to_markdown(results: Sequence[CaseResult], plots: dict[str, str],
             if r.run_id in plots:
                 out.append(f"![{r.name}]({plots[r.run_id]})")
             out += ["", "```", case_details(r), "```"]
-    if gpu:
-        keys, rows = _gpu_rows(gpu)
-        out += ["", f"## Simulated vs GPU ({gpu['_file']})", ""]
-        if rows:
-            out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            out += ["| " + " | ".join(r) + " |" for r in rows]
+    keys, rows = gpu_rows(gpu, results) if gpu else ([], [])
+    if rows and gpu:
+        out += ["", f"## Simulated vs GPU ({gpu['_file']}, the {len(rows)} runs above)", ""]
+        out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -147,7 +159,8 @@ def to_html(results: Sequence[CaseResult], plots: dict[str, Path],
     if necessity:
         parts += ["<h2>Sync necessity</h2>", _table(
             ["scenario", "sync", "verdict", "races when removed", "manifest",
-             "stall saved us", "idle saved us"], necessity)]
+             "stall saved us", "idle saved us"], necessity),
+                  f"<p>{html.escape(NECESSITY_LEGEND)}</p>"]
     parts.append("<h2>Racy, faulty and failing runs</h2>")
     for r in results:
         if needs_plot(r):
@@ -155,10 +168,10 @@ def to_html(results: Sequence[CaseResult], plots: dict[str, Path],
             if r.run_id in plots:
                 parts.append(_img(plots[r.run_id]))
             parts.append(f"<pre>{html.escape(case_details(r))}</pre>")
-    if gpu:
-        keys, rows = _gpu_rows(gpu)
-        parts.append(f"<h2>Simulated vs GPU ({html.escape(gpu['_file'])})</h2>")
-        if rows:
-            parts.append(_table(keys, rows))
+    keys, rows = gpu_rows(gpu, results) if gpu else ([], [])
+    if rows and gpu:
+        parts.append(f"<h2>Simulated vs GPU ({html.escape(gpu['_file'])}, the {len(rows)} "
+                     "runs above)</h2>")
+        parts.append(_table(keys, rows))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
