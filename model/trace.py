@@ -113,6 +113,7 @@ class Race:
     manifest: bool | None = None
     reused_as: str | None = None  # reuse races: the new owner; ``buffer`` is the old one
     older: bool = False  # ``first`` is hidden behind a later access of its agent (still racing)
+    needs: tuple[str, ...] = ()  # branch outcomes it exists under (empty: under every outcome)
 
     @property
     def key(self) -> str:
@@ -125,6 +126,8 @@ class Race:
         reused = f" (reused as {self.reused_as})" if self.reused_as else ""
         if self.older:
             reused += " (an older access, behind a later one of the same agent)"
+        if self.needs:
+            reused += " (only when " + " and ".join(self.needs) + ")"
         return (
             f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)}"
             f"{reused} "
