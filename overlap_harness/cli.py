@@ -1,42 +1,111 @@
 """The command line: ``overlap-harness run PATH...`` and friends.
 
-Exit status: 0 when every verdict matches its expectation, 1 when one does not, 2 on bad
-input (one line per problem on stderr, no traceback).
+Exit status (also in ``--help`` and the README): 0 every verdict as expected; 1 a verdict
+differs; 2 bad input or usage (one line per problem on stderr, no traceback), found before
+anything runs wherever it can be; 3 an internal error (our bug, so the traceback is shown);
+130 interrupted (Ctrl-C), one line.
+
+Streams: tables go to stdout, progress and notes to stderr; with ``--json -`` stdout carries
+the JSON document alone and the table moves to stderr, so the output pipes into ``jq``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 from model.errors import HarnessError, ScenarioError
-from overlap_harness import check_cmd
+from overlap_harness import __version__, check_cmd
 from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
 
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EXIT_CODES = """exit status:
+  0    every verdict as expected
+  1    a verdict differs from its expect (or explore left a race not manifest)
+  2    bad input or usage: one line per problem, file: key: reason (nothing ran)
+  3    internal error: a bug in overlap-harness; the traceback is printed
+  130  interrupted (Ctrl-C)"""
+
+
+class UsageError(HarnessError):
+    """A command-line value that cannot work (an output folder that is a file, ...)."""
 
 
 class _Progress:
-    """A one-line progress bar on a terminal; a line per 10% otherwise (CI logs)."""
+    """Progress on stderr.
 
-    def __init__(self, enabled: bool) -> None:
+    On a terminal, one line redrawn in place: the run (``i/n`` and its id) and, inside a run,
+    the work done of the run (iterations, or trials for explore), device ops per second and
+    the time the run has left at the current rate. Elsewhere (CI logs) a line per 10% of the
+    runs and nothing inside them, so logs stay short.
+    """
+
+    def __init__(self, enabled: bool, unit: str = "it") -> None:
         self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.last = -1
+        self.tty = enabled and sys.stderr.isatty()
+        self.unit = unit
+        self.last_tenth = -1
+        self.run_text = ""
+        self.started = time.perf_counter()
+        self.drawn = 0.0
+        self.ops = 0
+        self.device_ops = 0
 
     def __call__(self, i: int, n: int, what: str) -> None:
+        """Run ``i`` of ``n`` (``what``) starts; ``i == n`` ends the line."""
         if not self.enabled or n == 0:
             return
         if self.tty:
             bar = "#" * (30 * i // n)
-            end = "\n" if i == n else ""
-            sys.stderr.write(f"\r[{bar:<30}] {i}/{n} {what[:50]:<50}{end}")
-            sys.stderr.flush()
-        elif (tenth := 10 * i // n) != self.last:
-            self.last = tenth
+            self.run_text = f"[{bar:<30}] {i}/{n} {what[:40]}"
+            self.started, self.ops, self.device_ops = time.perf_counter(), 0, 0
+            self._draw(self.run_text, end="\n" if i == n else "")
+        elif (tenth := 10 * i // n) != self.last_tenth:
+            self.last_tenth = tenth
             sys.stderr.write(f"[{i}/{n}] {what}\n")
+
+    def watch(self, done: int, total: int, ops: int | None = None) -> None:
+        """Inside the current run: ``done`` of ``total`` units, ``ops`` device ops issued by
+        the current device (a new device starts again from 0)."""
+        if not self.tty:
+            return
+        now = time.perf_counter()
+        if ops is not None:
+            self.ops += ops - self.device_ops if ops >= self.device_ops else ops
+            self.device_ops = ops
+        if now - self.drawn < 0.25 and done < total:
+            return
+        elapsed = max(now - self.started, 1e-9)
+        parts = [f"{done}/{total} {self.unit}"]
+        if ops is not None:
+            parts.append(f"{self.ops / elapsed:,.0f} ops/s")
+        if 0 < done < total:
+            parts.append(f"ETA {_duration(elapsed * (total - done) / done)}")
+        self._draw(f"{self.run_text}  " + "  ".join(parts))
+
+    def _draw(self, text: str, end: str = "") -> None:
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        sys.stderr.write("\r" + text[:width].ljust(width) + end)
+        sys.stderr.flush()
+        self.drawn = time.perf_counter()
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``2h10m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _table(rows: list[list[str]], head: list[str]) -> str:
@@ -66,45 +135,110 @@ def results_table(results) -> str:
     return _table(rows, head)
 
 
+# -- checks made before anything runs ---------------------------------------------------------
+
+def _writable_folder(path: str, flag: str) -> None:
+    """Raise UsageError unless ``path`` is, or can be made as, a writable folder."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_symlink() or not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a folder, so {path} cannot be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
+def _writable_file(path: str, flag: str) -> None:
+    """Raise UsageError unless ``path`` can be written as a file."""
+    file = Path(path)
+    if file.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file name")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise UsageError(f"{flag} {path}: is not writable")
+    _writable_folder(str(file.parent), flag + " folder")
+
+
+def _check_memory(scenarios: Sequence[Any], override: bool) -> None:
+    """Refuse (UsageError) a scenario whose largest run would not fit in this machine's
+    memory, by :func:`overlap_harness.runner.estimate_run_bytes`; ``override`` only warns."""
+    from overlap_harness.runner import available_memory_bytes, estimate_run_bytes
+
+    have = available_memory_bytes()
+    if have is None:
+        return
+    for sc in scenarios:
+        need = estimate_run_bytes(sc)
+        if need <= have:
+            continue
+        line = (f"{sc.path}: estimated peak memory {need / 2**30:.1f} GiB for one run "
+                f"(workload.iterations = {sc.workload.iterations}, protocol.max_context = "
+                f"{sc.protocol.max_context}, protocol.pool_size = {sc.protocol.pool_size}) "
+                f"exceeds the {have / 2**30:.1f} GiB available")
+        if not override:
+            raise UsageError(line + "; make the workload smaller, or pass "
+                                    "--ignore-memory-estimate to run it anyway")
+        print(f"overlap-harness: warning: {line}; running anyway", file=sys.stderr)
+
+
+def _human(args: argparse.Namespace) -> TextIO:
+    """Where tables and notes go: stdout, unless stdout carries the JSON (``--json -``)."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+
+
+# -- the commands ---------------------------------------------------------------------------
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from scenarios.loader import load_paths
 
-    scenarios = load_paths(args.paths)  # bad input stops here, before anything runs
+    human = _human(args)
+    if not args.no_reports:
+        _writable_folder(args.out, "--out")
+    if args.json and args.json != "-":
+        _writable_file(args.json, "--json")
+    if args.junit:
+        _writable_file(args.junit, "--junit")
+    scenarios = load_paths(args.paths, runnable=True)  # bad input stops here, before anything runs
+    _check_memory(scenarios, args.ignore_memory_estimate)
 
-    from overlap_harness.runner import run_scenarios
+    from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
     from reports.jsonout import to_json
     from reports.junit import write_junit
 
-    results = run_scenarios(scenarios, progress=_Progress(not args.quiet))
-    print(results_table(results))
+    progress = _Progress(not args.quiet)
+    results = run_scenarios(scenarios, progress=progress, watch=progress.watch)
+    print(results_table(results), file=human)
     for r in results:
         if not r.ok:
-            print(f"\nFAIL {r.name}: expected {r.expect}, computed {r.verdict}"
-                  + (f" ({r.error})" if r.error else ""))
-            if r.missing:
-                print("  expected races not found: " + ", ".join(r.missing))
-            for race in r.races[:5]:
-                print("  " + race.describe().replace("\n", "\n  "))
+            print("\n" + failure_report(r), file=human)
     if args.json:
         text = to_json(results)
         if args.json == "-":
             sys.stdout.write(text)
+            sys.stdout.flush()
         else:
             Path(args.json).write_text(text)
     if args.junit:
         write_junit(results, args.junit)
-    rows = _print_necessity(scenarios) if args.necessity else []
+    rows = _print_necessity(scenarios, human) if args.necessity else []
     if not args.no_reports:
         from reports.writer import write_all
 
         path = write_all(results, args.out, rows, progress=_Progress(not args.quiet))
-        print(f"\nreports: {path}")
+        print(f"\nreports: {path}", file=human)
     failed = sum(not r.ok for r in results)
-    print(f"\n{len(results) - failed} passed, {failed} failed")
+    print(f"\n{len(results) - failed} passed, {failed} failed", file=human)
+    unused = [line for r in results if r.error and UNUSED_SYNC in r.error
+              for line in r.error.splitlines()]
+    if unused:  # a scenario problem only running could find: bad input, said last
+        print("\n".join(unused), file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
-def _print_necessity(scenarios) -> list[list[str]]:
+def _print_necessity(scenarios, human: TextIO) -> list[list[str]]:
     from overlap_harness.necessity import necessity, race_free_base
 
     rows = []
@@ -115,9 +249,9 @@ def _print_necessity(scenarios) -> list[list[str]]:
             rows.append([row.scenario, row.label, "necessary" if row.necessary else "redundant",
                          ", ".join(row.races) or "-", "yes" if row.manifest else "no",
                          _us(row.stall_saved_ns), _us(row.idle_saved_ns)])
-    print("\nSync necessity (each label removed alone)")
+    print("\nSync necessity (each label removed alone)", file=human)
     print(_table(rows, ["scenario", "sync", "verdict", "races when removed", "manifest",
-                        "stall saved us", "idle saved us"]))
+                        "stall saved us", "idle saved us"]), file=human)
     return rows
 
 
@@ -133,19 +267,26 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     from scenarios.expand import expand
     from scenarios.loader import load_scenario
 
-    specs = expand(load_scenario(args.scenario))
+    if args.out:
+        _writable_file(args.out + ".png", "--out")
+    scenario = load_scenario(args.scenario, runnable=True)
+    specs = expand(scenario)
     names = [s.mutation_name or "base" for s in specs]
     if (args.mutation or "base") not in names:
-        raise HarnessError(f"{args.scenario}: no mutation {args.mutation!r}; runs are "
-                           + "|".join(names))
+        raise UsageError(f"{args.scenario}: no mutation {args.mutation!r}; runs are "
+                         + "|".join(names))
     spec = specs[names.index(args.mutation or "base")]
     window = None
     if args.window:
         a, _, b = args.window.partition(":")
         if not (a.isdigit() and b.isdigit() and int(a) <= int(b)):
-            raise HarnessError(f"--window: expected A:B with A <= B, got {args.window!r}")
+            raise UsageError(f"--window: expected A:B with A <= B, got {args.window!r}")
         window = (int(a), int(b))
-    result = run_spec(spec)
+    _check_memory([scenario], args.ignore_memory_estimate)
+    progress = _Progress(True)
+    result = run_spec(spec, watch=progress.watch)
+    if progress.tty:
+        sys.stderr.write("\n")
     stem = args.out or f"reports/latest/plots/{safe_name(spec.run_id)}"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
     paths = save_plot(plot_timeline(result, window=window), stem)
@@ -157,9 +298,12 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     from overlap_harness.whatif import HEAD, format_rows, whatif
     from scenarios.loader import load_scenario
 
-    sc = load_scenario(args.scenario)
+    sc = load_scenario(args.scenario, runnable=True)
+    _check_memory([sc], args.ignore_memory_estimate)
+    progress = _Progress(not args.quiet)
+    rows = whatif(sc, progress=progress, watch=progress.watch)
     print(f"What-if on {sc.name} ({sc.workload.iterations} iterations)")
-    print(_table(format_rows(whatif(sc)), HEAD))
+    print(_table(format_rows(rows), HEAD))
     return EXIT_OK
 
 
@@ -167,10 +311,16 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     from overlap_harness.runner import explore_specs
     from scenarios.loader import load_paths
 
-    scenarios = load_paths(args.paths)
+    if args.explore < 1:
+        raise UsageError(f"--explore: expected at least 1 schedule, got {args.explore}")
+    if args.jobs < 1:
+        raise UsageError(f"-j/--jobs: expected at least 1 process, got {args.jobs}")
+    scenarios = load_paths(args.paths, runnable=True)
+    _check_memory(scenarios, args.ignore_memory_estimate)
+    progress = _Progress(not args.quiet, unit="trials")
     rows, failed = explore_specs(scenarios, budget=args.explore,
-                                 time_limit_s=args.time_limit,
-                                 progress=_Progress(not args.quiet), jobs=args.jobs)
+                                 time_limit_s=args.time_limit, progress=progress,
+                                 jobs=args.jobs, watch=progress.watch)
     print(_table(rows, ["run", "races", "manifest", "source", "tried", "shrunk delays"]))
     print(f"\n{len(rows) - failed} manifest, {failed} not made manifest")
     return EXIT_MISMATCH if failed else EXIT_OK
@@ -178,7 +328,10 @@ def _cmd_explore(args: argparse.Namespace) -> int:
 
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
     from overlap_harness.gpu_suite import run_gpu_check
+    from scenarios.loader import load_paths
 
+    _writable_folder(args.out, "--out")
+    _check_memory(load_paths(args.paths, runnable=True), args.ignore_memory_estimate)
     argv = [*args.paths, "--trials", str(args.trials), "--out", args.out]
     if args.baseline_trials is not None:
         argv += ["--baseline-trials", str(args.baseline_trials)]
@@ -196,15 +349,28 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
                          gated=not args.no_gates, sanitizer_budget_s=args.sanitizer_budget)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (also used to render the docs' usage)."""
-    p = argparse.ArgumentParser(
-        prog="overlap-harness",
-        description="Simulate and verify overlap-scheduling protocols: races by happens-before.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run scenario files or folders on the simulated device")
+# -- the parser -----------------------------------------------------------------------------
+
+SubParsers = Any  # argparse's _SubParsersAction, which has no public name
+
+
+def _command(sub: SubParsers, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand parser that shows the exit codes under its ``--help``."""
+    return sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _memory_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ignore-memory-estimate", action="store_true",
+                        help="run a scenario even when its estimated peak memory exceeds "
+                             "the memory available (refused by default)")
+
+
+def _add_run(sub: SubParsers) -> None:
+    r = _command(sub, "run", "run scenario files or folders on the simulated device")
     r.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
-    r.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout)")
+    r.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout: "
+                   "then stdout holds the JSON alone and the table goes to stderr)")
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML, one case per run")
     r.add_argument("--necessity", action="store_true",
                    help="remove each sync of each race-free scenario in turn; print which "
@@ -213,26 +379,42 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the reports: summary.html/.md, plots, trace.json, "
                         "junit.xml, results.sarif, results.json (default reports/latest)")
     r.add_argument("--no-reports", action="store_true", help="print the table only")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _memory_flag(r)
     r.set_defaults(func=_cmd_run)
-    rp = sub.add_parser("report", help="run scenarios and write every report, with the "
-                                       "necessity table")
+
+
+def _add_report(sub: SubParsers) -> None:
+    rp = _command(sub, "report", "run scenarios and write every report, with the necessity "
+                                 "table")
     rp.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
     rp.add_argument("--out", default="reports/latest", metavar="DIR", help="output folder")
-    rp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    rp.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _memory_flag(rp)
     rp.set_defaults(func=_cmd_report)
-    pl = sub.add_parser("plot", help="draw the timeline of one run of one scenario")
+
+
+def _add_plot(sub: SubParsers) -> None:
+    pl = _command(sub, "plot", "draw the timeline of one run of one scenario")
     pl.add_argument("scenario", help="a scenario .toml file")
     pl.add_argument("--mutation", default="", help="mutation name (default: the base run)")
-    pl.add_argument("--window", default=None, metavar="A:B",
-                    help="zoom to iterations A..B")
+    pl.add_argument("--window", default=None, metavar="A:B", help="zoom to iterations A..B")
     pl.add_argument("--out", default=None, metavar="FILE",
                     help="output path without extension (writes .png and .svg)")
+    _memory_flag(pl)
     pl.set_defaults(func=_cmd_plot)
-    w = sub.add_parser("whatif", help="run the protocol variants side by side on one scenario")
+
+
+def _add_whatif(sub: SubParsers) -> None:
+    w = _command(sub, "whatif", "run the protocol variants side by side on one scenario")
     w.add_argument("scenario", help="a scenario .toml file")
+    w.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _memory_flag(w)
     w.set_defaults(func=_cmd_whatif)
-    e = sub.add_parser("explore", help="find and shrink a manifest schedule for every racy run")
+
+
+def _add_explore(sub: SubParsers) -> None:
+    e = _command(sub, "explore", "find and shrink a manifest schedule for every racy run")
     e.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
     e.add_argument("--explore", type=int, default=64, metavar="N",
                    help="schedules to try per racy run (default 64)")
@@ -240,10 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per racy run")
     e.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                    help="explore runs in N processes (multiprocessing pool)")
-    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _memory_flag(e)
     e.set_defaults(func=_cmd_explore)
-    g = sub.add_parser("gpu-check", help="replay every run on real CUDA streams against the "
-                       "simulator; write reports/gpu/<date>-<device>.json and .md")
+
+
+def _add_gpu_check(sub: SubParsers) -> None:
+    g = _command(sub, "gpu-check", "replay every run on real CUDA streams against the "
+                                   "simulator; write reports/gpu/<date>-<device>.json and .md")
     g.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
     g.add_argument("--trials", type=int, default=20, metavar="N",
                    help="trials per schedule (default 20)")
@@ -262,16 +448,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes planning on the simulator (default: CPUs, at most 16)")
     g.add_argument("--deadline", type=float, default=None, metavar="S",
                    help="start no new run after S seconds; report the runs done")
+    _memory_flag(g)
     g.set_defaults(func=_cmd_gpu_check)
-    check_cmd.add_parser(sub)
+
+
+#: One function per subcommand, each adding its parser. A new command registers here (the
+#: ``check`` subcommand of overlap_harness/check_cmd.py appends its own ``add_parser``).
+SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
+    _add_run, _add_report, _add_plot, _add_whatif, _add_explore, _add_gpu_check,
+    check_cmd.add_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to render the docs' usage)."""
+    p = argparse.ArgumentParser(
+        prog="overlap-harness",
+        description="Simulate and verify overlap-scheduling protocols: races by happens-before.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"overlap-harness {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``overlap-harness`` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``overlap-harness`` console script; returns the exit status.
+
+    Bad input and usage give 2 with one line per problem; Ctrl-C gives 130 with one line; any
+    other exception is our bug and gives 3 with its traceback (see :data:`EXIT_CODES`)."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
     except ScenarioError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
@@ -279,6 +490,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"overlap-harness: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\noverlap-harness: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception:
+        traceback.print_exc()
+        print("overlap-harness: internal error: this is a bug in overlap-harness, please "
+              "report it with the traceback above", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

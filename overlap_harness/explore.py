@@ -101,11 +101,15 @@ def explore(
     max_exhaustive: int = 6,
     progress: Callable[[int, int], None] | None = None,
 ) -> Exploration:
-    """Search for a manifest schedule of the run that ``trial`` executes; see module doc."""
+    """Search for a manifest schedule of the run that ``trial`` executes; see module doc.
+
+    ``progress(tried, budget)`` is told after the baseline and before each further trial."""
     t0 = time.perf_counter()
     ex = Exploration(seed=seed)
     base = trial({}, 0.0, seed)
     ex.tried = 1
+    if progress is not None:
+        progress(ex.tried, budget)
     if base.manifest:
         ex.manifest_at_baseline = True
         ex.found, ex.shrunk, ex.source = {}, {}, "baseline"

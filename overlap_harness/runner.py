@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import os
+import signal
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,6 +23,24 @@ from model.results import CaseResult
 from model.trace import DeviceRun, Race
 from scenarios.expand import RunSpec, expand, scenario_to_dict
 from sim.device import SimDevice
+
+#: ``watch(done, total, ops)`` is told, at each scheduler iteration of a run, how many of the
+#: run's iterations (overlapped run, then its oracle) are done and how many device ops so far.
+Watch = Callable[[int, int, int], None]
+
+#: The phrase that marks a run refused because its mutation removes a sync never reached.
+UNUSED_SYNC = "is never reached"
+
+#: The memory model of :func:`estimate_run_bytes`, fitted to the peak resident size
+#: (``ru_maxrss``) of single runs on the CPU simulation, spec_v2, 2 to 14 requests, iterations
+#: 20 to 1,000, max_context 128 to 32,768, pool_size 16 and 32: every estimate was within 10%
+#: of its measurement. The request pool's per-element state (the detector's last accesses and
+#: the values of req_to_token, pool_size x max_context) dominates; each iteration adds state
+#: per context column (snapshots) and per op (timeline, happens-before nodes).
+BYTES_PER_POOL_ELEMENT = 1100
+BYTES_PER_ITERATION_COLUMN = 70
+BYTES_PER_ITERATION = 40_000
+BYTES_FIXED = 30 * 2**20
 
 RACE = str(Expect.RACE)
 RACE_FREE = str(Expect.RACE_FREE)
@@ -40,6 +60,19 @@ def _plain(v: Any) -> Any:
     return v
 
 
+class _WatchedSimDevice(SimDevice):
+    """A SimDevice that tells a :data:`Watch` about each scheduler iteration (progress)."""
+
+    def __init__(self, *args: Any, watch: Callable[[int, int], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch = watch
+
+    def set_iteration(self, n: int) -> None:
+        """Tag what follows with iteration ``n`` and report it with the op count so far."""
+        super().set_iteration(n)
+        self._watch(n, self._next_op())
+
+
 def simulate(
     scenario: Scenario,
     removed: Iterable[str] = (),
@@ -48,13 +81,19 @@ def simulate(
     delays: Mapping[tuple[str, int], float] | None = None,
     jitter: float | None = None,
     seed: int | None = None,
+    watch: Callable[[int, int], None] | None = None,
     values: str = "timed",
 ) -> tuple[Any, SimDevice]:
     """Run the protocol of ``scenario`` once on a fresh SimDevice; returns (outcome, device).
 
+    ``watch(iteration, ops)``, when given, is called as each scheduler iteration starts;
     ``values`` is the device's value mode (``"issue_order"`` for the verdict's run)."""
     t = scenario.timing
-    dev = SimDevice(
+    device_class: Any = SimDevice
+    extra: dict[str, Any] = {}
+    if watch is not None:
+        device_class, extra = _WatchedSimDevice, {"watch": watch}
+    dev = device_class(
         removed,
         host_launch_us=t.host_launch,
         jitter=t.jitter if jitter is None else jitter,
@@ -62,6 +101,7 @@ def simulate(
         serial=serial,
         delays=delays,
         values=values,
+        **extra,
     )
     outcome = run_protocol(dev, scenario)
     return outcome, dev
@@ -84,21 +124,93 @@ def canonical_races(scenario: Scenario, removed: Iterable[str], timed: DeviceRun
     return dev.finish().races
 
 
+def estimate_run_bytes(scenario: Scenario) -> int:
+    """Estimated peak memory of the largest run of ``scenario`` (base or a mutation whose
+    ``set`` changes its size) beyond the interpreter's own; see :data:`BYTES_FIXED`."""
+    iterations = scenario.workload.iterations
+    worst = 0
+    for spec in expand(scenario):
+        columns = spec.protocol.max_context
+        worst = max(worst, BYTES_FIXED + BYTES_PER_ITERATION * iterations
+                    + BYTES_PER_POOL_ELEMENT * spec.protocol.pool_size * columns
+                    + BYTES_PER_ITERATION_COLUMN * iterations * columns)
+    return worst
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a run may take now: ``MemAvailable`` of /proc/meminfo (Linux), else the
+    physical memory; None when neither can be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def unused_removals(spec: RunSpec, labels_used: Iterable[str]) -> list[str]:
+    """Problem lines for the syncs ``spec`` removes that the run never reached.
+
+    Removing a sync the configuration never performs changes nothing, so the run would pass
+    for no reason (a silent pass); it is an error unless the mutation says
+    ``allow_unused = true``. Each line names the file and the key: ``x.toml:
+    mutation[1].remove[0]: ...``."""
+    if spec.allow_unused or spec.mutation_index < 0:
+        return []
+    reached = set(labels_used)
+    mutation = spec.scenario.mutation[spec.mutation_index]
+    key = f"mutation[{spec.mutation_index}]"
+    return [f"{spec.scenario.path}: {key}.remove[{j}]: sync label \"{label}\" {UNUSED_SYNC} "
+            "in this configuration, so removing it changes nothing; remove it from the list "
+            f"or set allow_unused = true in {key}"
+            for j, label in enumerate(mutation.remove) if label not in reached]
+
+
+def failure_report(result: CaseResult, max_races: int = 5) -> str:
+    """Why a run failed, for people: expected and computed verdicts, the expected races not
+    found, and the race reports (each naming both accesses) of up to ``max_races`` races."""
+    lines = [f"FAIL {result.name}: expected {result.expect}, computed {result.verdict}"
+             + (f" ({result.error})" if result.error else "")]
+    if result.missing:
+        lines.append("  expected races not found: " + ", ".join(result.missing))
+    for race in result.races[:max_races]:
+        lines.append("  " + race.describe().replace("\n", "\n  "))
+    if len(result.races) > max_races:
+        lines.append(f"  ... and {len(result.races) - max_races} more race(s)")
+    return "\n".join(lines)
+
+
 def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
-             jitter: float | None = None, seed: int | None = None) -> CaseResult:
-    """Run one expanded scenario (base or mutation) and its oracle; compute the verdict."""
+             jitter: float | None = None, seed: int | None = None,
+             watch: Watch | None = None) -> CaseResult:
+    """Run one expanded scenario (base or mutation) and its oracle; compute the verdict.
+
+    A mutation that removes a sync the run never reached gets the verdict ``error`` and
+    fails whatever it expects (see :func:`unused_removals`)."""
     sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    iterations = sc.workload.iterations
+
+    def phase(offset: int) -> Callable[[int, int], None] | None:
+        if watch is None:
+            return None
+        return lambda n, ops: watch(min(offset + n, 2 * iterations), 2 * iterations, ops)
     base = CaseResult(
         run_id=spec.run_id, scenario=sc.name, mutation=spec.mutation_name, path=sc.path,
         expect=str(spec.expect), verdict="error", ok=False, removed=tuple(sorted(spec.removed)),
         config=scenario_to_dict(sc),
     )
     try:
-        outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed)
+        outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed,
+                                watch=phase(0))
         run = dev.finish()
         run.races = canonical_races(sc, spec.removed, run, delays=delays, jitter=jitter,
                                     seed=seed)
-        oracle, odev = simulate(sc, spec.removed, serial=True)
+        oracle, odev = simulate(sc, spec.removed, serial=True, watch=phase(iterations))
         odev.finish()
     except HarnessError as exc:
         base.error = str(exc)
@@ -119,28 +231,45 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     found = set(base.race_keys())
     base.missing = [k for k in spec.races if k not in found]
     base.ok = base.verdict == str(spec.expect) and not base.missing
+    unused = unused_removals(spec, dev.labels_used)
+    if unused:
+        base.verdict, base.ok, base.error = ERROR, False, "\n".join(unused)
     return base
 
 
 def run_scenarios(
     scenarios: Iterable[Scenario],
     progress: Callable[[int, int, str], None] | None = None,
+    watch: Watch | None = None,
 ) -> list[CaseResult]:
-    """Expand every scenario into its runs and run them all, reporting progress."""
-    return _map_specs(run_spec, [s for sc in scenarios for s in expand(sc)], progress)
+    """Expand every scenario into its runs and run them all, reporting progress (per run,
+    and through ``watch`` per iteration inside each run)."""
+    work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
+    return _map_specs(work, [s for sc in scenarios for s in expand(sc)], progress)
+
+
+def _ignore_interrupts() -> None:
+    """Pool initializer: leave SIGINT to the parent process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
                progress: Callable[[int, int, str], None] | None, jobs: int = 1) -> list[Any]:
     """``fn`` over ``specs`` in order (in a ``jobs``-process pool when > 1), with progress."""
     out: list[Any] = []
-    pool = multiprocessing.get_context("spawn").Pool(jobs) if jobs > 1 else None
+    pool = None
+    if jobs > 1:  # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
+        pool = multiprocessing.get_context("spawn").Pool(jobs, _ignore_interrupts)
     try:
         results = pool.imap(fn, specs) if pool is not None else map(fn, specs)
         for i, spec in enumerate(specs):
             if progress is not None:
                 progress(i, len(specs), spec.run_id)
             out.append(next(results))
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
     finally:
         if pool is not None:
             pool.close()
@@ -164,11 +293,12 @@ def _trial(spec: RunSpec):
     return trial
 
 
-def explore_spec(spec: RunSpec, budget: int = 64,
-                 time_limit_s: float | None = None) -> list[str] | None:
+def explore_spec(spec: RunSpec, budget: int = 64, time_limit_s: float | None = None,
+                 watch: Callable[[int, int], None] | None = None) -> list[str] | None:
     """Explore one run; a table row, or None when the detector finds it race-free.
 
-    A top-level function so a process pool can run it (``explore_specs(jobs=N)``)."""
+    ``watch(tried, budget)`` is told after each schedule tried. A top-level function so a
+    process pool can run it (``explore_specs(jobs=N)``)."""
     from overlap_harness.explore import explore
 
     sc = spec.scenario
@@ -179,7 +309,8 @@ def explore_spec(spec: RunSpec, budget: int = 64,
         return None
     if not base.races:
         return None
-    ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed)
+    ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed,
+                 progress=watch)
     keys = ", ".join(sorted({r.key for r in base.races}))
     keys = keys if len(keys) <= 70 else keys[:67] + "..."
     shrunk = "-" if ex.shrunk is None else ", ".join(
@@ -194,11 +325,14 @@ def explore_specs(
     time_limit_s: float | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     jobs: int = 1,
+    watch: Callable[[int, int], None] | None = None,
 ) -> tuple[list[list[str]], int]:
     """Explore every run the detector finds racy (in ``jobs`` processes); rows for a table
-    and the count of racy runs not made manifest."""
+    and the count of racy runs not made manifest. ``watch(tried, budget)`` follows the
+    schedules tried inside a run (in one process only: it cannot cross into a pool)."""
     specs = [s for sc in scenarios for s in expand(sc)]
-    work = functools.partial(explore_spec, budget=budget, time_limit_s=time_limit_s)
+    work = functools.partial(explore_spec, budget=budget, time_limit_s=time_limit_s,
+                             watch=watch if jobs <= 1 else None)
     found = _map_specs(work, specs, progress, jobs)
     rows = [r for r in found if r is not None]
     return rows, sum(r[2] != "yes" for r in rows)

@@ -16,6 +16,7 @@ ones SGLang's history argued about (PROTOCOL.md §2, §8):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,18 +57,37 @@ def _apply(sc: Scenario, overrides: dict[str, Any]) -> Scenario:
     return dataclasses.replace(sc, protocol=dataclasses.replace(p, **typed))
 
 
-def whatif(sc: Scenario, variants: dict[str, dict[str, Any]] | None = None) -> list[WhatIfRow]:
-    """Run every variant of ``sc`` (default: :data:`VARIANTS`) and return one row each."""
+def whatif(
+    sc: Scenario,
+    variants: dict[str, dict[str, Any]] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    watch: Callable[[int, int, int], None] | None = None,
+) -> list[WhatIfRow]:
+    """Run every variant of ``sc`` (default: :data:`VARIANTS`) and return one row each.
+
+    ``progress(i, n, variant)`` is told as each variant starts (and ``(n, n, "")`` at the
+    end); ``watch(iteration, iterations, ops)`` as each iteration of a variant starts."""
     rows = []
-    for name, ov in (variants or VARIANTS).items():
+    chosen = variants or VARIANTS
+    total = sc.workload.iterations
+
+    def on_iteration(n: int, ops: int) -> None:
+        if watch is not None:
+            watch(min(n, total), total, ops)
+
+    for i, (name, ov) in enumerate(chosen.items()):
+        if progress is not None:
+            progress(i, len(chosen), name)
         try:
-            _, dev = simulate(_apply(sc, ov))
+            _, dev = simulate(_apply(sc, ov), watch=on_iteration if watch else None)
             run = dev.finish()
         except HarnessError as exc:
             rows.append(WhatIfRow(name, ov, None, (), str(exc)))
             continue
         keys = tuple(sorted({r.key for r in run.races}))
         rows.append(WhatIfRow(name, ov, compute_metrics(run.timeline), keys))
+    if progress is not None:
+        progress(len(chosen), len(chosen), "")
     return rows
 
 
