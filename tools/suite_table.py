@@ -190,6 +190,15 @@ SUITE = [
         desc="#28363: S waits on the runner's one-shot read_done event instead of all of F",
         protocol={**REF, "war_barrier": "read_done"}, workload="recycle",
         mutations=[rm("war_barrier", races=["WAR req_to_token"])])),
+    ("variants", "after_replay_prepare_barrier", dict(
+        desc="A read_done event recorded right after replay_prepare's metadata reads (the "
+             "out_cache_loc copies from req_to_token), before verify: verify's attention "
+             "still reads req_to_token, so a recycled row's prefill_alloc races it; recorded "
+             "after verify (#28363) it does not",
+        protocol={**REF, "war_barrier": "after_replay_prepare"}, workload="recycle",
+        expect="race", races=["WAR req_to_token"],
+        mutations=[st("race_free", name="read_done_after_verify", war_barrier="read_done"),
+                   st("race_free", name="non_spec_waits_all_of_forward", mode="non_spec")])),
     ("variants", "dp_idle_rank", dict(
         desc="DP idle iterations: publish and stash return early, no publish_ready record",
         protocol=NB, workload="idle",

@@ -84,11 +84,27 @@ class AfterLaunch(BarrierPlacement):
         device.wait_stream(schedule, forward, SyncLabel.WAR_BARRIER)
 
 
+class AfterReplayPrepare(ReadDone):
+    """The one-shot event recorded earlier than #28363's: right after the forward's metadata
+    reads of ``req_to_token`` (a graph runner's ``replay_prepare``), before verify. S then
+    waits only for those copies, not for verify. In this model verify's attention still
+    translates its context through ``req_to_token``, so S's writes can race it. Non-spec has
+    no separate metadata step here: S waits on all of F, as at the loop top."""
+
+    def after_metadata_reads(self, device: Device, forward: Stream) -> None:
+        """Record a fresh ``read_done`` on F, after the ``out_cache_loc`` copies."""
+        self._record(device, forward)
+
+    def after_forward_reads(self, device: Device, forward: Stream) -> None:
+        """Nothing: the event was recorded at the metadata reads."""
+
+
 PLACEMENTS: dict[WarBarrier, type[BarrierPlacement]] = {
     WarBarrier.NONE: BarrierPlacement,
     WarBarrier.LOOP_TOP: LoopTop,
     WarBarrier.READ_DONE: ReadDone,
     WarBarrier.AFTER_LAUNCH: AfterLaunch,
+    WarBarrier.AFTER_REPLAY_PREPARE: AfterReplayPrepare,
 }
 
 

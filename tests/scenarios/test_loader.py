@@ -30,7 +30,7 @@ class FutureTable:
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 REPO = Path(__file__).resolve().parent.parent.parent
-WAR_CHOICES = "none|loop_top|read_done|after_launch"
+WAR_CHOICES = "none|loop_top|read_done|after_launch|after_replay_prepare"
 
 
 def problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> list[str]:
