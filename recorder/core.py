@@ -129,7 +129,7 @@ class Recording:
         """Issue one node on ``agent`` with its accesses; returns its id."""
         info = self._node(name, agent, kind, site)
         reqs = [AccessReq(a.info.storage, a.info.buffer_id, a.info.name, a.elements, a.write,
-                          a.info.pinned) for a in accesses]
+                          a.info.pinned) for a in _merged(accesses)]
         self.detector.on_op(info, reqs, joins)
         self.ops_recorded += 1
         return info.op
@@ -248,3 +248,20 @@ class Recording:
         return DeviceRun(timeline=list(self.timeline), races=list(self.detector.races),
                          end_ns=end)
 
+
+
+def _merged(accesses: Sequence[Access]) -> list[Access]:
+    """One access per (storage, mode): an op that reads a tensor twice (``x * x``) or two
+    views of one storage reads it once, so each racing pair is reported once."""
+    if len(accesses) < 2:
+        return list(accesses)
+    merged: dict[tuple[int, bool], Access] = {}
+    for access in accesses:
+        key = (access.info.buffer_id, access.write)
+        prior = merged.get(key)
+        if prior is None:
+            merged[key] = access
+        else:
+            merged[key] = Access(access.info, np.union1d(prior.elements, access.elements),
+                                 access.write)
+    return list(merged.values())
