@@ -375,3 +375,72 @@ def test_a_scatter_with_repeated_indices_is_reported(dev: SimDevice) -> None:
     dev.launch(s, "aliased", lambda: ints(1, 2), writes=[(b, [5, 5])], cost_us=1)
     (msg,) = dev.finish().dup_writes
     assert msg.startswith("aliased@-1 writes some elements of kv twice")
+
+
+# -- rules the mutation study found untested (issue 13) ---------------------------------------
+@pytest.mark.parametrize("kernel_writes", [True, False])
+def test_a_kernel_on_pinned_memory_races_a_host_access_as_raw_or_war(dev, kernel_writes) -> None:
+    """A kernel (not a copy) touching pinned memory races a host access by its modes: the
+    host-D2H kind is for a copy the host races with, nothing else."""
+    s, _f = two_streams(dev)
+    pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
+    if kernel_writes:
+        dev.launch(s, "kernel_on_pin", lambda: ints(5, 5), writes=[pin], cost_us=5)
+        dev.host_read(pin, name="host_access")
+        (race,) = assert_races(dev, 1, "RAW")
+    else:
+        dev.launch(s, "kernel_on_pin", lambda v: (), reads=[pin], cost_us=5)
+        dev.host_write(pin, None, 7, name="host_access")
+        (race,) = assert_races(dev, 1, "WAR")
+    assert (race.first.op_name, race.second.op_name) == ("kernel_on_pin", "host_access")
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_device_synchronize_joins_every_busy_stream(dev: SimDevice, sync: bool) -> None:
+    s, f = two_streams(dev)
+    pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
+    a = dev.buffer("a", (2,), torch.int64, fill=1, stream=s)
+    b = dev.buffer("b", (2,), torch.int64, fill=2, stream=f)
+    dev.launch(s, "busy_s", lambda v: v + 1, reads=[a], writes=[a], cost_us=50)
+    dev.launch(f, "busy_f", lambda v: v + 1, reads=[b], writes=[b], cost_us=80)
+    dev.copy(f, b, pin, non_blocking=True, cost_us=5, name="d2h_from_f")
+    if sync:
+        dev.synchronize()  # device-wide: both streams, not only the first one that is busy
+        dev.host_read(pin, name="host_reads")
+        assert_no_race(dev)
+        assert dev.value(pin).tolist() == [3, 3]
+    else:
+        dev.synchronize(s)  # the wrong stream: F's copy is not joined
+        dev.host_read(pin, name="host_reads")
+        (race,) = assert_races(dev, 1, "host-D2H")
+        assert race.first.op_name == "d2h_from_f"
+
+
+def test_work_enqueued_between_the_record_and_the_wait_is_not_waited_for(dev) -> None:
+    """The record captures what its stream had when it was issued; a write enqueued on that
+    stream after the record, before the other stream's wait, is not ordered by the wait."""
+    s, f = two_streams(dev)
+    b = dev.buffer("b", (4,), torch.int64, fill=0, stream=s)
+    e = dev.event("e")
+    dev.launch(s, "before_record", lambda: ints(1), writes=[(b, [0])], cost_us=5)
+    dev.record(e, s)
+    dev.launch(s, "after_record", lambda: ints(2), writes=[(b, [1])], cost_us=50)
+    dev.wait_event(f, e)
+    dev.launch(f, "reader", lambda v: (), reads=[(b, [0, 1])], cost_us=1)
+    (race,) = assert_races(dev, 1, "RAW")
+    assert race.first.op_name == "after_record" and race.elements == (1,)
+
+
+def test_every_older_unordered_access_of_an_agent_is_reported(dev: SimDevice) -> None:
+    """``s0 writes x[0]; s0 writes x[0]; s1 writes x[0]``: two racing pairs, both listed."""
+    s, f = two_streams(dev)
+    x = dev.buffer("x", (2,), torch.int64, fill=0, stream=s)
+    dev.wait_stream(f, s)
+    dev.launch(s, "first_write", lambda: ints(1), writes=[(x, [0])], cost_us=5)
+    dev.launch(s, "second_write", lambda: ints(2), writes=[(x, [0])], cost_us=5)
+    dev.launch(f, "other_write", lambda: ints(3), writes=[(x, [0])], cost_us=5)
+    races = assert_races(dev, 2, "WAW", "WAW")
+    by_first = {r.first.op_name: r for r in races}
+    assert set(by_first) == {"first_write", "second_write"}
+    assert by_first["first_write"].older and not by_first["second_write"].older
+    assert "older access" in by_first["first_write"].describe()
