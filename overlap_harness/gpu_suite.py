@@ -307,7 +307,9 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
             plan: Plan = pickle.loads(blob)
             r = replay(plan, factory, trials, baseline_trials, gated=gated)
             replays.append(r)
-            print(f"[{i + 1}/{len(specs)} {time.perf_counter() - t0:.0f}s] {plan.spec.run_id} "
+            spent = time.perf_counter() - t0  # and the time left at this pace (issue 19)
+            print(f"[{i + 1}/{len(specs)} {spent:.0f}s, ETA "
+                  f"{spent * (len(specs) - i - 1) / (i + 1):.0f}s] {plan.spec.run_id} "
                   f"{plan.kind} sim={plan.sim_verdict} gpu={dict(r.main.verdicts)} "
                   f"equal={r.main.equal}/{r.main.trials}"
                   + (f" {plan.match_class} hits={r.hits}/{r.main.trials}"
