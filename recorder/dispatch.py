@@ -194,12 +194,13 @@ class RecordingDispatchMode(TorchDispatchMode):
             recording.host_sync(f"{name} (blocking)", [op])
         return out
 
-    @staticmethod
-    def _blocks_host(func: Any, args: tuple, kwargs: dict, host_involved: bool) -> bool:
+    def _blocks_host(self, func: Any, args: tuple, kwargs: dict, host_involved: bool) -> bool:
         """A blocking host<->device copy or a scalar read of device memory."""
         if func is aten._local_scalar_dense.default:
             return True
         if func is aten.copy_.default and host_involved:
+            if args[1].dim() == 0 and self.memory.lookup(args[1]) is None:
+                return False  # ``t[i] = 5``: a fill with the scalar's value, no sync
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             return not non_blocking
         return False

@@ -1,0 +1,146 @@
+"""CPU mode: CUDA faked on CPU tensors, patches undone, sites in the user's code, declared and
+unknown kernels, the project's Triton gather."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+
+from model.kernels.gather import gather_spec_extras
+from recorder import RecorderError, declared, reads, watch, writes
+from recorder.fake_streams import FakeStream
+
+ORIGINAL_STREAM = torch.cuda.Stream
+ORIGINAL_IS_AVAILABLE = torch.cuda.is_available
+
+
+def line_of(function, needle: str) -> int:
+    """The line number of the first line of ``function`` that contains ``needle``."""
+    lines, start = inspect.getsourcelines(function)
+    for offset, text in enumerate(lines):
+        if needle in text:
+            return start + offset
+    raise AssertionError(f"{needle!r} not in {function.__name__}")
+
+
+def test_device_tensors_look_like_cuda_and_compute_on_the_cpu():
+    with watch("cpu"):
+        x = torch.arange(4, device="cuda")
+        y = (x * 2).to(torch.float64)
+        made_like = torch.zeros(2, device=x.device)
+        built = x.new_tensor([1, 2])
+        seen = [t.device.type for t in (x, y, made_like, built)] + [x.is_cuda, x.get_device()]
+        back = y.cpu()
+        assert back.device.type == "cpu" and not back.is_cuda
+        back[0] = 100.0  # a copy: the device tensor keeps its value
+        assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert seen == ["cuda", "cuda", "cuda", "cuda", True, 0]
+
+
+def test_patches_are_undone_on_exit_and_on_an_exception():
+    with pytest.raises(ZeroDivisionError), watch("cpu"):
+        assert torch.cuda.Stream is FakeStream and torch.cuda.is_available()
+        raise ZeroDivisionError
+    assert torch.cuda.Stream is ORIGINAL_STREAM
+    assert torch.cuda.is_available is ORIGINAL_IS_AVAILABLE
+    assert "record_stream" not in vars(torch.Tensor)
+    assert torch.zeros(2).device.type == "cpu"
+    with watch("cpu") as watcher:
+        torch.ones(2, device="cuda")
+    assert torch.cuda.Stream is ORIGINAL_STREAM
+    ops = len(watcher.run.timeline)
+    torch.ones(2).add_(1)  # nothing is recorded after the block
+    assert len(watcher.run.timeline) == ops
+
+
+def test_unknown_mode_and_gpu_mode_without_cuda_are_clear_errors():
+    with pytest.raises(RecorderError, match=re.escape("expected one of auto|cpu|gpu, got 'fast'")):
+        watch("fast")
+    if not ORIGINAL_IS_AVAILABLE():
+        with pytest.raises(RecorderError, match="mode 'gpu' needs a CUDA device"):
+            watch("gpu")
+
+
+def racy_program() -> None:
+    side = torch.cuda.Stream()
+    data = torch.zeros(4, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        data.fill_(1)  # site: producer
+    data.sum()  # site: consumer
+
+
+def test_race_sites_are_the_users_lines_and_names_the_users_variables():
+    with watch("cpu") as watcher:
+        racy_program()
+    (race,) = watcher.races
+    here = inspect.getsourcefile(racy_program)
+    assert race.first.source.endswith(f"{here.rsplit('/', 1)[-1]}:"
+                                      f"{line_of(racy_program, 'site: producer')}")
+    assert race.second.source.endswith(f":{line_of(racy_program, 'site: consumer')}")
+    assert (race.first.agent, race.second.agent) == ("side", "default")
+    assert race.buffer == f"data@test_fake_cuda.py:{line_of(racy_program, 'data = torch')}"
+    assert watcher.buffer_sites[race.buffer].endswith(f":{line_of(racy_program, 'data = ')}")
+
+
+def test_elapsed_time_counts_nodes_between_records():
+    with watch("cpu"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.ones(3, device="cuda").add_(1)
+        end.record()
+        elapsed = start.elapsed_time(end)
+    assert elapsed == pytest.approx(0.003)  # ones, add_, the end record: 1 µs each
+
+
+def test_data_ptr_of_device_memory_is_an_op_of_unknown_access():
+    with watch("cpu") as watcher:
+        buf = torch.zeros(4, device="cuda")
+        buf.data_ptr()  # what a raw kernel launch does
+    (unknown,) = watcher.unknown_ops
+    assert (unknown.name, unknown.stream, unknown.tensors[0].split("@")[0]) == (
+        "data_ptr", "default", "buf")
+
+
+@declared(lambda out, table, rows: reads(table, rows=rows) + writes(out))
+def raw_gather(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(rows.shape[0], table.shape[1], device=table.device)
+    out.copy_(table[rows])
+    out.data_ptr()  # inside a declared kernel: not unknown
+    return out
+
+
+@pytest.mark.parametrize(("written_row", "races"), [(1, 1), (2, 0)])
+def test_declared_kernel_reads_only_its_rows(written_row, races):
+    with watch("cpu") as watcher:
+        side = torch.cuda.Stream()
+        table = torch.arange(12.0, device="cuda").reshape(4, 3)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            table[written_row].fill_(-1)
+        got = raw_gather(table, torch.tensor([3, 1], device="cuda"))
+    assert len(watcher.races) == races and not watcher.unknown_ops
+    assert [r.second.op_name for r in watcher.races] == ["raw_gather"] * races
+    expected_row_1 = [-1.0] * 3 if written_row == 1 else [3.0, 4.0, 5.0]
+    assert got.tolist() == [[9.0, 10.0, 11.0], expected_row_1]  # values in issue order
+
+
+@pytest.mark.parametrize(("written_row", "races"), [(3, 1), (2, 0)])
+def test_project_triton_gather_is_declared_and_runs_on_the_cpu(written_row, races):
+    with watch("cpu") as watcher:
+        side = torch.cuda.Stream()
+        topk_p = torch.rand(6, 2, device="cuda")
+        topk_index = torch.randint(0, 9, (6, 2), device="cuda")
+        tokens = torch.arange(6, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            tokens[written_row] = 40
+        out = gather_spec_extras(torch.tensor([1, 3], device="cuda"), topk_p, topk_index,
+                                 tokens, None, impl="triton")
+    assert out.bonus_tokens.tolist() == [1, 40 if written_row == 3 else 3]
+    assert [(str(r.kind), r.second.op_name) for r in watcher.races] == [
+        ("RAW", "gather_triton")] * races
+    assert not watcher.unknown_ops
