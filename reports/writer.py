@@ -10,22 +10,27 @@ gzip as it is; ``python -m gzip -d`` or ``zcat`` for the rest).
 The default folder, :data:`DEFAULT_OUT`, is ``overlap-reports/`` in the working directory:
 reports are the user's files, not part of the ``reports`` package's sources.
 
-Plots are most of the time (a figure per racy run): with more than a few to draw they are
-drawn by worker processes forked from this one (they inherit the results, nothing is
-pickled), as many as there are CPUs, at most four.
+Plots are most of the time (a figure per racy run). A plot whose inputs (the case's
+timeline, races, verdict and the plotting code) are those of the PNG already in the folder is
+kept, not drawn again (its key sits beside it in ``plots/.keys.json``); with more than a few
+to draw they are drawn by worker processes forked from this one (they inherit the results,
+nothing is pickled), as many as there are CPUs, at most four.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from model.results import CaseResult
+from reports import timeline as _timeline_module
 from reports.jsonout import to_json
 from reports.junit import write_junit
 from reports.perfetto import write_trace
@@ -42,6 +47,7 @@ PARALLEL_FROM = 6
 """Fewer plots than this are drawn in this process (a worker costs about 0.1 s to start)."""
 
 _PENDING: Sequence[CaseResult] = ()  # what forked plot workers read, by index
+_PLOT_CODE = hashlib.sha1(Path(_timeline_module.__file__).read_bytes()).hexdigest()
 
 
 def safe_name(run_id: str) -> str:
@@ -75,11 +81,37 @@ def _workers(count: int) -> int:
     return min(4, cpus or 1, count)
 
 
+def plot_key(case: CaseResult) -> str:
+    """A digest of everything a case's plot shows, and of the code that draws it."""
+    shown = (case.name, case.expect, case.verdict, case.ok, case.error, case.removed,
+             case.timeline, case.races)
+    return hashlib.sha1(pickle.dumps(shown) + _PLOT_CODE.encode()).hexdigest()
+
+
 def write_plots(cases: Sequence[CaseResult], plot_dir: Path,
                 progress: Callable[[int, int, str], None] | None = None) -> dict[str, Path]:
-    """The PNG timeline of each case, drawn in forked workers when it pays; run id -> path."""
-    global _PENDING
+    """The PNG timeline of each case, run id -> path: kept when unchanged, else drawn (in
+    forked workers when it pays)."""
     plot_dir.mkdir(parents=True, exist_ok=True)
+    keys_path = plot_dir / ".keys.json"
+    try:
+        old_keys = json.loads(keys_path.read_text())
+    except (OSError, ValueError):
+        old_keys = {}
+    keys = {case.run_id: plot_key(case) for case in cases}
+    done = {case.run_id: plot_dir / f"{safe_name(case.run_id)}.png" for case in cases}
+    todo = [case for case in cases if old_keys.get(case.run_id) != keys[case.run_id]
+            or not done[case.run_id].exists()]
+    keys_path.unlink(missing_ok=True)  # a crash while drawing must not leave stale keys
+    done.update(_draw(todo, plot_dir, progress))
+    keys_path.write_text(json.dumps(keys, indent=0, sort_keys=True))
+    return done
+
+
+def _draw(cases: Sequence[CaseResult], plot_dir: Path,
+          progress: Callable[[int, int, str], None] | None) -> dict[str, Path]:
+    """Draw each case's PNG, in forked workers when there are enough of them."""
+    global _PENDING
     workers = _workers(len(cases))
     _PENDING = cases
     try:

@@ -195,3 +195,15 @@ def test_a_failed_run_plots_its_reason_not_an_empty_axis(tmp_path) -> None:
 def test_write_all_names_small_outputs_plainly(tmp_path, name) -> None:
     writer.write_all([make_case(tmp_path)], tmp_path / "out", gpu_dir=None)
     assert (tmp_path / "out" / name).exists() and not (tmp_path / "out" / f"{name}.gz").exists()
+
+
+def test_an_unchanged_plot_is_kept_and_a_changed_one_redrawn(tmp_path, monkeypatch) -> None:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    first = writer.write_plots([case], tmp_path / "plots")
+    drawn: list[int] = []
+    real = writer._plot_one
+    monkeypatch.setattr(writer, "_plot_one", lambda i, d: drawn.append(i) or real(i, d))
+    assert writer.write_plots([case], tmp_path / "plots") == first and drawn == []
+    changed = dataclasses.replace(case, races=case.races[:1])
+    writer.write_plots([changed], tmp_path / "plots")
+    assert drawn == [0]
