@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from model.config import EventKind, StashStream, Workload
 from model.device import Buffer, Stream, SyncLabel
@@ -37,7 +38,8 @@ ROW_FAULT_KINDS = frozenset({EventKind.SKIP_PUBLISH, EventKind.SKIP_SEED, EventK
 class SideStreamStash(FutureMap):
     """The stash on a side stream, ordered before the next gather only by ``stash_done``."""
 
-    def __init__(self, ctx: RunContext, **more: Workload) -> None:
+    def __init__(self, ctx: RunContext, **more: Any) -> None:
+        """``more``: the keyword arguments of faults composed with this one."""
         super().__init__(ctx, **more)
         self.side_stream = ctx.device.stream("stash_side")
         self.stash_done = ctx.device.event("stash_done")
@@ -74,7 +76,8 @@ class RowFaults(FutureMap):
     in a ``skip_publish`` event is not published.
     """
 
-    def __init__(self, ctx: RunContext, workload: Workload, **more: Workload) -> None:
+    def __init__(self, ctx: RunContext, workload: Workload, **more: Any) -> None:
+        """``workload``: whose events name the rows; ``more``: as for the other faults."""
         super().__init__(ctx, **more)
         self.events = [e for e in workload.events if e.kind in ROW_FAULT_KINDS]
         self.replayed: set[str] = set()  # double-stashed: their next stash already happened
@@ -100,7 +103,8 @@ class RowFaults(FutureMap):
 class StashAfterNextGather(FutureMap):
     """The delayed-sampling stash moved after the next gather (§9.24's bug)."""
 
-    def __init__(self, ctx: RunContext, **more: Workload) -> None:
+    def __init__(self, ctx: RunContext, **more: Any) -> None:
+        """``more``: the keyword arguments of faults composed with this one."""
         super().__init__(ctx, **more)
         self.pending: Callable[[], None] | None = None
 
@@ -144,6 +148,7 @@ def future_map_for(ctx: RunContext, workload: Workload) -> FutureMap:
         faults.append(StashAfterNextGather)
     if not faults:
         return FutureMap(ctx)
+    # several faults at once: one class inheriting each (their __init__s cooperate)
     cls = faults[0] if len(faults) == 1 else type("FaultyFutureMap", tuple(faults), {})
     extra = {"workload": workload} if RowFaults in faults else {}
     return cls(ctx, **extra)

@@ -113,8 +113,8 @@ class BatchRunner:
 
     def _run_spec_decode(self, batch: Batch, plan: Buffer | None) -> None:
         """Spec-v2 decode: gather, draft, verify, publish, draft-extend, stash, copy."""
-        ctx, fmap, device, forward = self.ctx, self.future_map, self.ctx.device, \
-            self.ctx.forward_stream
+        ctx, fmap = self.ctx, self.future_map
+        device, forward = ctx.device, ctx.forward_stream
         inputs = fmap.gather(batch)
         drafts, verify_cache_loc = worker.spec_draft(ctx, batch, inputs)
         self.barrier.after_metadata_reads(device, forward)
