@@ -1,0 +1,135 @@
+"""``overlap-harness check``: exit status, argv and environment passed through, --json, --out,
+a crashing script's own traceback; and the pytest marker that fails a user's racy test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.cli import main
+
+PROGRAM = textwrap.dedent("""\
+    import os
+    import sys
+    import torch
+
+    side = torch.cuda.Stream()
+    staged = torch.arange(6, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        staged.mul_(2)
+    if "--fixed" in sys.argv:
+        torch.cuda.current_stream().wait_stream(side)
+    total = staged.sum()
+    print("env", os.environ.get("CHECK_TEST_VALUE"), "result", total.item())
+    """)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def test_racy_script_exits_1_and_json_names_both_sites(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CHECK_TEST_VALUE", "passed-through")
+    out = tmp_path / "races.json"
+    assert main(["check", "--cpu", "--json", str(out), str(script)]) == 1
+    printed = capsys.readouterr().out
+    assert "env passed-through result 30" in printed  # issue order: the serial values
+    (race,) = json.loads(out.read_text())["races"]
+    assert (race["kind"], race["tensor"], race["allocated_at"].endswith("prog.py:6")) == (
+        "RAW", "staged@prog.py:6", True)
+    assert race["elements"] == [0, 1, 2, 3, 4, 5]
+    sides = [(Path(a["file"]).name, a["line"], a["op"], a["stream"], a["mode"])
+             for a in (race["first"], race["second"])]
+    assert sides == [("prog.py", 9, "mul_", "side", "write"), ("prog.py", 12, "sum", "default",
+                                                                 "read")]
+
+
+def test_fixed_script_exits_0_with_its_arguments(script, capsys):
+    assert main(["check", "--cpu", str(script), "--fixed"]) == 0
+    assert "0 races" in capsys.readouterr().out
+
+
+def test_crashing_script_exits_2_with_its_own_traceback(tmp_path, capsys):
+    path = tmp_path / "crash.py"
+    path.write_text("import torch\n\ndef f():\n    raise ValueError('boom in the script')\n\nf()\n")
+    assert main(["check", "--cpu", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "ValueError: boom in the script" in err
+    assert f'File "{path}", line 4, in f' in err
+    assert "recorder" + os.sep not in err and "runpy" not in err
+
+
+def test_script_exit_status_is_a_crash(tmp_path, capsys):
+    path = tmp_path / "exits.py"
+    path.write_text("import sys\nsys.exit(3)\n")
+    assert main(["check", "--cpu", str(path)]) == 2
+    assert "exited with status 3" in capsys.readouterr().err
+
+
+def test_missing_script_is_bad_input_in_one_line(tmp_path, capsys):
+    assert main(["check", "--cpu", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"overlap-harness check: {tmp_path / 'nope.py'}: no such script\n"
+
+
+def test_out_writes_plot_perfetto_and_sarif_at_the_users_lines(script, tmp_path):
+    out = tmp_path / "reports"
+    assert main(["check", "--cpu", "--out", str(out), str(script)]) == 1
+    assert (out / "plots" / "prog.py.png").is_file() and (out / "plots" / "prog.py.svg").is_file()
+    trace = json.loads((out / "trace.json").read_text())
+    assert {e.get("args", {}).get("name") for e in trace["traceEvents"]} >= {"side", "default"}
+    (result,) = json.loads((out / "results.sarif").read_text())["runs"][0]["results"]
+    lines = sorted(loc["physicalLocation"]["region"]["startLine"]
+                   for loc in result["relatedLocations"])
+    assert (result["ruleId"], lines) == ("RAW", [9, 12])
+
+
+MARKED_TEST = textwrap.dedent("""\
+    import pytest
+    import torch
+
+    def program(fixed):
+        side = torch.cuda.Stream()
+        data = torch.zeros(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            data.fill_(1)
+        if fixed:
+            torch.cuda.current_stream().wait_stream(side)
+        data.sum()
+
+    @pytest.mark.stream_races(mode="cpu")
+    def test_racy():
+        program(False)
+
+    @pytest.mark.stream_races(mode="cpu")
+    def test_fixed():
+        program(True)
+
+    def test_fixture_racy(stream_races):
+        program(False)
+    """)
+
+
+def test_pytest_marker_and_fixture_fail_a_racy_user_test(tmp_path):
+    """The plugin comes in through its pytest11 entry point (pyproject.toml)."""
+    (tmp_path / "test_user.py").write_text(MARKED_TEST)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    out = proc.stdout
+    assert "FAILED test_user.py::test_racy" in out
+    assert "ERROR test_user.py::test_fixture_racy" in out
+    assert "1 stream race in test_user.py::test_racy" in out
+    assert "1 failed, 2 passed, 1 error" in out  # test_fixed passes; the fixture errs at teardown
