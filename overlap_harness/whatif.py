@@ -10,7 +10,8 @@ ones SGLang's history argued about (PROTOCOL.md §2, §8):
 - ``publish_after_draft_extend``: publish_ready recorded after draft-extend;
 - ``read_done``: the read-done event barrier (#28363) instead of the loop-top wait_stream;
 - ``after_launch``: the barrier right after each launch (#31687);
-- ``no_barrier``: no WAR barrier at all.
+- ``no_barrier``: no WAR barrier at all;
+- every other ``war_barrier`` choice under its own name.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from model.config import Scenario
+from model.config import Scenario, WarBarrier
 from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
 from overlap_harness.runner import simulate
@@ -35,6 +36,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "after_launch": {"war_barrier": "after_launch"},
     "no_barrier": {"war_barrier": "none"},
 }
+# every other WAR-barrier placement (model/protocol/barrier.py) under its own name, so a new
+# placement is compared here with no edit (after_replay_prepare, the worked example)
+VARIANTS.update({choice.value: {"war_barrier": choice.value} for choice in WarBarrier
+                 if choice not in (WarBarrier.LOOP_TOP, WarBarrier.NONE)
+                 and choice.value not in VARIANTS})
 
 
 @dataclass(frozen=True, slots=True)
