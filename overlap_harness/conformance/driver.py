@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
+import recorder
 from model.trace import Race
 from overlap_harness.conformance import sglang_env
-from overlap_harness.conformance.shim import FakeStream, Watch, watch
 
 POOL_SIZE = 8
 MAX_CONTEXT = 64
@@ -96,14 +96,18 @@ class Outcome:
     mutation: str | None
     races: list[Race]
     iterations: int
-    notes: list[str] = field(default_factory=list)
+    unknown_ops: list[str] = field(default_factory=list)  # ops with undeclared accesses
+
+
+DEVICE = torch.device("cuda", 0)  # faked on the CPU by recorder.watch(mode="cpu")
 
 
 class _ReqToTokenPool:
-    """The two fields FutureMap reads of SGLang's ReqToTokenPool."""
+    """The two fields FutureMap reads of SGLang's ReqToTokenPool (device tensors)."""
 
     def __init__(self) -> None:
-        self.req_to_token = torch.zeros((POOL_SIZE, MAX_CONTEXT), dtype=torch.int32)
+        self.req_to_token = torch.zeros((POOL_SIZE, MAX_CONTEXT), dtype=torch.int32,
+                                        device=DEVICE)
         self.req_generation = torch.zeros((POOL_SIZE,), dtype=torch.int64)
 
 
@@ -113,44 +117,41 @@ def _batch(rows: tuple[int, ...], spec_algorithm: Any) -> types.SimpleNamespace:
         prefill_input_ids_cpu=None, mix_running_indices=None, mix_running_indices_cpu=None,
         enable_overlap=True, spec_algorithm=spec_algorithm, input_ids=None, spec_info=None,
         req_pool_indices=None, req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
-        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None, device="cpu",
+        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None, device=DEVICE,
         out_cache_loc=None, prefix_lens=[],
     )
 
 
 class LoopDriver:
-    """One run: the real FutureMap, fake streams, the replayed overlap loop."""
+    """One run: the real FutureMap on (faked) CUDA streams, the replayed overlap loop.
 
-    def __init__(self, overlap_utils: types.ModuleType, variant: Variant, recorder: Watch,
+    Runs inside ``recorder.watch(mode="cpu")``: ``torch.cuda`` streams and events are the
+    recorder's, ``device="cuda"`` tensors are device memory, ``pin_memory=True`` is pinned."""
+
+    def __init__(self, overlap_utils: types.ModuleType, variant: Variant,
                  mutation: Mutation | None) -> None:
         self.ou = overlap_utils
         self.variant = variant
-        self.w = recorder
         self.mutation = mutation
         self.algo = sglang_env.speculative_algorithm(variant.spec)
+        self.schedule_stream = torch.cuda.Stream()  # scheduler.py: torch.cuda.set_stream
+        self.forward_stream = torch.cuda.Stream()
+        self.copy_stream = torch.cuda.Stream()
+        torch.cuda.set_stream(self.schedule_stream)
         self.pool = _ReqToTokenPool()
-        recorder.name(self.pool.req_to_token, "req_to_token")
-        self.schedule_stream: FakeStream = recorder.current
-        self.forward_stream = recorder.new_stream("forward_stream")
-        self.copy_stream = recorder.new_stream("copy_stream")
-        self.fm = self.algo.create_future_map(torch.device("cpu"), self.pool,
+        self.fm = self.algo.create_future_map(DEVICE, self.pool,
                                               needs_cpu_seq_lens=variant.needs_cpu_seq_lens)
-        self.fm.fwd_prepare_d2h_stream.rename("fwd_prepare_d2h_stream")
-        for attr in ("output_tokens_buf", "new_seq_lens_buf", "new_seq_lens_cpu_pinned"):
-            tensor = getattr(self.fm, attr, None)
-            if tensor is not None:
-                recorder.name(tensor, attr.removesuffix("_buf"))
         self.lengths = dict.fromkeys(range(POOL_SIZE), 0)
         self.keep_alive: list[list[Any]] = [[], []]  # record_batch_in_overlap's 2-slot ring
-        self.pending: tuple[Any, Any] | None = None  # (copy_done, host tokens) of last batch
+        # (copy_done, device tokens, host tokens) of the last batch: the batch result keeps
+        # its device tensors alive until process_batch_result, as SGLang's result queue does
+        self.pending: tuple[Any, Any, Any] | None = None
         self.draft: Any = None  # next_draft_input carried between iterations (spec)
         self.read_done: Any = None  # the runner's shared_read_done_event of this forward
 
     def run(self) -> None:
-        for iteration, step in enumerate(self.variant.steps):
-            self.w.iteration = iteration
+        for step in self.variant.steps:
             self.iterate(step)
-        self.w.iteration = len(self.variant.steps)
         self._process_last()
 
     # -- one iteration ----------------------------------------------------------------------
@@ -158,7 +159,8 @@ class LoopDriver:
         rows = step.decode + step.prefill if step.mixed else step.prefill or step.decode
         previous, self.pending = self.pending, None
         batch = self._schedule(step, rows)
-        self._run_batch(batch, step, rows)
+        self._run_batch(batch, rows)
+        del batch  # the batch's own references go; the keep-alive ring holds what SGLang's does
         if self.mutation is not Mutation.WAR_BARRIER:
             self._war_barrier()
         current, self.pending = self.pending, previous
@@ -168,64 +170,61 @@ class LoopDriver:
     def _schedule(self, step: Step, rows: tuple[int, ...]) -> types.SimpleNamespace:
         """get_next_batch_to_run on the schedule stream: indices, KV slots, lengths."""
         batch = _batch(rows, self.algo)
-        self.w.host(batch.req_pool_indices_cpu, "req_pool_indices_cpu")
-        indices = torch.tensor(rows, dtype=torch.int64)  # an H2D on the schedule stream
-        batch.req_pool_indices = self.w.allocate(indices, "req_pool_indices")
+        # non-blocking H2D copies on the schedule stream, as schedule_batch.py makes them
+        # (2750-3122); each assigned to a variable first, so the recorder names the buffer
+        # after it (it names a ``torch.tensor(..., device=)`` result just "tensor")
+        req_pool_indices = torch.tensor(rows, dtype=torch.int64).to(DEVICE, non_blocking=True)
+        batch.req_pool_indices = req_pool_indices
         for row in step.prefill:
             self.lengths[row] = 3
         for row in rows:
-            self.pool.req_to_token[row, self.lengths[row]] = 100 + row  # KV slot of the new token
+            self.pool.req_to_token[row, self.lengths[row]] = 100 + row  # the new KV slot
         lens = [self.lengths[r] for r in rows]
-        batch.seq_lens = self._device(torch.tensor(lens, dtype=torch.int64))
-        batch.seq_lens_cpu = self.w.host(torch.tensor(lens, dtype=torch.int64), "seq_lens_cpu")
-        batch.out_cache_loc = self._device(torch.tensor([100 + r for r in rows]))
+        seq_lens = torch.tensor(lens, dtype=torch.int64).to(DEVICE, non_blocking=True)
+        out_cache_loc = torch.tensor([100 + r for r in rows], dtype=torch.int64).to(
+            DEVICE, non_blocking=True)
+        batch.seq_lens, batch.out_cache_loc = seq_lens, out_cache_loc
+        batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
         batch.prefix_lens = list(lens)
         if step.prefill:
             ids = torch.tensor([7 + r for r in step.prefill], dtype=torch.int64)
-            batch.prefill_input_ids_cpu = self.w.host(ids, "prefill_input_ids_cpu")
+            batch.prefill_input_ids_cpu = ids.pin_memory()
             if step.mixed:
                 batch.mix_running_indices = batch.req_pool_indices[: len(step.decode)]
                 batch.mix_running_indices_cpu = batch.req_pool_indices_cpu[: len(step.decode)]
         if self.draft is not None and step.decode and not step.prefill:
             batch.spec_info = self.draft
             self.draft.future_indices = batch.req_pool_indices
+        self.draft = None
         return batch
 
-    def _run_batch(self, batch: types.SimpleNamespace, step: Step, rows: tuple[int, ...]
-                   ) -> None:
+    def _run_batch(self, batch: types.SimpleNamespace, rows: tuple[int, ...]) -> None:
         with self._mutated_resolve():
             self.fm.resolve_seq_lens_cpu(batch)  # run_batch 4667, on the schedule stream
-        with self.w.on(self.forward_stream):
+        with torch.cuda.stream(self.forward_stream):
             if self.mutation is not Mutation.FORWARD_NO_WAIT:
                 self.forward_stream.wait_stream(self.schedule_stream)  # 4672
-            with self._declared_gather():
-                self.ou.resolve_forward_inputs(batch, self.fm)  # 4681
+            self.ou.resolve_forward_inputs(batch, self.fm)  # 4681
             future_indices = batch.req_pool_indices
             self._keep(batch)
             tokens, new_lens = self._forward(batch, rows)
             if self.algo.is_some():
                 self.fm.publish(future_indices, new_lens)  # on_publish mid-worker, 4692
-                self.draft = self._draft_extend(tokens, rows)
+                self.draft = self._draft_extend(tokens)
                 payload = self.ou.RelayPayload.from_draft_input(self.draft)
             else:
                 self.fm.publish(future_indices, batch.seq_lens + 1)  # 4708
                 payload = self.ou.RelayPayload(bonus_tokens=tokens)
             self.fm.stash(future_indices, payload)  # _relay_forward_payload, 4971-4987
-            for attr in ("topk_p_buf", "topk_index_buf", "hidden_states_buf"):
-                if getattr(self.fm, attr) is not None:
-                    self.w.name(getattr(self.fm, attr), attr.removesuffix("_buf"))
-            copy_done = self.w.cuda.Event()
+            copy_done = torch.cuda.Event()
             self.copy_stream.wait_stream(self.forward_stream)  # _copy_result_to_cpu, 5032
-            with self.w.on(self.copy_stream):
+            with torch.cuda.stream(self.copy_stream):
                 host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
                 host_tokens.copy_(tokens, non_blocking=True)
                 copy_done.record()
-        if self.mutation is Mutation.NO_RECORD_STREAM:
-            self.keep_alive = [[], []]
-            self.w.free(future_indices)
         for row in rows:
             self.lengths[row] += 1
-        self.pending = (copy_done, host_tokens)
+        self.pending = (copy_done, tokens, host_tokens)
 
     def _war_barrier(self) -> None:
         """_apply_war_barrier (2012-2023): wait the runner's shared_read_done event when it
@@ -238,33 +237,31 @@ class LoopDriver:
         else:
             self.schedule_stream.wait_stream(self.forward_stream)
 
-    def _device(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A new device tensor made by the schedule stream (never an older block)."""
-        self.w.fresh(tensor, "device")
-        return tensor
-
     def _forward(self, batch: types.SimpleNamespace, rows: tuple[int, ...]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stand-in model forward: reads input ids and the batch's KV rows, samples."""
-        idx = batch.req_pool_indices
         # attention reads each row's KV slots up to its length (not the whole row)
-        kv = torch.stack([self.pool.req_to_token[row, : self.lengths[row] + 1].sum()
-                          for row in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+        kv = (torch.stack([self.pool.req_to_token[row, : self.lengths[row] + 1].sum()
+                           for row in rows]) if rows
+              else torch.zeros(0, dtype=torch.int64, device=DEVICE))
         if self.algo.is_none() and batch.prefill_input_ids_cpu is None and rows:
-            self.read_done = self.w.cuda.Event()  # the decode runner's shared_read_done
+            self.read_done = torch.cuda.Event()  # the decode runner's shared_read_done
             self.read_done.record()
-        inputs = batch.input_ids if batch.input_ids is not None else torch.zeros_like(idx)
+        inputs = (batch.input_ids if batch.input_ids is not None
+                  else torch.zeros_like(batch.req_pool_indices))
         tokens = (inputs.to(torch.int64) + kv.to(torch.int64)) % 1000
         new_lens = batch.seq_lens + 1
         return tokens, new_lens
 
-    def _draft_extend(self, tokens: torch.Tensor, rows: tuple[int, ...]) -> Any:
+    def _draft_extend(self, tokens: torch.Tensor) -> Any:
         """The draft-extend output the EAGLE v2 worker returns as next_draft_input."""
         count = tokens.shape[0]
         return types.SimpleNamespace(
-            bonus_tokens=tokens, topk_p=torch.ones((count, TOPK), dtype=torch.float32),
-            topk_index=(tokens.unsqueeze(1) + torch.arange(TOPK)).to(torch.int64),
-            hidden_states=torch.ones((count, HIDDEN), dtype=torch.float32) * tokens.unsqueeze(1),
+            bonus_tokens=tokens,
+            topk_p=torch.ones((count, TOPK), dtype=torch.float32, device=DEVICE),
+            topk_index=(tokens.unsqueeze(1) + torch.arange(TOPK, device=DEVICE)),
+            hidden_states=(torch.ones((count, HIDDEN), dtype=torch.float32, device=DEVICE)
+                           * tokens.unsqueeze(1)),
             draft_probs=None, dsa_topk_indices=None, future_dsa_topk_indices_available=False,
             future_indices=None,
         )
@@ -280,7 +277,7 @@ class LoopDriver:
         """process_batch_result of the previous batch: wait copy_done, read tokens."""
         if self.pending is None:
             return
-        copy_done, host_tokens = self.pending
+        copy_done, _tokens, host_tokens = self.pending
         copy_done.synchronize()
         host_tokens.tolist()
         self.pending = None
@@ -294,7 +291,7 @@ class LoopDriver:
         fm = self.fm
         saved_event, saved_stream = fm.publish_ready, fm.fwd_prepare_d2h_stream
         if self.mutation is Mutation.PUBLISH_READY_WAIT and fm.publish_ready is not None:
-            fm.publish_ready = self.w.cuda.Event()
+            fm.publish_ready = torch.cuda.Event()
         if self.mutation is Mutation.PINNED_EARLY and saved_stream is not None:
             fm.fwd_prepare_d2h_stream = _NoSyncStream(saved_stream)
         try:
@@ -302,25 +299,11 @@ class LoopDriver:
         finally:
             fm.publish_ready, fm.fwd_prepare_d2h_stream = saved_event, saved_stream
 
-    @contextmanager
-    def _declared_gather(self) -> Iterator[None]:
-        """The Triton gather runs interpreted and unseen; declare its reads and writes."""
-        real = self.ou.gather_spec_extras
-
-        def gather(indices: torch.Tensor, *bufs: torch.Tensor | None) -> Any:
-            reads = [(indices, None), *[(b, indices) for b in bufs if b is not None]]
-            return self.w.declare("gather_spec_extras", real, reads, indices, *bufs)
-        self.ou.gather_spec_extras = gather
-        try:
-            yield
-        finally:
-            self.ou.gather_spec_extras = real
-
 
 class _NoSyncStream:
     """A stream whose host synchronize() is dropped (the PINNED_EARLY mutation)."""
 
-    def __init__(self, stream: FakeStream) -> None:
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
 
     def synchronize(self) -> None:
@@ -330,11 +313,33 @@ class _NoSyncStream:
         return getattr(self._stream, name)
 
 
+@contextmanager
+def _record_stream_dropped(active: bool) -> Iterator[None]:
+    """NO_RECORD_STREAM: every ``Tensor.record_stream`` in the block is a no-op (SGLang's own
+    in ``_resolve_spec_extras`` and ``resolve_forward_inputs`` included); the recorder's
+    patch is put back on the way out."""
+    if not active:
+        yield
+        return
+    saved = torch.Tensor.record_stream
+    torch.Tensor.record_stream = lambda tensor, stream: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.record_stream = saved  # type: ignore[method-assign]
+
+
 def run_variant(variant: str, mutation: Mutation | None = None) -> Outcome:
-    """Run one variant (under one mutation) and return the races the detector found."""
+    """Run one variant (under one mutation) under ``recorder.watch(mode="cpu")``; return the
+    races it found."""
     overlap_utils = sglang_env.load_overlap_utils()
     spec = VARIANTS[variant]
-    with watch() as recorder, sglang_env.cuda_branches(overlap_utils, hip=spec.hip):
-        LoopDriver(overlap_utils, spec, recorder, mutation).run()
-    return Outcome(variant, None if mutation is None else str(mutation), list(recorder.races),
-                   len(spec.steps))
+    with (recorder.watch(mode="cpu") as watch,
+          sglang_env.cuda_branches(overlap_utils, hip=spec.hip),
+          _record_stream_dropped(mutation is Mutation.NO_RECORD_STREAM)):
+        driver = LoopDriver(overlap_utils, spec, mutation)
+        driver.run()
+        del driver  # its tensors die inside the watch, so their frees are recorded
+    unknown = [f"{op.name} at {op.site} ({', '.join(op.tensors)})" for op in watch.unknown_ops]
+    return Outcome(variant, None if mutation is None else str(mutation), watch.races,
+                   len(spec.steps), unknown)

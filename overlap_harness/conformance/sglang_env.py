@@ -14,9 +14,12 @@ CPU machine three things stand between that wheel and a run of its FutureMap:
    (``is_cuda()`` is False on a CPU build), and they choose the CUDA branches the conformance
    run is about: the pinned ``new_seq_lens_cpu_pinned`` mirror and the private
    ``fwd_prepare_d2h_stream``. :func:`cuda_branches` switches them for the length of a run.
-3. ``overlap_utils.gather_spec_extras`` is a raw Triton launch, which no dispatch mode sees.
-   The driver runs it under ``TRITON_INTERPRET=1`` (set here before triton is imported) and
-   declares its reads and writes (:mod:`overlap_harness.conformance.declared`).
+3. ``overlap_utils.gather_spec_extras`` (from ``sglang.kernels.ops.speculative``) is a raw
+   Triton launch, which no dispatch mode sees. It runs as itself under ``TRITON_INTERPRET=1``
+   (set here before triton is imported), declared to the recorder with
+   ``recorder.declare_kernel`` (:func:`declare_gather`): it reads ``indices`` and the rows
+   they name of each relay buffer and writes its fresh outputs, the accesses of the project's
+   own Triton gather (``recorder.project_kernels.gather_accesses``, same signature).
 
 Nothing else is stubbed: ``SpeculativeAlgorithm`` (``sglang.srt.speculative.spec_info``),
 ``FutureMap``, ``RelayPayload`` and ``resolve_forward_inputs`` are SGLang's own.
@@ -33,7 +36,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import recorder
 from model.errors import HarnessError
+from recorder.project_kernels import gather_accesses
 
 SGLANG_VERSION = "0.5.23"
 INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' "
@@ -99,7 +104,15 @@ def load_overlap_utils() -> types.ModuleType:
     except ImportError as exc:
         raise SglangUnavailableError(f"import sglang.srt.managers.overlap_utils failed: "
                                      f"{exc}") from None
+    declare_gather(overlap_utils)
     return overlap_utils
+
+
+def declare_gather(overlap_utils: types.ModuleType) -> None:
+    """Declare SGLang's Triton ``gather_spec_extras`` (as overlap_utils calls it) to the
+    recorder; it runs as itself (interpreted on the CPU), quietly, as one op (idempotent)."""
+    recorder.declare_kernel(f"{overlap_utils.__name__}:gather_spec_extras", gather_accesses,
+                            name="sglang.gather_spec_extras")
 
 
 def speculative_algorithm(name: str | None) -> Any:
