@@ -26,10 +26,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from model.config import EventKind, StashStream, Workload
+from model.config import EventKind, FutureLayout, StashStream, Workload
 from model.device import Buffer, Stream, SyncLabel
 from model.protocol.context import RunContext
-from model.protocol.future_map import FutureMap
+from model.protocol.future_map import FutureMap, RingFutureMap
 from model.protocol.state import Batch
 
 ROW_FAULT_KINDS = frozenset({EventKind.SKIP_PUBLISH, EventKind.SKIP_SEED, EventKind.DOUBLE_STASH})
@@ -138,7 +138,8 @@ class StashAfterNextGather(FutureMap):
 
 
 def future_map_for(ctx: RunContext, workload: Workload) -> FutureMap:
-    """The run's FutureMap: the plain one, or with the faults the scenario injects."""
+    """The run's FutureMap: its layout (rows, or the old ring), with the faults the scenario
+    injects over it."""
     faults: list[type[FutureMap]] = []
     if ctx.config.stash_stream == StashStream.SIDE:
         faults.append(SideStreamStash)
@@ -146,9 +147,11 @@ def future_map_for(ctx: RunContext, workload: Workload) -> FutureMap:
         faults.append(RowFaults)
     if ctx.config.delayed_stash_after_gather:
         faults.append(StashAfterNextGather)
+    layout = RingFutureMap if ctx.config.future_layout == FutureLayout.RING else FutureMap
     if not faults:
-        return FutureMap(ctx)
-    # several faults at once: one class inheriting each (their __init__s cooperate)
-    cls = faults[0] if len(faults) == 1 else type("FaultyFutureMap", tuple(faults), {})
+        return layout(ctx)
+    # faults over the layout: one class inheriting each (their __init__s cooperate)
+    bases = (*faults, layout) if layout is not FutureMap else tuple(faults)
+    cls = bases[0] if len(bases) == 1 else type("FaultyFutureMap", bases, {})
     extra = {"workload": workload} if RowFaults in faults else {}
     return cls(ctx, **extra)

@@ -12,7 +12,7 @@ Its methods are the protocol's relay steps:
 - :meth:`FutureMap.gather` (spec-v2) and :meth:`FutureMap.gather_output_tokens` (non-spec)
   gather the relayed values on F for the next forward.
 
-Rows are the request-pool rows (REF) or, in the old ring layout (#13713), slots of a ring.
+Rows are the request-pool rows (REF); :class:`RingFutureMap` is the old ring layout (#13713).
 Every sync carries its SyncLabel. Bug injections (a stash on a side stream, skipped or
 replayed rows) are not here: they subclass this class in ``faults.py``, the mutation layer,
 through the decision points :meth:`FutureMap.publish_positions` and
@@ -21,9 +21,11 @@ through the decision points :meth:`FutureMap.publish_positions` and
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from model.config import FutureLayout, SeqLensD2H
+from model.config import SeqLensD2H
 from model.device import Buffer, Stream, SyncLabel
 from model.protocol.context import RunContext
 from model.protocol.kernels import gather_spec_extras
@@ -37,11 +39,11 @@ I64 = torch.int64
 class FutureMap:
     """The relay buffers and events of one run, and the steps that use them."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, **more: Any) -> None:
+        """``more``: unused here; the keyword arguments faults composed with it take."""
         self.ctx = ctx
         device, config = ctx.device, ctx.config
-        self.ring = config.future_layout == FutureLayout.RING
-        self.slots = config.ring_size if self.ring else ctx.pool_size  # rows of each buffer
+        self.slots = self.slot_count()  # rows of each relay buffer
         poison = -1 if config.debug_poison else None  # -1 poison (#26108; seq_lens #30471)
         self.output_tokens_buf = device.buffer("output_tokens_buf", (self.slots,), I64,
                                                fill=poison)
@@ -57,56 +59,33 @@ class FutureMap:
         self.publish_recorded = False
         self.verify_done = device.event("verify_done")  # legacy, before #25879
         self.verify_done_recorded = False
-        self.ring_counter = 0
-        self.ring_owner: dict[int, str] = {}
+
+    def slot_count(self) -> int:
+        """Rows of each relay buffer: one per request-pool row."""
+        return self.ctx.pool_size
 
     # -- indices ----------------------------------------------------------------------------
     def build_indices(self, batch: Batch, op: str) -> None:
-        """On S: the batch's ``future_indices`` (and, in the ring layout, its output slots).
+        """On S: the batch's ``future_indices``, its request-pool rows.
 
         Merge and filter build a fresh index tensor from the host's lists (cat / index with
         keep indices arriving by non-blocking H2D); F reads it later, so its lifetime is fenced
-        by ``record_stream(F)`` and the pin ring.
+        by ``record_stream(F)`` and the pin ring. Publish and stash write the rows they gather.
         """
-        ctx = self.ctx
-        if self.ring:
-            out = []
-            for r in batch.reqs:
-                slot = self.ring_counter % self.slots
-                self.ring_counter += 1
-                self.ring_owner[slot] = r.id
-                out.append(slot)
-            batch.slots_in = [r.fslot for r in batch.reqs]
-            batch.slots_out = out
-            for r, slot in zip(batch.reqs, out, strict=True):
-                r.fslot = slot
-        else:
-            batch.slots_in = batch.slots_out = batch.rows
-        m = batch.m
-        batch.fi = ctx.tmp(batch, "future_indices", (m,), I64, ctx.schedule_stream)
-        vals = torch.tensor(batch.slots_in, dtype=I64)
-        ctx.device.launch(ctx.schedule_stream, op, lambda: vals, writes=[batch.fi],
-                          cost_us=ctx.kernel_us)
-        if self.ring:
-            batch.fo = ctx.tmp(batch, "future_indices_out", (m,), I64, ctx.schedule_stream)
-            outv = torch.tensor(batch.slots_out, dtype=I64)
-            ctx.device.launch(ctx.schedule_stream, op + "_out", lambda: outv,
-                              writes=[batch.fo], cost_us=ctx.kernel_us)
-        else:
-            batch.fo = batch.fi
+        batch.slots_in = batch.slots_out = batch.rows
+        batch.fi = batch.fo = self._index_tensor(batch, "future_indices", op, batch.slots_in)
 
-    def check_ring(self, batch: Batch) -> None:
-        """Ring layout only: a harness check that each gathered slot still belongs to its
-        reader (the #13713 overflow shows as a ``ring_alias`` debug failure)."""
-        if not self.ring:
-            return
-        for r, slot in zip(batch.reqs, batch.slots_in, strict=True):
-            owner = self.ring_owner.get(slot)
-            if owner != r.id:
-                self.ctx.outcome.debug_failures.append(DebugFailure(
-                    batch.iteration, r.id, "ring_alias",
-                    f"FutureMap ring slot {slot} was reallocated to {owner!r} before {r.id!r} "
-                    "read it"))
+    def _index_tensor(self, batch: Batch, name: str, op: str, values: list[int]) -> Buffer:
+        """A batch-local index tensor written on S from host-known ``values``."""
+        ctx = self.ctx
+        buf = ctx.tmp(batch, name, (batch.m,), I64, ctx.schedule_stream)
+        vals = torch.tensor(values, dtype=I64)
+        ctx.device.launch(ctx.schedule_stream, op, lambda: vals, writes=[buf],
+                          cost_us=ctx.kernel_us)
+        return buf
+
+    def check_owners(self, batch: Batch) -> None:
+        """Before a resolve: nothing to check (a row belongs to its request until freed)."""
 
     # -- resolve (step 4a) ---------------------------------------------------------------------
     def resolve(self, batch: Batch) -> list[int] | None:
@@ -368,3 +347,48 @@ class FutureMap:
 
     def on_loop_end(self) -> None:
         """The loop has run its last iteration: nothing left to relay."""
+
+
+class RingFutureMap(FutureMap):
+    """The old FutureMap ring (before #25862): ``ring_size`` slots handed out in turn.
+
+    A batch gathers from the slots its requests last wrote (``future_indices``) and writes
+    fresh ones (``future_indices_out``); chunked prefill overflows a small ring, and a slot is
+    handed to another request before its reader gathered it (#13713), which
+    :meth:`check_owners` reports as a ``ring_alias`` debug failure.
+    """
+
+    def __init__(self, ctx: RunContext, **more: Any) -> None:
+        """``more``: the keyword arguments of faults composed with this layout."""
+        super().__init__(ctx, **more)
+        self.ring_counter = 0
+        self.ring_owner: dict[int, str] = {}
+
+    def slot_count(self) -> int:
+        """Rows of each relay buffer: the ring's slots."""
+        return self.ctx.config.ring_size
+
+    def build_indices(self, batch: Batch, op: str) -> None:
+        """On S: the slots to gather (each request's last) and fresh slots to write."""
+        out = []
+        for r in batch.reqs:
+            slot = self.ring_counter % self.slots
+            self.ring_counter += 1
+            self.ring_owner[slot] = r.id
+            out.append(slot)
+        batch.slots_in = [r.fslot for r in batch.reqs]
+        batch.slots_out = out
+        for r, slot in zip(batch.reqs, out, strict=True):
+            r.fslot = slot
+        batch.fi = self._index_tensor(batch, "future_indices", op, batch.slots_in)
+        batch.fo = self._index_tensor(batch, "future_indices_out", op + "_out", batch.slots_out)
+
+    def check_owners(self, batch: Batch) -> None:
+        """Each gathered slot must still belong to its reader (else ``ring_alias``)."""
+        for r, slot in zip(batch.reqs, batch.slots_in, strict=True):
+            owner = self.ring_owner.get(slot)
+            if owner != r.id:
+                self.ctx.outcome.debug_failures.append(DebugFailure(
+                    batch.iteration, r.id, "ring_alias",
+                    f"FutureMap ring slot {slot} was reallocated to {owner!r} before {r.id!r} "
+                    "read it"))

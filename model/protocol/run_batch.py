@@ -68,7 +68,7 @@ class BatchRunner:
     def _resolve(self, batch: Batch) -> None:
         """Step 4a plus the host's use of it: the lengths it declares accesses with."""
         ctx = self.ctx
-        self.future_map.check_ring(batch)
+        self.future_map.check_owners(batch)
         cpu = self.future_map.resolve(batch)
         batch.seq_lens_cpu = cpu
         if cpu is not None:

@@ -14,6 +14,7 @@ import pytest
 
 from model.config import (
     EventKind,
+    FutureLayout,
     Mode,
     Platform,
     ProtocolConfig,
@@ -39,7 +40,7 @@ from model.protocol.faults import (
     StashAfterNextGather,
     future_map_for,
 )
-from model.protocol.future_map import FutureMap
+from model.protocol.future_map import FutureMap, RingFutureMap
 from model.trace import OpRecord, RaceKind
 from sim.device import SimDevice
 
@@ -139,13 +140,15 @@ EVENTS = (WorkloadEvent(2, EventKind.SKIP_PUBLISH, "A"),)
     ({"mode": Mode.NON_SPEC, "delayed_sampling": True, "delayed_stash_after_gather": True},
      (), (StashAfterNextGather,)),
     ({"stash_stream": StashStream.SIDE}, EVENTS, (SideStreamStash, RowFaults)),
-], ids=["plain", "side", "rows", "deferred", "side+rows"])
-def test_future_map_for_composes_the_injected_faults(over, events, parts) -> None:
+    ({"future_layout": FutureLayout.RING}, (), (RingFutureMap,)),
+    ({"future_layout": FutureLayout.RING}, EVENTS, (RowFaults, RingFutureMap)),
+], ids=["plain", "side", "rows", "deferred", "side+rows", "ring", "ring+rows"])
+def test_future_map_for_composes_the_layout_and_injected_faults(over, events, parts) -> None:
     ctx = RunContext(SimDevice(), dc.replace(ProtocolConfig(), **over), Timing())
     fmap = future_map_for(ctx, dc.replace(STEADY, events=events))
     if not parts:
         assert type(fmap) is FutureMap
     for part in parts:
         assert isinstance(fmap, part)
-    others = {SideStreamStash, RowFaults, StashAfterNextGather} - set(parts)
+    others = {SideStreamStash, RowFaults, StashAfterNextGather, RingFutureMap} - set(parts)
     assert not any(isinstance(fmap, cls) for cls in others)
