@@ -7,14 +7,23 @@ are found and reported), a D2H copy per iteration and a host sync now and then. 
 wait and sync counts as an op (each is a node of the happens-before graph). Run by hand:
 
     python benchmarks/sim_throughput.py [--ops 100000] [--seed 0]
+    python benchmarks/sim_throughput.py --baseline /tmp/old-tree [--rounds 2]
 
-and record the printed table in docs/benchmarks.md. Figures are per process on one core.
+and record the printed table in docs/benchmarks.md. Figures are per process, torch on one
+thread; ops per CPU second is the steadier figure on a shared machine. ``--baseline`` runs the
+same program on another checkout (a ``git worktree`` of the commit before a change) in fresh
+processes, alternating with this tree, and checks that both find the same races (a digest of
+every racing pair).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,13 +32,23 @@ import numpy as np
 import simpy
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the tree whose simulator runs: this checkout, or the one a --baseline child is told to use
+TREE_ENV = "SIM_THROUGHPUT_TREE"
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.environ.get(TREE_ENV, str(HERE)))
 
-from sim.device import SimDevice
+from sim.device import SimDevice  # noqa: E402  (after the tree is chosen)
 
 
 def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
     """Issue ``n_ops`` device ops; returns (ops issued, races found, seconds)."""
+    issued, races, wall, _cpu, _digest = measure(n_ops, seed)
+    return issued, races, wall
+
+
+def measure(n_ops: int, seed: int) -> tuple[int, int, float, float, str]:
+    """Issue ``n_ops`` device ops and let them land; returns (ops issued, races found, wall
+    seconds, CPU seconds, a digest of every racing pair: kind, buffer, elements, both ops)."""
     rng = random.Random(seed)
     dev = SimDevice(host_launch_us=2.0, seed=seed)
     streams = [dev.stream(n) for n in ("schedule", "forward", "d2h")]
@@ -39,7 +58,7 @@ def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
     pools = [[np.array(rng.sample(range(4096), rng.randint(1, 64))) for _ in range(64)]
              for _ in range(4)]
     zero = torch.zeros(64, dtype=torch.int64)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     issued = 0
     sched, fwd, d2h = streams
     while issued < n_ops:
@@ -69,7 +88,11 @@ def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
             dev.wait_stream(sched, fwd)
             issued += 2
     run = dev.finish()
-    return issued, len(run.races), time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    digest = hashlib.sha256(repr(sorted(
+        (str(r.kind), r.buffer, r.elements, r.first.op, r.second.op, r.older)
+        for r in run.races)).encode()).hexdigest()[:16]
+    return issued, len(run.races), wall, cpu, digest
 
 
 def simpy_rate(n: int) -> float:
@@ -86,21 +109,59 @@ def simpy_rate(n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def child_run(tree: Path, n_ops: int, seed: int) -> dict:
+    """One measurement in a fresh process on the simulator of ``tree``."""
+    env = dict(os.environ, **{TREE_ENV: str(tree)})
+    out = subprocess.run([sys.executable, __file__, "--ops", str(n_ops), "--seed", str(seed),
+                          "--json"], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(baseline: Path, n_ops: int, seed: int, rounds: int) -> None:
+    """Alternate this tree and ``baseline``, ``rounds`` times each; print one table."""
+    rows: list[tuple[str, dict]] = []
+    for _ in range(rounds):
+        for label, tree in (("before", baseline), ("after", HERE)):
+            rows.append((label, child_run(tree, n_ops, seed)))
+    print("| tree | ops | races | race digest | wall s | CPU s | ops/s wall | ops/s CPU |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, r in rows:
+        print(f"| {label} | {r['ops']} | {r['races']} | {r['digest']} | {r['wall']:.2f} | "
+              f"{r['cpu']:.2f} | {r['ops'] / r['wall']:,.0f} | {r['ops'] / r['cpu']:,.0f} |")
+    if len({r["digest"] for _label, r in rows}) != 1:
+        print("RACES DIFFER between the trees", file=sys.stderr)
+        sys.exit(1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", type=Path, help="another checkout to run side by side")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each tree with --baseline")
+    ap.add_argument("--json", action="store_true", help="one measurement as a JSON line")
     args = ap.parse_args()
-    ops, races, secs = build_and_run(args.ops, args.seed)
+    torch.set_num_threads(1)
+    if args.baseline is not None:
+        if not (args.baseline / "sim" / "device.py").is_file():
+            sys.exit(f"sim_throughput: --baseline {args.baseline}: no sim/device.py there")
+        compare(args.baseline, args.ops, args.seed, args.rounds)
+        return
+    ops, races, wall, cpu, digest = measure(args.ops, args.seed)
+    if args.json:
+        print(json.dumps({"ops": ops, "races": races, "wall": wall, "cpu": cpu,
+                          "digest": digest}))
+        return
     bare = simpy_rate(args.ops)
     print("| measure | value |")
     print("|---|---|")
     print(f"| ops simulated (3 streams, 1-64-element index sets) | {ops} |")
-    print(f"| races found | {races} |")
-    print(f"| wall time (s) | {secs:.2f} |")
-    print(f"| SimDevice ops/s, race detection and values on | {ops / secs:,.0f} |")
+    print(f"| races found (digest {digest}) | {races} |")
+    print(f"| wall time (s) / CPU time (s) | {wall:.2f} / {cpu:.2f} |")
+    print(f"| SimDevice ops/s wall, race detection and values on | {ops / wall:,.0f} |")
+    print(f"| SimDevice ops/s CPU | {ops / cpu:,.0f} |")
     print(f"| simpy bare timeouts/s, same machine | {bare:,.0f} |")
-    print(f"| ratio SimDevice / bare simpy | {ops / secs / bare:.3f} |")
+    print(f"| ratio SimDevice (wall) / bare simpy | {ops / wall / bare:.3f} |")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ only if some agent wrote (or read) the block later than this node's clock knows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import overload
+from dataclasses import dataclass
+from typing import NamedTuple, overload
 
 import networkx as nx
 import numpy as np
@@ -70,7 +70,6 @@ class NodeInfo:
     label: str | None
     start_ns: int | None
     end_ns: int | None
-    buffers: dict[int, tuple[str, int]] = field(default_factory=dict)  # storage -> (name, buf id)
 
 
 class _Storage:
@@ -90,9 +89,11 @@ class _Storage:
         self.pruned_at = [LOG_PRUNE_EVERY] * MAX_AGENTS  # log length that triggers a prune
 
 
-@dataclass(frozen=True, slots=True)
-class AccessReq:
-    """One declared access of a node: storage block, buffer identity, elements, mode."""
+class AccessReq(NamedTuple):
+    """One declared access of a node: storage block, buffer identity, elements, mode.
+
+    A named tuple: one is built per access of every op, and a frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field) cost four times as much."""
 
     storage: int
     buffer_id: int
@@ -122,8 +123,11 @@ class NodeAccesses(Sequence[Sequence[AccessReq]]):
 
     def append(self, accesses: Sequence[AccessReq]) -> None:
         """Keep one node's accesses (the next node id)."""
-        self._rows.append(tuple([(a.storage, a.buffer_id, a.buffer, a.elements, a.write,
-                                  a.pinned) for a in accesses]))
+        self._rows.append(tuple([tuple(a) for a in accesses]))
+
+    def rows(self, i: int) -> tuple[_Fields, ...]:
+        """Node ``i``'s accesses as plain field tuples (no records built)."""
+        return self._rows[i]
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -140,6 +144,56 @@ class NodeAccesses(Sequence[Sequence[AccessReq]]):
         return tuple([AccessReq(*f) for f in self._rows[i]])
 
 
+_KINDS = tuple(OpKind)
+_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
+
+
+class NodeTable(Sequence[NodeInfo]):
+    """Every node the detector was fed, by node id (:attr:`HBDetector.nodes`).
+
+    Kept as plain tuples of ints and strings (the op kind as its index in :class:`OpKind`)
+    and handed out as :class:`NodeInfo` records again when read: an enum member or a
+    dataclass instance keeps a record tracked by Python's cyclic GC for good, and full
+    collections over one tracked record per op cost about a quarter of a long run's CPU
+    (``benchmarks/sim_throughput.py``, docs/benchmarks.md).
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: list[tuple] = []
+
+    def append(self, info: NodeInfo) -> None:
+        """Keep one node (the next node id)."""
+        self._rows.append((info.op, info.name, info.agent, info.agent_name,
+                           _KIND_INDEX[info.kind], info.iteration, info.source, info.label,
+                           info.start_ns, info.end_ns))
+
+    def agent(self, op: int) -> int:
+        """The agent of node ``op``, without building its record."""
+        return self._rows[op][2]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeInfo: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[NodeInfo]: ...
+
+    def __getitem__(self, i: int | slice) -> NodeInfo | list[NodeInfo]:
+        if isinstance(i, slice):
+            return [_node_info(row) for row in self._rows[i]]
+        return _node_info(self._rows[i])
+
+
+def _node_info(row: tuple) -> NodeInfo:
+    op, name, agent, agent_name, kind, iteration, source, label, start, end = row
+    return NodeInfo(op, name, agent, agent_name, _KINDS[kind], iteration, source, label, start,
+                    end)
+
+
 class HBDetector:
     """Vector-clock happens-before detector; see the module docstring for the rules."""
 
@@ -151,7 +205,7 @@ class HBDetector:
         self._last: list[OpId | None] = [None]
         self._events: dict[object, tuple[tuple[int, ...], OpId]] = {}
         self._storages: dict[int, _Storage] = {}
-        self.nodes: list[NodeInfo] = []
+        self.nodes = NodeTable()
         self.node_accesses = NodeAccesses()  # per node, as declared
         self.node_vc: list[tuple[int, ...]] = []
         self.node_epoch: list[int] = []
@@ -159,7 +213,10 @@ class HBDetector:
         self._epochs = np.zeros(1024, dtype=np.int64)
         self.edges: list[tuple[int, int]] = []  # program edges (and program order)
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
-        self.races: list[Race] = []
+        # races as plain tuples of ints, strings and bools (untracked by the cyclic GC, see
+        # NodeTable); :attr:`races` builds the Race records when read
+        self._race_rows: list[tuple] = []
+        self._races: list[Race] = []
         self.older_scan_truncated = 0  # log walks cut at MAX_OLDER_SCAN entries
 
     # -- agents and memory ----------------------------------------------------------------
@@ -231,7 +288,6 @@ class HBDetector:
         if a == HOST_AGENT:
             self._host_version += 1
         for acc in accesses:
-            info.buffers[acc.storage] = (acc.buffer, acc.buffer_id)
             self._check(info, acc, vc, n_agents)
 
     def on_record(self, key: object, info: NodeInfo) -> None:
@@ -251,7 +307,7 @@ class HBDetector:
     def host_knows(self, op: OpId) -> bool:
         """True when ``op`` happens before everything the host issues from now on (the
         allocator's reuse test, by program edges: :mod:`model.allocator`)."""
-        return self._vc[HOST_AGENT][self.nodes[op].agent] >= self.node_epoch[op]
+        return self._vc[HOST_AGENT][self.nodes.agent(op)] >= self.node_epoch[op]
 
     def event_op(self, key: object) -> OpId | None:
         """The record node an event currently captures, or None if never recorded."""
@@ -259,9 +315,18 @@ class HBDetector:
         return None if rec is None else rec[1]
 
     # -- queries --------------------------------------------------------------------------
+    @property
+    def races(self) -> list[Race]:
+        """Every racing pair found so far, in the order found (records built when read)."""
+        built = self._races
+        rows = self._race_rows
+        for index in range(len(built), len(rows)):
+            built.append(self._race(*rows[index]))
+        return built
+
     def happens_before(self, u: int, v: int) -> bool:
         """True when node ``u`` happens before node ``v`` (u != v)."""
-        return self.node_vc[v][self.nodes[u].agent] >= self.node_epoch[u] and u != v
+        return self.node_vc[v][self.nodes.agent(u)] >= self.node_epoch[u] and u != v
 
     def graph(self) -> nx.DiGraph:
         """The happens-before graph: nodes are ops (with their attributes), edges direct HB."""
@@ -325,24 +390,33 @@ class HBDetector:
         if not unordered.any():
             return
         rows, cols = np.nonzero(unordered)
-        prior_ops = latest[rows, cols]
         pairs: dict[int, set[int]] = {}
-        for p in np.unique(prior_ops):
-            pairs[int(p)] = set(e[rows[prior_ops == p]].tolist())
+        for prior, element in zip(latest[rows, cols].tolist(), e[rows].tolist(), strict=True):
+            found = pairs.get(prior)
+            if found is None:
+                pairs[prior] = {element}
+            else:
+                found.add(element)
         latest_ops = set(pairs)
         st = self._storages[acc.storage]
-        for agent in np.unique(cols).tolist():
-            self._older_pairs(st.logs[agent], vc[agent], info.op, e, prior_write, pairs)
+        new_elements = set(e.tolist())
+        for agent in set(cols.tolist()):
+            self._older_pairs(st.logs[agent], vc[agent], info.op, new_elements, prior_write,
+                              pairs)
         for p in sorted(pairs):
             elems = tuple(sorted(pairs[p]))
-            self.races.append(self._race(self.nodes[p], info, acc, elems, prior_write,
-                                         older=p not in latest_ops))
+            self._race_rows.append((p, info.op, acc.storage, acc.buffer_id, acc.buffer,
+                                    acc.write, acc.pinned, elems, prior_write,
+                                    p not in latest_ops))
 
     def _older_pairs(self, log: list[tuple[int, int, np.ndarray, bool]], known: int, op: int,
-                     e: np.ndarray, prior_write: bool, pairs: dict[int, set[int]]) -> None:
+                     new_elements: set[int], prior_write: bool,
+                     pairs: dict[int, set[int]]) -> None:
         """Add to ``pairs`` every access in ``log`` (one agent's, newest last) that is unordered
         with the new access (epoch above ``known``, what its clock knows of that agent),
-        conflicts with it (mode ``prior_write``) and shares elements with ``e``."""
+        conflicts with it (mode ``prior_write``) and shares elements with ``new_elements``.
+        (A set intersection: ``np.intersect1d`` sorts both sides, ten times the cost for the
+        few dozen elements of a typical access.)"""
         index = len(log) - 1
         scanned = 0
         while index >= 0 and log[index][0] > known:
@@ -351,33 +425,42 @@ class HBDetector:
                 return
             _epoch, prior, elems, write = log[index]
             if write == prior_write and prior != op:
-                common = np.intersect1d(elems, e, assume_unique=False)
-                if common.size:
-                    pairs.setdefault(prior, set()).update(common.tolist())
+                common = new_elements.intersection(elems.tolist())
+                if common:
+                    pairs.setdefault(prior, set()).update(common)
             index -= 1
             scanned += 1
 
-    def _race(
-        self, p: NodeInfo, q: NodeInfo, acc: AccessReq, elems: tuple[int, ...], prior_write: bool,
-        older: bool = False,
-    ) -> Race:
-        p_buf, p_buf_id = p.buffers[acc.storage]
-        if p_buf_id != acc.buffer_id:
+    def _buffer_of(self, op: int, storage: int) -> tuple[str, int]:
+        """(name, buffer id) through which node ``op`` last accessed ``storage``."""
+        for fields in reversed(self.node_accesses.rows(op)):
+            if fields[0] == storage:
+                return fields[2], fields[1]
+        raise KeyError(storage)  # a prior access the node never declared: a detector bug
+
+    def _race(self, prior: int, op: int, storage: int, buffer_id: int, buffer: str,
+              write: bool, pinned: bool, elems: tuple[int, ...], prior_write: bool,
+              older: bool) -> Race:
+        """The record of one racing pair: node ``prior``'s access (a write when
+        ``prior_write``) and node ``op``'s access of ``buffer`` (a write when ``write``)."""
+        p, q = self.nodes[prior], self.nodes[op]
+        p_buf, p_buf_id = self._buffer_of(prior, storage)
+        if p_buf_id != buffer_id:
             kind = RaceKind.REUSE
-        elif acc.pinned and HOST_AGENT in (p.agent, q.agent) and OpKind.COPY in (p.kind, q.kind):
+        elif pinned and HOST_AGENT in (p.agent, q.agent) and OpKind.COPY in (p.kind, q.kind):
             kind = RaceKind.HOST_D2H
         elif prior_write:
-            kind = RaceKind.WAW if acc.write else RaceKind.RAW
+            kind = RaceKind.WAW if write else RaceKind.RAW
         else:
             kind = RaceKind.WAR
         p_mode = "write" if prior_write else "read"
-        q_mode = "write" if acc.write else "read"
+        q_mode = "write" if write else "read"
         manifest = _inverted(p, p_mode, q, q_mode)
-        shape = self._storages[acc.storage].shape
-        first, second = _access(p, p_mode, p_buf), _access(q, q_mode, acc.buffer)
+        shape = self._storages[storage].shape
+        first, second = _access(p, p_mode, p_buf), _access(q, q_mode, buffer)
         if kind == RaceKind.REUSE:
-            return Race(kind, p_buf, shape, elems, first, second, manifest, acc.buffer, older)
-        return Race(kind, acc.buffer, shape, elems, first, second, manifest, older=older)
+            return Race(kind, p_buf, shape, elems, first, second, manifest, buffer, older)
+        return Race(kind, buffer, shape, elems, first, second, manifest, older=older)
 
 
 def _join(vc: list[int], other: Sequence[int], n_agents: int) -> None:

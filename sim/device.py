@@ -61,6 +61,8 @@ from model.device import (
 from model.errors import DeviceUsageError
 from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
 
+_KINDS = tuple(OpKind)
+_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
 
 
@@ -74,11 +76,6 @@ class _StreamState:
     agent: int
     name: str
     free_at: int = 0  # when the last enqueued op (or wait) is done
-
-
-@dataclass(slots=True)
-class _EventState:
-    complete_at: int | None = None  # None: never recorded
 
 
 @dataclass(slots=True)
@@ -224,14 +221,19 @@ class SimDevice(Device):
         self._delays = {k: us_to_ns(v) for k, v in (delays or {}).items()}
         self._streams: dict[str, Stream] = {}
         self._sstate: dict[StreamId, _StreamState] = {}
-        self._events: dict[EventId, _EventState] = {}
+        # by event id: when its latest record completes (None: never recorded); plain ints,
+        # since wait_stream makes an event per call
+        self._event_done: list[int | None] = []
         self._buffers: list[Buffer] = []
         self._views: list[torch.Tensor] = []  # by buffer id: its block's memory in its shape
         self._blocks: list[_Block] = []
         self._pool = BlockPool()
         self._query_outcomes = dict(query_outcomes or {})
         self.query_sites: list[QuerySite] = []
-        self.timeline: list[OpRecord] = []
+        # the timeline as plain tuples (the op kind as its index in OpKind), untracked by the
+        # cyclic GC (model.detector.NodeTable says why); :attr:`timeline` builds the records
+        self._timeline_rows: list[tuple] = []
+        self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
         self._dups: dict[tuple[str, str], str] = {}
         self._serial_state = None
@@ -257,8 +259,19 @@ class SimDevice(Device):
                         None if label is None else str(label), start, end)
 
     def _log(self, n: NodeInfo, issue: int) -> None:
-        self.timeline.append(OpRecord(n.op, n.name, n.agent_name, n.kind, issue, n.start_ns or 0,
-                                      n.end_ns or 0, n.label, n.iteration, n.source))
+        self._timeline_rows.append((n.op, n.name, n.agent_name, _KIND_INDEX[n.kind], issue,
+                                    n.start_ns or 0, n.end_ns or 0, n.label, n.iteration,
+                                    n.source))
+
+    @property
+    def timeline(self) -> list[OpRecord]:
+        """Every op issued so far, in issue order (records built when read)."""
+        built = self._timeline
+        rows = self._timeline_rows
+        for index in range(len(built), len(rows)):
+            op, name, agent, kind, *rest = rows[index]
+            built.append(OpRecord(op, name, agent, _KINDS[kind], *rest))
+        return built
 
     def _advance_values(self) -> None:
         """Run simpy up to the host's clock: every write that landed by now is in memory."""
@@ -335,8 +348,8 @@ class SimDevice(Device):
         return s
 
     def event(self, name: str) -> Event:
-        e = Event(EventId(len(self._events)), name)
-        self._events[e.id] = _EventState()
+        e = Event(EventId(len(self._event_done)), name)
+        self._event_done.append(None)
         return e
 
     def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, pinned: bool = False,
@@ -493,12 +506,12 @@ class SimDevice(Device):
         n = self._stream_node(stream, f"record:{event.name}", OpKind.RECORD, label, at)
         self.det.on_record(event.id, n)
         self._log(n, self.host_ns)
-        self._events[event.id].complete_at = at
+        self._event_done[event.id] = at
 
     def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None:
         st = self._state(stream)
         self.host_ns += self._launch_ns
-        done = self._events[event.id].complete_at
+        done = self._event_done[event.id]
         if done is not None:
             st.free_at = max(st.free_at, done)
         at = max(self.host_ns, st.free_at)
@@ -514,7 +527,7 @@ class SimDevice(Device):
     def _do_synchronize(self, target: Stream | Event | None, label: SyncLabel | None) -> None:
         if isinstance(target, Event):
             op = self.det.event_op(target.id)
-            done = self._events[target.id].complete_at
+            done = self._event_done[target.id]
             if op is None or done is None:  # never recorded: returns at once
                 return
             self._host_wait(f"sync:{target.name}", [op], done, label)
@@ -539,7 +552,7 @@ class SimDevice(Device):
                          if q.event == event.name and q.iteration == iteration)
         key = (event.name, iteration, occurrence)
         self.host_ns += self._launch_ns
-        done = self._events[event.id].complete_at
+        done = self._event_done[event.id]
         record = self.det.event_op(event.id)
         forced = key in self._query_outcomes
         outcome = self._query_outcomes.get(key, False) or done is None  # never recorded: True
@@ -557,7 +570,7 @@ class SimDevice(Device):
         return outcome
 
     def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
-        done = self._events[event.id].complete_at
+        done = self._event_done[event.id]
         record = self.det.event_op(event.id)
         if record is None or done is None:  # never recorded: the first query says True
             return
