@@ -151,7 +151,7 @@ class Watch:
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
         stack.enter_context(self.dispatch)
-        stack.enter_context(gpu_mode.DataPtrMode(self.memory, self.dispatch))
+        stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
 
     def __exit__(self, *exc: object) -> None:
         stack, self._stack = self._stack, None

@@ -64,6 +64,11 @@ class CpuMemory:
     def fresh_placement(self, t: torch.Tensor, device_involved: bool) -> str:
         return Placement.DEVICE if device_involved else Placement.HOST
 
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        info = self.lookup(t)
+        if info is not None and not info.pinned:  # real code skips it on CPU tensors
+            self.recording.record_stream(info, self.cuda.agent(stream))
+
     def current_agent(self) -> int:
         return self.cuda.agent(None)
 
@@ -155,16 +160,13 @@ class FakeCudaFunctionMode(TorchFunctionMode):
             return t.to(**plain)  # same side: a dtype change or a copy, recorded as is
         if device.type == "cuda":  # host -> device
             with self.memory.placed(Placement.DEVICE):
-                out = t.to(**{**plain, "copy": True})
+                out = t.to(**{**plain, "copy": True, "non_blocking": non_blocking})
         elif device.type == "cpu":  # device -> host: pinned when non-blocking, as torch does
             with self.memory.placed(Placement.PINNED if non_blocking else Placement.HOST):
-                out = t.to(**{**plain, "copy": True})
+                out = t.to(**{**plain, "copy": True, "non_blocking": non_blocking})
         else:
             return t.to(*args, **kwargs)
-        if not non_blocking:
-            agent = self.memory.current_agent()
-            self.recording.host_sync("copy (blocking)", [self.recording.detector.last_op(agent)])
-        return out
+        return out  # a blocking copy's host sync is the dispatch mode's (``_to_copy``)
 
     def _cuda(self, t: torch.Tensor, device: Any = None, non_blocking: bool = False,
               memory_format: Any = None) -> torch.Tensor:
@@ -195,9 +197,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def record_stream(self, t: torch.Tensor, stream: Any) -> None:
         """``Tensor.record_stream``: torch's argument parser refuses a faked stream before
         any mode sees the call, so the method itself is patched (:meth:`patches`)."""
-        info = self._device_info(t)
-        if info is not None:  # real code skips record_stream on CPU tensors
-            self.recording.record_stream(info, self.memory.cuda.agent(stream))
+        self.memory.record_stream(t, stream)
 
     def patches(self) -> list[tuple[Any, str, Any]]:
         """Tensor methods patched while the mode runs."""

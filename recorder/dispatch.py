@@ -41,6 +41,9 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
              aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
+_NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
+
+
 class Placement:
     """Where the fresh outputs of the ops running now live (set by the function layer)."""
 
@@ -69,6 +72,10 @@ class Memory(Protocol):
 
     def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
         """Watch the storage of a fresh tensor ``t``."""
+        ...
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        """``t.record_stream(stream)``."""
         ...
 
 
@@ -106,7 +113,10 @@ class RecordingDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused or is_view_or_metadata(func):
+        if self.paused or func in _NO_ACCESS or is_view_or_metadata(func):
+            return func(*args, **kwargs)
+        if func is aten.record_stream.default:
+            self.memory.record_stream(args[0], args[1])
             return func(*args, **kwargs)
         memory = self.memory
         if self.quiet:
@@ -190,14 +200,20 @@ class RecordingDispatchMode(TorchDispatchMode):
         else:
             kind = OpKind.KERNEL
         op = recording.op(name, agent, accesses, kind, site=site)
-        if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, host_involved):
+        if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, out, host_involved):
             recording.host_sync(f"{name} (blocking)", [op])
         return out
 
-    def _blocks_host(self, func: Any, args: tuple, kwargs: dict, host_involved: bool) -> bool:
-        """A blocking host<->device copy or a scalar read of device memory."""
+    def _blocks_host(self, func: Any, args: tuple, kwargs: dict, out: Any,
+                     host_involved: bool) -> bool:
+        """A blocking host<->device copy (``copy_``, ``.to``, ``.cpu()``) or a scalar read of
+        device memory."""
         if func is aten._local_scalar_dense.default:
             return True
+        if func is aten._to_copy.default:
+            target = self.memory.lookup(out) if isinstance(out, torch.Tensor) else None
+            to_host = target is None or target.pinned
+            return (host_involved or to_host) and not kwargs.get("non_blocking", False)
         if func is aten.copy_.default and host_involved:
             if args[1].dim() == 0 and self.memory.lookup(args[1]) is None:
                 return False  # ``t[i] = 5``: a fill with the scalar's value, no sync

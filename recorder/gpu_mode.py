@@ -2,11 +2,12 @@
 
 The aten ops come from the same dispatch mode as in CPU mode; streams, events and syncs come
 from PyTorch's GPU trace hooks (``torch.cuda._gpu_trace``: event record / wait / sync, stream
-and device syncs, stream creation), which torch calls from C++ for every such action, the feed
-CSAN is built on. ``query()`` is not traced, so ``Event.query`` and ``Stream.query`` are
-wrapped: a True answer is an observation of the captured work (on a GPU the answer is the
-device's, so a program that branches on it may take the other branch than in CPU mode, which
-answers False first).
+and device syncs), which torch calls from C++ for every such action, the feed CSAN is built
+on. Streams are named when the program makes them (``torch.cuda.Stream.__new__`` is wrapped
+while the watch runs), after the variable they are assigned to. ``query()`` is not traced,
+so ``Event.query`` and ``Stream.query`` are wrapped: a True answer is an observation of the
+captured work (on a GPU the answer is the device's, so a program that branches on it may take
+another branch than in CPU mode, which answers False first).
 
 Memory: device storages are keyed by their device pointer and watched through a weak reference,
 exactly as in CPU mode, and a storage that existed before the watch began is adopted at its
@@ -19,6 +20,7 @@ of the running watch (none outside one).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,9 +29,14 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
+from model.detector import HOST_AGENT
+from model.trace import OpKind
 from recorder.core import Recording, StorageInfo
-from recorder.dispatch import Placement
-from recorder.sites import assigned_name, user_site
+from recorder.dispatch import Placement, access_of
+from recorder.fake_streams import patched
+from recorder.sites import assigned_name, is_user_file, user_site
+
+HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 
 _ACTIVE: list[GpuMemory] = []
 _HOOKS_REGISTERED: list[bool] = []
@@ -42,6 +49,7 @@ class GpuMemory:
         self.recording = recording
         self.placement = Placement.INFER
         self.stream_names: dict[int, str] = {}
+        self._unnamed = 0
 
     def lookup(self, t: torch.Tensor) -> StorageInfo | None:
         if t.device.type != "cuda" and not (t.device.type == "cpu" and t.is_pinned()):
@@ -62,11 +70,33 @@ class GpuMemory:
             return Placement.DEVICE
         return Placement.PINNED if t.is_pinned() else Placement.HOST
 
+    def name_stream(self, stream_handle: int) -> None:
+        """A stream the program just made: named after the variable it is assigned to."""
+        name = assigned_name(user_site())
+        if name is not None:
+            self.stream_names[stream_handle] = name
+
     def stream_agent(self, stream_handle: int) -> int:
         default = torch.cuda.default_stream().cuda_stream
-        name = "default" if stream_handle == default else self.stream_names.get(
-            stream_handle, f"stream{len(self.stream_names) + 1}")
-        return self.recording.agent(("cuda", stream_handle), name)
+        if stream_handle == default:
+            name = "default"
+        else:
+            name = self.stream_names.get(stream_handle) or f"stream{self._unnamed + 1}"
+        agent = self.recording.agent(("cuda", stream_handle), name)
+        if name.startswith("stream") and stream_handle not in self.stream_names:
+            self.stream_names[stream_handle] = name
+            self._unnamed += 1
+        return agent
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        info = self.lookup(t)
+        if info is None or info.pinned:
+            return
+        handle = getattr(stream, "cuda_stream", None)
+        if handle is None:  # a generic torch.Stream, as the dispatcher hands it over
+            handle = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                       device_type=stream.device_type).cuda_stream
+        self.recording.record_stream(info, self.stream_agent(handle))
 
     def current_agent(self) -> int:
         return self.stream_agent(torch.cuda.current_stream().cuda_stream)
@@ -89,11 +119,6 @@ def _forward(handler: str) -> Any:
 
 class _Hooks:
     """What each GPU trace callback does to the running recording."""
-
-    @staticmethod
-    def on_stream_creation(memory: GpuMemory, stream: int) -> None:
-        name = assigned_name(user_site()) or f"stream{len(memory.stream_names) + 1}"
-        memory.stream_names[stream] = name
 
     @staticmethod
     def on_event_record(memory: GpuMemory, event: int, stream: int) -> None:
@@ -120,8 +145,8 @@ def _register_hooks() -> None:
     """Register the trace callbacks once per process and switch the trace on."""
     if _HOOKS_REGISTERED:
         return
-    trace = torch.cuda._gpu_trace
-    trace.register_callback_for_stream_creation(_forward("on_stream_creation"))
+    import torch.cuda._gpu_trace as trace  # deferred: a submodule torch.cuda does not import
+
     trace.register_callback_for_event_record(_forward("on_event_record"))
     trace.register_callback_for_event_wait(_forward("on_event_wait"))
     trace.register_callback_for_event_synchronization(_forward("on_event_synchronization"))
@@ -154,17 +179,27 @@ def traced(recording: Recording, memory: GpuMemory) -> Iterator[None]:
     stream_cls.query = _observing_query(
         saved[1], lambda st: recording.detector.last_op(memory.stream_agent(st.cuda_stream)))
     memory.current_agent()  # the default stream is agent 1, as in CPU mode
+    original_new = vars(stream_cls)["__new__"]
+
+    def named_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+        stream = original_new.__func__(cls, *args, **kwargs)
+        if is_user_file(sys._getframe(1).f_code.co_filename):  # not current_stream()'s
+            memory.name_stream(stream.cuda_stream)
+        return stream
+
     _ACTIVE.append(memory)
     try:
-        yield
+        with patched([(stream_cls, "__new__", staticmethod(named_new))]):
+            yield
     finally:
         _ACTIVE.pop()
         event_cls.query, stream_cls.query = saved
 
 
-class DataPtrMode(TorchFunctionMode):
-    """Notices kernels the dispatcher cannot see: ``data_ptr()`` of a CUDA tensor outside a
-    declared kernel is an op of unknown access."""
+class GpuFunctionMode(TorchFunctionMode):
+    """What the dispatcher cannot see: ``data_ptr()`` of a CUDA tensor outside a declared
+    kernel is an op of unknown access; ``tolist()``, ``numpy()`` or printing of pinned memory is
+    a host read."""
 
     def __init__(self, memory: GpuMemory, dispatch: Any) -> None:
         super().__init__()
@@ -174,11 +209,17 @@ class DataPtrMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if (getattr(func, "__name__", "") == "data_ptr" and args
-                and isinstance(args[0], torch.Tensor) and args[0].is_cuda
+        name = getattr(func, "__name__", "")
+        if ((name == "data_ptr" or name in HOST_READS) and args
+                and isinstance(args[0], torch.Tensor)
                 and not (self.dispatch.quiet or self.dispatch.paused)):
             info = self.memory.lookup(args[0])
-            if info is not None:
-                self.memory.recording.unknown("data_ptr", self.memory.current_agent(),
-                                              [info.name])
+            recording = self.memory.recording
+            if info is None:
+                pass
+            elif name == "data_ptr" and not info.pinned:
+                recording.unknown("data_ptr", self.memory.current_agent(), [info.name])
+            elif name in HOST_READS and info.pinned:
+                recording.op(name, HOST_AGENT, [access_of(info, args[0], False)],
+                             OpKind.HOST_READ)
         return func(*args, **kwargs)

@@ -32,7 +32,7 @@ _HARNESS_FILES = ("overlap_harness" + os.sep + "check_cmd.py",
 
 
 @functools.lru_cache(maxsize=4096)
-def _is_user_file(filename: str) -> bool:
+def is_user_file(filename: str) -> bool:
     """True when ``filename`` is the user's code (not torch's, the recorder's, or plumbing)."""
     try:
         full = str(Path(filename).resolve())
@@ -57,7 +57,7 @@ def user_site(skip: int = 1) -> str:
     frame = sys._getframe(skip)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if _is_user_file(filename):
+        if is_user_file(filename):
             return f"{display_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
