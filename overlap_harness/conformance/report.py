@@ -1,6 +1,7 @@
 """SGLang's own FutureMap beside the model: one row per variant and mutation, JSON and Markdown.
 
-Each row runs the real code under the recorder (:mod:`overlap_harness.conformance.driver`)
+Each row runs the real code under ``recorder.watch(mode="cpu")``
+(:mod:`overlap_harness.conformance.driver`)
 and the model's scenario of the same variant with the matching sync labels removed (through
 :func:`overlap_harness.runner.run_spec`), and explains every disagreement.
 """
@@ -21,6 +22,9 @@ from scenarios.expand import expand
 from scenarios.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
+# The report as the conformance package's own CPU shim computed it (before recorder/ took
+# over): every row that differs from it says why (:func:`port_note`).
+SHIM_BASELINE = ROOT / "reports" / "conformance" / f"sglang-{SGLANG_VERSION}-shim.json"
 
 # The model's scenario that follows each variant (SCENARIOS.md names them).
 MODEL_SCENARIO: dict[str, str] = {
@@ -88,23 +92,88 @@ def explain(variant: str, mutation: Mutation | None, races: int, model: str) -> 
     return f"real code {real}, model {model}: not explained yet"
 
 
-def build_rows(variants: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Run every variant and applicable mutation on both sides; one row each."""
+def short_site(site: str) -> str:
+    """``sglang/srt/managers/overlap_utils.py:662`` for a site in the installed package."""
+    marker = "site-packages/"
+    return site.split(marker, 1)[1] if marker in site else site
+
+
+def race_kinds(keys: Sequence[str]) -> set[str]:
+    """The kinds (RAW, WAR, WAW, host-D2H, reuse) of race keys, buffer names left out."""
+    return {key.split(" ", 1)[0] for key in keys}
+
+
+# Why a row's count or kinds changed when the run moved from the conformance package's own
+# CPU shim (the committed report before) to recorder.watch(mode="cpu"); verdicts did not.
+PORT_NOTES: dict[Mutation | None, str] = {
+    Mutation.FORWARD_NO_WAIT: (
+        "the recorder also counts the relay buffers' torch.empty at FutureMap creation as a "
+        "schedule-stream write (WAW with publish/stash), watches the H2D-copied "
+        "req_pool_indices/seq_lens/out_cache_loc by name (the shim's tensor#N) and reports "
+        "temporaries freed while the unordered forward still reads them as reuse"),
+    Mutation.NO_RECORD_STREAM: (
+        "the shim's WAR on a recycled index block is the recorder's reuse kind (allocator "
+        "reuse by happens-before); dropping the keep-alive ring frees seq_lens too"),
+    Mutation.PUBLISH_READY_WAIT: (
+        "the unordered D2H copy also races new_seq_lens_buf's torch.empty on the schedule "
+        "stream, which the recorder counts as a write"),
+    Mutation.PINNED_EARLY: (
+        "the early host read of the pinned mirror is the recorder's host-D2H kind (a host "
+        "access of pinned memory racing a copy); the shim called it RAW"),
+}
+
+
+def port_note(mutation: Mutation | None, previous: dict[str, Any] | None, races: int,
+              keys: Sequence[str]) -> str | None:
+    """How the row differs from the shim-era report ``previous`` (None when it does not)."""
+    if previous is None:
+        return None
+    old_races = previous["races"]
+    if old_races == races and race_kinds(previous["race_kinds"]) == race_kinds(keys):
+        return None
+    old_verdict = "race" if old_races else "race_free"
+    new_verdict = "race" if races else "race_free"
+    head = f"recorder port: {old_races} -> {races} races"
+    if old_verdict != new_verdict:
+        return f"{head}, VERDICT CHANGED from {old_verdict} to {new_verdict}"
+    why = PORT_NOTES.get(mutation, "the recorder lists every racing pair the shim did not")
+    return f"{head}, same verdict: {why}"
+
+
+def load_previous(path: Path) -> dict[tuple[str, str | None], dict[str, Any]]:
+    """Rows of a committed report by (variant, mutation); empty when there is none."""
+    if not path.is_file():
+        return {}
+    rows = json.loads(path.read_text())["rows"]
+    return {(row["variant"], row["mutation"]): row for row in rows}
+
+
+def build_rows(variants: Sequence[str] | None = None,
+               previous: dict[tuple[str, str | None], dict[str, Any]] | None = None,
+               ) -> list[dict[str, Any]]:
+    """Run every variant and applicable mutation on both sides; one row each. ``previous``
+    (rows of an earlier report) adds a note to each row whose count or kinds changed."""
     rows = []
     for variant in variants or list(VARIANTS):
         for mutation in applicable(variant):
             outcome = run_variant(variant, mutation)
             model = model_verdict(variant, mutation)
+            name = None if mutation is None else str(mutation)
+            keys = sorted({r.key for r in outcome.races})
+            notes = [explain(variant, mutation, len(outcome.races), model),
+                     port_note(mutation, (previous or {}).get((variant, name)),
+                               len(outcome.races), keys)]
             rows.append({
                 "variant": variant,
-                "mutation": None if mutation is None else str(mutation),
+                "mutation": name,
                 "races": len(outcome.races),
-                "race_kinds": sorted({r.key for r in outcome.races}),
-                "sites": sorted({f"{r.first.source} / {r.second.source}"
-                                 for r in outcome.races})[:4],
+                "race_kinds": keys,
+                "sites": sorted({f"{short_site(r.first.source)} / "
+                                 f"{short_site(r.second.source)}" for r in outcome.races})[:4],
+                "unknown_ops": outcome.unknown_ops,
                 "model": model,
                 "model_scenario": MODEL_SCENARIO[variant],
-                "explanation": explain(variant, mutation, len(outcome.races), model),
+                "explanation": "; ".join(n for n in notes if n) or None,
             })
     return rows
 
@@ -115,7 +184,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, seconds: float) -> tuple[Pa
     stem = f"sglang-{SGLANG_VERSION}"
     doc = {"sglang": SGLANG_VERSION, "driver": "hand-written replay of event_loop_overlap "
            "(Scheduler.run_batch does not import without the server's dependencies)",
-           "recorder": "overlap_harness.conformance.shim (CPU mode)",
+           "recorder": "recorder.watch(mode='cpu')",
            "seconds": round(seconds, 1), "rows": rows}
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -134,6 +203,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, seconds: float) -> tuple[Pa
 
 def generate(out_dir: Path) -> tuple[Path, Path]:
     """Run everything and write the report; the CLI's entry."""
+    previous = load_previous(SHIM_BASELINE)
     start = time.perf_counter()
-    rows = build_rows()
+    rows = build_rows(previous=previous)
     return write(rows, out_dir, time.perf_counter() - start)
