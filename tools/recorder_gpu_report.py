@@ -224,7 +224,9 @@ def recorder_side(pair: Pair, racy: bool, rows: dict[str, Any], name: str) -> di
         row["meets_manifest"] = not row["problems"]
     else:
         row["meets_manifest"] = not seen
-    row["keys"] = sorted(list(s.key()) for s in seen)
+    # The verdict: the distinct (kind, tensor, lines); a race reported twice for one pair of
+    # lines (say by two host ops on one line) is one verdict.
+    row["keys"] = [list(key) for key in sorted({s.key() for s in seen})]
     return row
 
 

@@ -88,7 +88,8 @@ def test_row_flags_follow_from_the_rows_figures(report: dict[str, Any]) -> None:
         for side in (cpu, gpu):
             if side["verdict"] in ("race", "race_free"):
                 assert (side["verdict"] == "race") == bool(side["races"])
-                assert len(side["keys"]) == len(side["races"])
+                assert len(side["keys"]) <= len(side["races"])
+                assert bool(side["keys"]) == bool(side["races"])
 
 
 def test_totals_are_the_sums_of_the_rows(report: dict[str, Any]) -> None:
@@ -116,7 +117,7 @@ def test_cpu_verdicts_are_what_the_recorder_computes_now(report: dict[str, Any])
     for row in report["programs"]:
         path = ROOT / row["file"]
         _run, races = watch_program(path, "cpu")
-        now = sorted(list(r.key()) for r in races)
+        now = [list(key) for key in sorted({r.key() for r in races})]
         if row["recorder_cpu"].get("keys") != now:
             differences.append(f"{path.name}: report {row['recorder_cpu'].get('keys')}, now {now}")
     assert differences == []
