@@ -319,7 +319,35 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{row['recorder_cpu']['verdict']} ({_mark(row['recorder_cpu']['meets_manifest'])}) | "
             f"{row['recorder_gpu']['verdict']} ({_mark(row['recorder_gpu']['meets_manifest'])}) | "
             f"{_mark(row['cpu_gpu_agree'])} | {csan_cell} |")
+    notes = _notes(report)
+    if notes:
+        lines += ["", "## What did not hold", "", *notes]
     return "\n".join(lines) + "\n"
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """One bullet per program and expectation that failed, with the reason the row keeps."""
+    notes = [f"- the {kind} worker did not report: {why}"
+             for kind, why in report["unavailable"].items()]
+    for row in report["programs"]:
+        name = f"{row['pair']} ({row['twin']})"
+        values = row["values"] or {}
+        if row["forced_manifestation_ok"] is False:
+            notes.append(f"- {name}: wrong with delays {values['delayed_wrong']}/"
+                         f"{report['trials']}, without {values['plain_wrong']}/"
+                         f"{report['trials']} {values.get('sample', '')}".rstrip())
+        for errors in values.get("errors", []):
+            notes.append(f"- {name}: did not complete: {errors}")
+        for mode in ("cpu", "gpu"):
+            side = row[f"recorder_{mode}"]
+            if side["meets_manifest"] is False:
+                why = "; ".join(side.get("problems", [])) or side.get("error") or (
+                    f"reported {side['keys']} on a fixed twin")
+                notes.append(f"- {name}: recorder {mode.upper()} mode: {why}")
+        if row["cpu_gpu_agree"] is False:
+            notes.append(f"- {name}: CPU mode {row['recorder_cpu']['keys']}, GPU mode "
+                         f"{row['recorder_gpu']['keys']}")
+    return notes
 
 
 def _driver_version() -> str:
