@@ -12,6 +12,7 @@ is applied to a tensor of element ids in place of the data, which gives exactly 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -151,6 +152,7 @@ def schema_accesses(func: Any, args: tuple, kwargs: dict) -> list[tuple[torch.Te
     return out
 
 
+@functools.cache
 def is_view_or_metadata(func: Any) -> bool:
     """True for ops that touch no memory: every return aliases an argument and nothing is
     written (views such as ``slice``, ``view``, ``t``), or returns no tensor at all while
