@@ -1,0 +1,282 @@
+"""``overlap-harness calibrate``: measure a device profile on a GPU, or hold one to a GPU report.
+
+Two uses of one subcommand:
+
+- ``calibrate --out profiles/NAME.json`` (needs CUDA) measures the profile
+  (:mod:`model.profile`): the system's costs on raw torch.cuda (:mod:`gpu_check.profiling`)
+  and the harness replay's own costs, from the protocol replayed on ``CudaDevice`` over the
+  calibration scenarios (``profiles/calibration/``, none of them in the bundled suite) beside
+  the simulator (:func:`measure_harness`).
+- ``calibrate --compare REPORT.json --profile FILE [SCENARIOS...]`` (CPU) predicts every run
+  of a ``gpu-check`` report with the profile's replay costs and writes the
+  predicted-vs-measured page, its JSON and the plot (:mod:`overlap_harness.profile_check`).
+
+:func:`add_profile_argument` and :func:`apply_profile` are the ``--profile FILE`` option
+for ``run``, ``whatif``, ``report`` and ``gpu-check``: the CLI adds the option with the first
+and maps each loaded scenario through the second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gzip
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from model.config import Scenario
+from model.errors import HarnessError
+from model.profile import (
+    Mode,
+    Profile,
+    ProfileCosts,
+    costs_from_profile,
+    dump_profile,
+    load_profile,
+)
+from model.protocol import run_protocol
+from model.trace import OpRecord
+
+DEFAULT_CALIBRATION = "profiles/calibration"
+
+
+class NoCudaError(HarnessError):
+    """``calibrate`` was asked to measure on a machine without a CUDA device."""
+
+
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--profile FILE`` to a subcommand's parser (``args.profile``: a path or None)."""
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="a device profile (profiles/*.json, written by `calibrate`): "
+                             "the simulator charges its measured costs instead of the "
+                             "scenario's [timing] host_launch, schedule_kernel and d2h")
+
+
+def apply_profile(scenario: Scenario, profile: Profile | str | Path | None,
+                  mode: Mode = Mode.SYSTEM) -> Scenario:
+    """``scenario`` with the profile's Timing (:func:`model.profile.costs_from_profile`);
+    unchanged without a profile. A path is loaded first.
+
+    Raises:
+        ProfileError: the profile file is bad (one line).
+    """
+    if profile is None:
+        return scenario
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
+    costs = costs_from_profile(profile, scenario.timing, mode)
+    return dataclasses.replace(scenario, timing=costs.timing)
+
+
+def profile_costs(scenario: Scenario, profile: Profile, mode: Mode) -> ProfileCosts:
+    """The per-call-kind costs ``sim.profiled.ProfiledSimDevice`` takes for ``scenario``."""
+    return costs_from_profile(profile, scenario.timing, mode)
+
+
+# -- measuring (GPU) ----------------------------------------------------------------------
+
+Pairs = list[tuple[list[OpRecord], list[OpRecord]]]
+
+
+def measure_harness(scenario_paths: Sequence[str], cal: Any, runs: int = 3) -> Pairs:
+    """Replay every run of the calibration scenarios ``runs`` times on ``CudaDevice`` (after
+    one unmeasured warm-up, which loads the kernels' modules) beside its simulation; the
+    (measured, simulated) timelines, which
+    :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off."""
+    from gpu_check.device import CudaDevice  # deferred: needs torch.cuda
+    from overlap_harness.runner import simulate
+    from scenarios.expand import expand
+    from scenarios.loader import load_paths
+
+    pairs: Pairs = []
+    for sc in load_paths(scenario_paths):
+        for spec in expand(sc):
+            scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+            _, sim_dev = simulate(scenario, spec.removed, jitter=0.0)
+            sim_timeline = sim_dev.finish().timeline
+            for attempt in range(runs + 1):
+                dev = CudaDevice(spec.removed, calibration=cal)
+                run_protocol(dev, scenario)
+                measured = dev.finish().timeline
+                if attempt:
+                    pairs.append((measured, sim_timeline))
+    return pairs
+
+
+def with_harness(profile: Profile, pairs: Pairs, note: str) -> Profile:
+    """``profile`` with its harness group fitted on ``pairs`` (pure apart from the fit)."""
+    from gpu_check.profiling import harness_from_timelines  # deferred: imports torch
+
+    h_issue, h_extra, by_op, extra_by_op = harness_from_timelines(pairs)
+    return dataclasses.replace(profile, harness_issue_us=h_issue, harness_extra_us=h_extra,
+                               harness_issue_by_op_us=by_op,
+                               harness_extra_by_op_us=extra_by_op,
+                               notes=(*profile.notes, note))
+
+
+def write_timelines(pairs: Pairs, path: Path) -> None:
+    """The calibration timelines as gzipped JSON (``calibrate --refit`` reads them)."""
+    from gpu_check.profiling import timelines_to_data
+
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        json.dump(timelines_to_data(pairs), fh)
+
+
+def read_timelines(path: Path) -> Pairs:
+    """:func:`write_timelines` read back.
+
+    Raises:
+        HarnessError: the file cannot be read or is not such a file (one line).
+    """
+    from gpu_check.profiling import timelines_from_data
+
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return timelines_from_data(json.load(fh))
+    except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise HarnessError(f"{path}: not a calibration timelines file: {exc}") from None
+
+
+def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
+                    log: Any = print) -> tuple[Profile, Pairs]:
+    """Every figure of a profile, on the current CUDA device (see the module docstring).
+
+    Returns the profile and the calibration timelines it was fitted on.
+
+    Raises:
+        NoCudaError: no CUDA device.
+    """
+    import torch  # deferred: only the measuring path needs torch.cuda
+
+    if not torch.cuda.is_available():
+        raise NoCudaError("calibrate needs a CUDA device to measure; "
+                          "torch.cuda.is_available() is False")
+    from gpu_check import profiling
+    from gpu_check.calibration import calibrate
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    cal = calibrate()
+    log(f"_sleep: {cal.cycles_per_us:.1f} cycles/us")
+    issue = profiling.measure_issue()
+    log("system issue us: " + profiling.by_kind(issue))
+    gap = profiling.measure_sync_to_launch()
+    log(f"sync -> next launch: {gap.median:.1f} us")
+    durations = profiling.measure_durations()
+    notes = []
+    launch = profiling.profiler_launch_us()
+    if launch is not None:
+        notes.append(f"torch.profiler: cudaLaunchKernel CPU time median {launch:.1f} us "
+                     f"(the driver's share of kernel_launch {issue['kernel_launch'].median:.1f}"
+                     " us)")
+    pairs = measure_harness(calibration_paths, cal, runs)
+    notes.append(f"measured in {time.perf_counter() - t0:.0f} s wall, "
+                 f"{time.process_time() - c0:.0f} s CPU")
+    meta = {**profiling.environment(),
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "command": command}
+    bare = Profile(meta, cal.cycles_per_us, issue, gap, durations, {}, {}, notes=tuple(notes))
+    profile = with_harness(bare, pairs, f"harness fitted on {', '.join(calibration_paths)} "
+                                        f"({runs} replays a run)")
+    log("harness issue us: " + profiling.by_kind(profile.harness_issue_us))
+    log("harness extra GPU us: " + profiling.by_kind(profile.harness_extra_us))
+    return profile, pairs
+
+
+# -- the subcommand -----------------------------------------------------------------------
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``calibrate`` on the CLI's subparsers; returns its parser."""
+    c = subparsers.add_parser(
+        "calibrate", help="measure a device profile on a GPU, or compare one with a GPU report",
+        description="With --out: measure the host issue cost per op kind, kernel and copy "
+                    "durations by size, the sync-to-launch gap and the harness replay's own "
+                    "costs on this GPU and write a profile. With --compare: predict every run "
+                    "of a gpu-check report with a profile and write predicted vs measured "
+                    "(CPU). Exit 0: done (compare: targets met), 1: compare targets missed, "
+                    "2: bad input or no GPU.")
+    c.add_argument("paths", nargs="*", default=["scenarios"],
+                   help="with --compare: the scenario files or folders the report ran "
+                        "(default scenarios)")
+    c.add_argument("--out", metavar="FILE", help="profile to write (profiles/NAME.json)")
+    c.add_argument("--calibration", nargs="+", default=[DEFAULT_CALIBRATION], metavar="PATH",
+                   help=f"scenarios the harness costs are fitted on (default "
+                        f"{DEFAULT_CALIBRATION}; keep them out of the suite you judge)")
+    c.add_argument("--runs", type=int, default=3, metavar="N",
+                   help="measured replays of each calibration run (default 3)")
+    c.add_argument("--compare", metavar="REPORT", help="a gpu-check report (.json) to predict")
+    c.add_argument("--timelines", metavar="FILE", default=None,
+                   help="with --out: also write the calibration timelines (.json.gz)")
+    c.add_argument("--refit", metavar="TIMELINES", default=None,
+                   help="with --profile and --out: fit the harness group again on saved "
+                        "calibration timelines (CPU); the system group is kept")
+    add_profile_argument(c)
+    c.add_argument("--report-out", metavar="DIR", default=None,
+                   help="folder for the comparison page, JSON and plot (default: the "
+                        "report's folder)")
+    c.set_defaults(func=run_calibrate)
+    return c
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """The ``calibrate`` command; returns the exit status.
+
+    Raises:
+        HarnessError: bad usage (one line): neither or both of --out and --compare.
+    """
+    if bool(args.out) == bool(args.compare):
+        raise HarnessError("calibrate: give --out FILE (measure, on a GPU) or --compare "
+                           "REPORT.json --profile FILE (CPU), not both or neither")
+    if args.refit:
+        if not args.profile:
+            raise HarnessError("calibrate --refit needs --profile FILE (the system group)")
+        base = load_profile(args.profile)
+        profile = with_harness(base, read_timelines(Path(args.refit)),
+                               f"harness refitted on {Path(args.refit).name}")
+        dump_profile(profile, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+        return 0
+    if args.compare:
+        from overlap_harness.profile_check import compare_command  # deferred: plots
+
+        if not args.profile:
+            raise HarnessError("calibrate --compare needs --profile FILE")
+        return compare_command(args.compare, args.profile, args.paths, args.report_out)
+    out = Path(args.out)
+    if out.is_dir():
+        raise HarnessError(f"--out {out}: is a folder; give a file name such as "
+                           "profiles/h100.json")
+    if args.runs < 1:
+        raise HarnessError(f"--runs: expected at least 1, got {args.runs}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["overlap-harness", "calibrate", *sys.argv[2:]]) \
+        if len(sys.argv) > 2 else f"overlap-harness calibrate --out {out}"
+    profile, pairs = measure_profile(args.calibration, args.runs, command,
+                                     log=lambda s: print(s, flush=True))
+    dump_profile(profile, out)
+    if args.timelines:
+        write_timelines(pairs, Path(args.timelines))
+    load_profile(out)  # what was written reads back
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m overlap_harness.calibrate_cmd``: the subcommand on its own, until the CLI
+    registers it. Errors are one line on stderr, exit 2."""
+    parser = argparse.ArgumentParser(prog="overlap-harness")
+    add_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except HarnessError as exc:
+        print(f"overlap-harness: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
