@@ -293,7 +293,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# Recorder corpus on a GPU: {report['device']}", "",
         f"- date: {report['date']}; torch {report['torch']} (CUDA {report['cuda']}); "
         f"driver {report['driver']}; {report['wall_s']:.0f} s wall, {report['cpu_s']:.0f} s CPU",
-        f"- command: `{report['command']}`",
+        f"- command: `{report['command']}` at commit {report.get('commit', 'unknown')}",
         f"- forced delays: racy twins wrong in every one of {report['trials']} delayed trials: "
         f"{total['racy_wrong_in_every_delayed_trial']}/{n}; fixed twins never wrong: "
         f"{total['fixed_never_wrong']}/{n}",
@@ -360,6 +360,19 @@ def _driver_version() -> str:
         return "unknown"
 
 
+def _git_commit() -> str:
+    """The checked-out commit, with ``+dirty`` when files differ ("unknown" without git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, check=True, capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def _children_cpu_s() -> float:
     """CPU seconds of the finished worker processes (user and system)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -406,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name(0)
     report = {
         "device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "driver": _driver_version(), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "driver": _driver_version(), "commit": _git_commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python3", "tools/recorder_gpu_report.py", *(argv or sys.argv[1:])]),
         "trials": args.trials, "wall_s": time.perf_counter() - wall,
         "cpu_s": time.process_time() - cpu + _children_cpu_s(),
