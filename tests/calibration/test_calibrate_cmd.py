@@ -1,0 +1,55 @@
+"""``calibrate`` on the CPU: usage errors are one line and exit 2; --profile helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from model.config import Scenario, Timing
+from overlap_harness.calibrate_cmd import add_profile_argument, apply_profile, main
+from tests.calibration.synthetic import profile_doc
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    ([], "overlap-harness: calibrate: give --out FILE (measure, on a GPU) or --compare "
+         "REPORT.json --profile FILE (CPU), not both or neither"),
+    (["--out", "a.json", "--compare", "r.json"],
+     "overlap-harness: calibrate: give --out FILE (measure, on a GPU) or --compare "
+     "REPORT.json --profile FILE (CPU), not both or neither"),
+    (["--compare", "r.json"], "overlap-harness: calibrate --compare needs --profile FILE"),
+])
+def test_usage_errors(argv, line, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_measuring_without_a_gpu_is_one_line(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err == ("overlap-harness: calibrate needs a CUDA device to "
+                                       "measure; torch.cuda.is_available() is False\n")
+
+
+def test_bad_profile_in_compare_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text("[]")
+    assert main(["--compare", "r.json", "--profile", str(bad)]) == 2
+    assert capsys.readouterr().err == f"overlap-harness: {bad}: expected a JSON object at " \
+                                      "the top\n"
+
+
+def test_profile_argument_and_apply(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_profile_argument(parser)
+    assert parser.parse_args([]).profile is None
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile_doc(system_us=3.0)))
+    assert parser.parse_args(["--profile", str(path)]).profile == str(path)
+    sc = Scenario(timing=Timing(host_launch=5.0, forward=1234.0))
+    assert apply_profile(sc, None) is sc
+    got = apply_profile(sc, path)
+    assert got.timing.host_launch == 3.0
+    assert got.timing.forward == 1234.0
