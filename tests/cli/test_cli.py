@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +258,32 @@ def test_the_override_runs_it_with_a_warning(
     monkeypatch.setattr(runner, "available_memory_bytes", lambda: 2**20)
     assert main([*RUN, str(twin), "--ignore-memory-estimate"]) == 0
     assert "warning:" in capsys.readouterr().err
+
+
+# --- the real process: python -m, and Ctrl-C in a long run ---------------------------------------
+
+LONG = TWIN.replace("iterations = 3", "iterations = 10000").replace("max_new = 8",
+                                                                    "max_new = 100")
+
+
+def test_python_m_gives_the_version() -> None:
+    got = subprocess.run([sys.executable, "-m", "overlap_harness", "--version"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert (got.returncode, got.stdout.strip()) == (0, f"overlap-harness {cli.__version__}")
+
+
+def test_ctrl_c_in_a_long_run_exits_130_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "long.toml", LONG)
+    process = subprocess.Popen(  # SIGINT as a terminal sends it, even if our parent ignores it
+        [sys.executable, "-m", "overlap_harness", "run", "--no-reports", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert process.stderr is not None
+    first = process.stderr.readline()  # the progress line: the run has started
+    assert first.startswith("[0/2] twin/base")
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.rstrip().endswith("overlap-harness: interrupted")
+    assert "Traceback" not in err and out == ""
