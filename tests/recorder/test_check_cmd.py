@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -122,11 +123,15 @@ MARKED_TEST = textwrap.dedent("""\
 
 
 def test_pytest_marker_and_fixture_fail_a_racy_user_test(tmp_path):
-    """The plugin comes in through its pytest11 entry point (pyproject.toml)."""
+    """The plugin comes in through its pytest11 entry point (pyproject.toml) where the
+    package is installed; named with ``-p`` where it is not (a bare checkout)."""
     (tmp_path / "test_user.py").write_text(MARKED_TEST)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    installed = any(ep.value == "overlap_harness.pytest_races"
+                    for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "overlap_harness.pytest_races"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "test_user.py"],
         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout
     assert "FAILED test_user.py::test_racy" in out
