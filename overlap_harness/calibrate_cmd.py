@@ -84,11 +84,12 @@ Pairs = list[tuple[list[OpRecord], list[OpRecord]]]
 
 
 def measure_harness(scenario_paths: Sequence[str], cal: Any, runs: int = 3) -> Pairs:
-    """Replay every run of the calibration scenarios ``runs`` times on ``CudaDevice`` (after
-    one unmeasured warm-up, which loads the kernels' modules) beside its simulation; the
-    (measured, simulated) timelines, which
+    """Replay every run of the calibration scenarios ``runs`` times on the device class
+    ``gpu-check`` replays on (``SentinelCudaDevice``: CudaDevice plus the simulator's
+    never-written memory), after one unmeasured warm-up that loads the kernels' modules,
+    beside its simulation; the (measured, simulated) timelines, which
     :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off."""
-    from gpu_check.device import CudaDevice  # deferred: needs torch.cuda
+    from overlap_harness.gpu_device import SentinelCudaDevice  # deferred: needs torch.cuda
     from overlap_harness.runner import simulate
     from scenarios.expand import expand
     from scenarios.loader import load_paths
@@ -100,7 +101,7 @@ def measure_harness(scenario_paths: Sequence[str], cal: Any, runs: int = 3) -> P
             _, sim_dev = simulate(scenario, spec.removed, jitter=0.0)
             sim_timeline = sim_dev.finish().timeline
             for attempt in range(runs + 1):
-                dev = CudaDevice(spec.removed, calibration=cal)
+                dev = SentinelCudaDevice(spec.removed, calibration=cal)
                 run_protocol(dev, scenario)
                 measured = dev.finish().timeline
                 if attempt:
