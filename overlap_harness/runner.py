@@ -34,11 +34,12 @@ UNUSED_SYNC = "is never reached"
 #: The memory model of :func:`estimate_run_bytes`, fitted to the peak resident size
 #: (``ru_maxrss``) of single runs on the CPU simulation, spec_v2, 2 to 14 requests, iterations
 #: 20 to 1,000, max_context 128 to 32,768, pool_size 16 and 32, prompts of 8 and 4,000
-#: tokens (12 runs): every estimate was within 10% or 10 MiB of its measurement (e.g. 1,000
-#: iterations at max_context 2,048: 239 MiB estimated, 261 MiB measured). The request
-#: pool's per-element state (the detector's last accesses and
-#: the values of req_to_token, pool_size x max_context) dominates; each iteration adds state
-#: per context column (snapshots) and per op (timeline, happens-before nodes).
+#: tokens (a dozen runs): estimates within 10% or 10 MiB of the measurement (1,000 iterations
+#: at max_context 2,048: 239 MiB estimated, 261 measured), but for one over-estimate, a run
+#: whose requests finished early (79 MiB estimated, 47 measured). The request pool's
+#: per-element state (the detector's last accesses and the values of req_to_token, pool_size
+#: x max_context) dominates; each iteration adds state per context column (snapshots) and
+#: per op (timeline, happens-before nodes).
 BYTES_PER_POOL_ELEMENT = 1100
 BYTES_PER_ITERATION_COLUMN = 70
 BYTES_PER_ITERATION = 40_000
