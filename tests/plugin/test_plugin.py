@@ -4,9 +4,11 @@ for. The subprocess runs use the installed plugin (entry point ``pytest11``)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -14,16 +16,25 @@ import pytest
 from overlap_harness.pytest_plugin import asked_for
 from tests.cli.conftest import TWIN, write
 
+REPO = Path(__file__).resolve().parents[2]
+
 #: The twin with its racy mutation expecting no race: that run fails with its race report.
 WRONG = TWIN.replace('name = "twin"', 'name = "wrong"').replace(
     'expect = "race"\nraces = ["RAW new_seq_lens_buf"]', 'expect = "race_free"')
 
 
 def pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run pytest in ``folder`` (no cache, no ini of this project) and capture its output."""
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-                          cwd=folder, capture_output=True, text=True, timeout=300,
-                          check=False)
+    """Run pytest in ``folder`` (no cache, no ini of this project) and capture its output.
+
+    The plugin comes in through its entry point where the package is installed, and is
+    named with ``-p`` where it is not (a bare checkout, as on the GPU machine)."""
+    installed = any(ep.value == "overlap_harness.pytest_plugin"
+                    for ep in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "overlap_harness.pytest_plugin"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin,
+                           *args], cwd=folder, capture_output=True, text=True, timeout=300,
+                          check=False, env=env)
 
 
 # --- which files are collected ---------------------------------------------------------------
