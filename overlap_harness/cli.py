@@ -30,7 +30,7 @@ EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 
 EXIT_CODES = """exit status:
   0    every verdict as expected
   1    a verdict differs from its expect (or explore left a race not manifest)
-  2    bad input or usage: one line per problem, file: key: reason (nothing ran)
+  2    bad input or usage: one line per problem, file: key: reason
   3    internal error: a bug in overlap-harness; the traceback is printed
   130  interrupted (Ctrl-C)"""
 
