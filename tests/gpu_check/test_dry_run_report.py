@@ -2,7 +2,8 @@
 
 It did not meet issue 5's bar (every racy run at >= 19/20 predicted values), so it is not the
 suite report tests/gpu_check/test_suite_report.py holds to that bar. What it claims is
-checked here, on CPU: it covers every run of the current suite; its summary adds up from its
+checked here, on CPU: every run it replayed is still in the suite (it is history: runs the
+suite gained later are the current suite report's to cover); its summary adds up from its
 runs; on every compared race-free run every trial agreed with the simulator; the detector
 over the GPU trace gave the simulator's verdict in every trial; and each run's race-free /
 racy / error class is what the simulator computes for that run now.
@@ -34,10 +35,10 @@ def test_it_says_where_when_and_how_it_ran(report) -> None:
     assert report["trials"] == 20 and report["not_replayed"] == []
 
 
-def test_it_covers_every_run_of_the_suite_and_the_sim_verdicts_hold(report) -> None:
+def test_every_run_it_replayed_is_still_in_the_suite_and_the_sim_verdicts_hold(report) -> None:
     specs = {s.run_id: s for sc in load_paths([ROOT / "scenarios"]) for s in expand(sc)}
     runs = {r["run_id"]: r for r in report["runs"]}
-    assert set(runs) == set(specs)
+    assert len(runs) >= 96 and set(runs) <= set(specs), sorted(set(runs) - set(specs))[:3]
     for run_id, r in runs.items():
         assert run_spec(specs[run_id]).verdict == r["sim_verdict"], run_id
 
