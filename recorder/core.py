@@ -176,10 +176,17 @@ class Recording:
         (an observation: a node that the captured work happens before) when asked again."""
         if captured is None or self.detector.host_knows(captured):
             return True
-        if captured not in self._queried:
-            self._queried.add(captured)
+        if self.first_probe(captured):
             return False
         self.observe(captured, name)
+        return True
+
+    def first_probe(self, captured: OpId) -> bool:
+        """True (and remembered) the first time a query asks about ``captured``: the probe
+        that answers False, in both modes."""
+        if captured in self._queried:
+            return False
+        self._queried.add(captured)
         return True
 
     def observe(self, captured: OpId, name: str) -> None:

@@ -5,9 +5,9 @@ from PyTorch's GPU trace hooks (``torch.cuda._gpu_trace``: event record / wait /
 and device syncs), which torch calls from C++ for every such action, the feed CSAN is built
 on. Streams are named when the program makes them (``torch.cuda.Stream.__new__`` is wrapped
 while the watch runs), after the variable they are assigned to. ``query()`` is not traced,
-so ``Event.query`` and ``Stream.query`` are wrapped: a True answer is an observation of the
-captured work (on a GPU the answer is the device's, so a program that branches on it may take
-another branch than in CPU mode, which answers False first).
+so ``Event.query`` and ``Stream.query`` are wrapped to answer as in CPU mode: False on the
+first probe of a record (a possible answer of a non-blocking probe under some timing), then the
+device's answer, a True one being an observation of the captured work.
 
 Memory: device storages are keyed by their device pointer and watched through a weak reference,
 exactly as in CPU mode, and a storage that existed before the watch began is adopted at its
@@ -157,13 +157,19 @@ def _register_hooks() -> None:
 
 
 def _observing_query(original: Any, captured: Any) -> Any:
+    """``query()`` as CPU mode answers it: False on the first probe of a record the host
+    does not know complete (always a possible answer of a non-blocking probe), else the
+    device's answer, a True one recorded as an observation."""
     def query(self: Any) -> bool:
+        if not _ACTIVE:
+            return original(self)
+        recording = _ACTIVE[-1].recording
+        op = captured(self)
+        if op is not None and not recording.detector.host_knows(op) and recording.first_probe(op):
+            return False
         done = original(self)
-        if done and _ACTIVE:
-            recording = _ACTIVE[-1].recording
-            op = captured(self)
-            if op is not None:
-                recording.observe(op, "query")
+        if done and op is not None and not recording.detector.host_knows(op):
+            recording.observe(op, "query")
         return done
     return query
 
