@@ -254,17 +254,19 @@ def idle_sync_spans(timeline: Sequence[OpRecord]) -> list[float]:
 
 
 def timelines_to_data(pairs: Iterable[tuple[Sequence[OpRecord], Sequence[OpRecord]]],
-                      ) -> list[dict[str, Any]]:
-    """(measured, simulated) timelines as JSON-ready lists, so a profile's harness part can
-    be fitted again later without the GPU (:func:`timelines_from_data`)."""
+                      run_ids: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """(measured, simulated) timelines as JSON-ready lists, with the run each came from
+    (``run_ids``, in the same order, when given), so a profile's harness part can be fitted
+    again later without the GPU (:func:`timelines_from_data`)."""
     fields = ("op", "name", "agent", "kind", "issue_ns", "start_ns", "end_ns", "label",
               "iteration")
 
     def rows(tl: Sequence[OpRecord]) -> list[list[Any]]:
         return [[str(r.kind) if f == "kind" else getattr(r, f) for f in fields] for r in tl]
 
-    return [{"fields": list(fields), "measured": rows(m), "simulated": rows(s)}
-            for m, s in pairs]
+    ids = list(run_ids)
+    return [{"fields": list(fields), "run_id": ids[i] if i < len(ids) else None,
+             "measured": rows(m), "simulated": rows(s)} for i, (m, s) in enumerate(pairs)]
 
 
 def timelines_from_data(data: Sequence[Mapping[str, Any]],

@@ -83,18 +83,21 @@ def profile_costs(scenario: Scenario, profile: Profile, mode: Mode) -> ProfileCo
 Pairs = list[tuple[list[OpRecord], list[OpRecord]]]
 
 
-def measure_harness(scenario_paths: Sequence[str], cal: Any, runs: int = 3) -> Pairs:
+def measure_harness(scenario_paths: Sequence[str], cal: Any,
+                    runs: int = 3) -> tuple[Pairs, list[str]]:
     """Replay every run of the calibration scenarios ``runs`` times on the device class
     ``gpu-check`` replays on (``SentinelCudaDevice``: CudaDevice plus the simulator's
     never-written memory), after one unmeasured warm-up that loads the kernels' modules,
     beside its simulation; the (measured, simulated) timelines, which
-    :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off."""
+    :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off, and
+    the run id of each pair."""
     from overlap_harness.gpu_device import SentinelCudaDevice  # deferred: needs torch.cuda
     from overlap_harness.runner import simulate
     from scenarios.expand import expand
     from scenarios.loader import load_paths
 
     pairs: Pairs = []
+    run_ids: list[str] = []
     for sc in load_paths(scenario_paths):
         for spec in expand(sc):
             scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
@@ -106,7 +109,8 @@ def measure_harness(scenario_paths: Sequence[str], cal: Any, runs: int = 3) -> P
                 measured = dev.finish().timeline
                 if attempt:
                     pairs.append((measured, sim_timeline))
-    return pairs
+                    run_ids.append(spec.run_id)
+    return pairs, run_ids
 
 
 def with_harness(profile: Profile, pairs: Pairs, note: str) -> Profile:
@@ -120,12 +124,12 @@ def with_harness(profile: Profile, pairs: Pairs, note: str) -> Profile:
                                notes=(*profile.notes, note))
 
 
-def write_timelines(pairs: Pairs, path: Path) -> None:
+def write_timelines(pairs: Pairs, path: Path, run_ids: Sequence[str] = ()) -> None:
     """The calibration timelines as gzipped JSON (``calibrate --refit`` reads them)."""
     from gpu_check.profiling import timelines_to_data
 
     with gzip.open(path, "wt", encoding="utf-8") as fh:
-        json.dump(timelines_to_data(pairs), fh)
+        json.dump(timelines_to_data(pairs, run_ids), fh)
 
 
 def read_timelines(path: Path) -> Pairs:
@@ -144,10 +148,10 @@ def read_timelines(path: Path) -> Pairs:
 
 
 def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
-                    log: Any = print) -> tuple[Profile, Pairs]:
+                    log: Any = print) -> tuple[Profile, Pairs, list[str]]:
     """Every figure of a profile, on the current CUDA device (see the module docstring).
 
-    Returns the profile and the calibration timelines it was fitted on.
+    Returns the profile, the calibration timelines it was fitted on and their run ids.
 
     Raises:
         NoCudaError: no CUDA device.
@@ -178,7 +182,7 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
         notes.append(f"torch.profiler: cudaLaunchKernel CPU time median {launch:.1f} us "
                      f"(the driver's share of kernel_launch {issue['kernel_launch'].median:.1f}"
                      " us)")
-    pairs = measure_harness(calibration_paths, cal, runs)
+    pairs, run_ids = measure_harness(calibration_paths, cal, runs)
     notes.append(f"measured in {time.perf_counter() - t0:.0f} s wall, "
                  f"{time.process_time() - c0:.0f} s CPU")
     meta = {**profiling.environment(),
@@ -189,7 +193,7 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
                                         f"({runs} replays a run)")
     log("harness issue us: " + profiling.by_kind(profile.harness_issue_us))
     log("harness extra GPU us: " + profiling.by_kind(profile.harness_extra_us))
-    return profile, pairs
+    return profile, pairs, run_ids
 
 
 # -- the subcommand -----------------------------------------------------------------------
@@ -260,11 +264,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     given = getattr(args, "argv", None) or sys.argv[2:]  # main() sets argv; the CLI has sys.argv
     command = " ".join(["overlap-harness", "calibrate", *given])
-    profile, pairs = measure_profile(args.calibration, args.runs, command,
-                                     log=lambda s: print(s, flush=True))
+    profile, pairs, run_ids = measure_profile(args.calibration, args.runs, command,
+                                              log=lambda s: print(s, flush=True))
     dump_profile(profile, out)
     if args.timelines:
-        write_timelines(pairs, Path(args.timelines))
+        write_timelines(pairs, Path(args.timelines), run_ids)
     load_profile(out)  # what was written reads back
     print(f"wrote {out}", file=sys.stderr)
     return 0

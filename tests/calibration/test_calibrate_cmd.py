@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -53,3 +54,47 @@ def test_profile_argument_and_apply(tmp_path):
     got = apply_profile(sc, path)
     assert got.timing.host_launch == 3.0
     assert got.timing.forward == 1234.0
+
+
+class _FakeReplayDevice:
+    """Stands in for SentinelCudaDevice: a SimDevice with a 150 µs launch cost."""
+
+    def __new__(cls, removed, calibration=None):
+        from sim.device import SimDevice
+
+        return SimDevice(removed, host_launch_us=150.0)
+
+
+def test_measure_harness_and_refit_round_trip(monkeypatch, tmp_path, capsys):
+    import overlap_harness.gpu_device as gpu_device
+    from model.profile import dump_profile, profile_from_dict
+    from overlap_harness.calibrate_cmd import (
+        measure_harness,
+        read_timelines,
+        with_harness,
+        write_timelines,
+    )
+
+    monkeypatch.setattr(gpu_device, "SentinelCudaDevice", _FakeReplayDevice)
+    pairs, run_ids = measure_harness(["profiles/calibration/cal_non_spec.toml"], None, runs=2)
+    assert run_ids == [run_ids[0]] * 2 and run_ids[0].startswith("cal_non_spec/base-")
+    saved = tmp_path / "t.json.gz"
+    write_timelines(pairs, saved, run_ids)
+    def unsourced(ps):  # the source line is not saved: the fit does not use it
+        return [tuple([dataclasses.replace(r, source="") for r in tl] for tl in p) for p in ps]
+
+    assert read_timelines(saved) == unsourced(pairs)
+    fitted = with_harness(profile_from_dict(profile_doc()), pairs, "fitted")
+    assert fitted.harness_issue_us["kernel"].median == 150.0
+    assert fitted.notes[-1] == "fitted"
+    base = tmp_path / "base.json"
+    dump_profile(profile_from_dict(profile_doc()), base)
+    out = tmp_path / "refit.json"
+    assert main(["--refit", str(saved), "--profile", str(base), "--out", str(out)]) == 0
+    from model.profile import load_profile
+    assert load_profile(out).harness_issue_us["copy"].median == 150.0
+    bad = tmp_path / "bad.gz"
+    bad.write_bytes(b"nope")
+    assert main(["--refit", str(bad), "--profile", str(base), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"overlap-harness: {bad}: not a calibration "
+                                              "timelines file: ")
