@@ -93,8 +93,9 @@ def test_measure_harness_and_refit_round_trip(monkeypatch, tmp_path, capsys):
     assert main(["--refit", str(saved), "--profile", str(base), "--out", str(out)]) == 0
     from model.profile import load_profile
     assert load_profile(out).harness_issue_us["copy"].median == 150.0
+    assert capsys.readouterr().err == f"wrote {out}\n"
     bad = tmp_path / "bad.gz"
     bad.write_bytes(b"nope")
     assert main(["--refit", str(bad), "--profile", str(base), "--out", str(out)]) == 2
-    assert capsys.readouterr().err.startswith(f"overlap-harness: {bad}: not a calibration "
-                                              "timelines file: ")
+    assert capsys.readouterr().err == (f"overlap-harness: {bad}: not a calibration timelines "
+                                       "file: Not a gzipped file (b'no')\n")
