@@ -96,7 +96,8 @@ class Buffer:
         if sel is None:
             return self.ids.reshape(-1)
         if type(sel) is np.ndarray:  # the common case, without the conversions below
-            return self.ids[sel].reshape(-1)
+            picked = self.ids[sel]  # kept per access: no second (reshaped) header if 1-D
+            return picked if picked.ndim == 1 else picked.reshape(-1)
         return np.asarray(self.ids[_np_sel(sel)]).reshape(-1)
 
 

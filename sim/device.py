@@ -32,6 +32,7 @@ timed run shows what a race does to the values.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,30 +115,29 @@ def _repeats(e: np.ndarray) -> bool:
     return np.unique(e).size != e.size
 
 
-class _At(simpy.Event):
-    """An event that fires at an absolute time with a given priority (simpy's ``Timeout``
-    fixes the priority to NORMAL; writes must land before reads at the same instant)."""
-
-    def __init__(self, env: simpy.Environment, at: int, priority: int, callback: Any) -> None:
-        super().__init__(env)
-        self._ok = True  # the subclass contract simpy's own Timeout follows
-        self._value = None
-        self.callbacks.append(callback)
-        env.schedule(self, priority, at - env.now)
+# Heap priorities of the value events. simpy orders events by (time, priority, insertion
+# count). Writes land before reads at one instant, and among equal-time writes (or reads) issue
+# order decides: an op's end takes priority ``op`` and its start ``_START_PRIORITY + op``. That
+# is the order two events per op made at issue gave (URGENT ends, NORMAL starts, both created
+# in issue order), so one event can serve both phases: scheduled at the start, it schedules
+# itself again for the end, whose key sorts the same whenever it is pushed.
+_START_PRIORITY = 1 << 62  # above every op id
 
 
-class _OpValues:
-    """The value side of one op: at its start event the reads are snapshot and the function
-    runs; at its end event the writes land. (One slotted object per op rather than two
-    closures and their cells: fewer objects for the cyclic GC while the op is pending.)"""
+class _OpValues(simpy.Event):
+    """The value side of one op and its one engine event: at its start the reads are snapshot
+    and the function runs; at its end the writes land. A zero-length op with writes is
+    scheduled at its end only (the end of an instant comes before its starts), and runs
+    there."""
 
-    __slots__ = ("dev", "fn", "iteration", "name", "observe", "out", "reads", "rq", "wq",
-                 "writes")
-
-    def __init__(self, dev: SimDevice, name: str, iteration: int, fn: OpFn,
+    def __init__(self, dev: SimDevice, op: OpId, name: str, iteration: int, fn: OpFn,
                  reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
                  observe: str | None, rq: list[AccessReq], wq: list[AccessReq]) -> None:
+        super().__init__(dev.env)
+        self._ok = True  # the subclass contract simpy's own Timeout follows
+        self._value = None
         self.dev = dev
+        self.op = op
         self.name = name
         self.iteration = iteration
         self.fn = fn
@@ -146,11 +146,34 @@ class _OpValues:
         self.observe = observe
         self.rq = rq
         self.wq = wq
+        self.end_ns = 0
         self.out: tuple | None = None  # the function's results, once it ran
 
-    def on_start(self, _: simpy.Event) -> None:
-        if self.out is not None:  # a zero-length op already ran at its end event (same instant)
-            return
+    def schedule(self, start_ns: int, end_ns: int) -> None:
+        """Put the op's first event in the heap: its start, or its end when it has no length."""
+        env = self.env
+        self.end_ns = end_ns
+        if self.writes and end_ns == start_ns:
+            self.callbacks.append(self._on_end)
+            env.schedule(self, self.op, end_ns - env.now)
+        else:
+            self.callbacks.append(self._on_start)
+            env.schedule(self, _START_PRIORITY + self.op, start_ns - env.now)
+
+    def _on_start(self, _: simpy.Event) -> None:
+        self.run()
+        if self.writes:
+            env = self.env
+            self.callbacks = [self._on_end]  # simpy cleared them before calling this one
+            env.schedule(self, self.op, self.end_ns - env.now)
+
+    def _on_end(self, _: simpy.Event) -> None:
+        if self.out is None:
+            self.run()
+        self.land()
+
+    def run(self) -> None:
+        """Snapshot the reads and run the function (the op's start)."""
         dev = self.dev
         dev._check_landed(self.name, self.iteration, self.rq)
         views = dev._views
@@ -162,9 +185,8 @@ class _OpValues:
         res = self.fn(*snaps)
         self.out = res if isinstance(res, tuple) else (res,)
 
-    def on_end(self, ev: simpy.Event) -> None:
-        if self.out is None:
-            self.on_start(ev)
+    def land(self) -> None:
+        """Write the function's results (the op's end)."""
         dev = self.dev
         dev._land(self.wq)
         views = dev._views
@@ -255,8 +277,9 @@ class SimDevice(Device):
 
     def _info(self, name: str, agent: int, agent_name: str, kind: OpKind, start: int,
               end: int, label: SyncLabel | None, source: str) -> NodeInfo:
-        return NodeInfo(self._next_op(), name, agent, agent_name, kind, self.iteration, source,
-                        None if label is None else str(label), start, end)
+        # interned: a run keeps one source string per op, and a protocol has a few hundred lines
+        return NodeInfo(self._next_op(), name, agent, agent_name, kind, self.iteration,
+                        sys.intern(source), None if label is None else str(label), start, end)
 
     def _log(self, n: NodeInfo, issue: int) -> None:
         self._timeline_rows.append((n.op, n.name, n.agent_name, _KIND_INDEX[n.kind], issue,
@@ -436,15 +459,13 @@ class SimDevice(Device):
     def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
                          writes: list[tuple[Buffer, Sel]], observe: str | None,
                          rq: list[AccessReq], wq: list[AccessReq]) -> None:
-        op = _OpValues(self, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
+        op = _OpValues(self, n.op, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
         if self._issue_order:  # the function runs and its writes land now: issue order
-            op.on_start(None)
+            op.run()
             if writes:
-                op.on_end(None)
+                op.land()
             return
-        _At(self.env, n.start_ns or 0, simpy.events.NORMAL, op.on_start)
-        if writes:
-            _At(self.env, n.end_ns or 0, simpy.events.URGENT, op.on_end)
+        op.schedule(n.start_ns or 0, n.end_ns or 0)
 
     def host_work(self, name: str, cost_us: float) -> None:
         start = self.host_ns
