@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.metrics import Metrics
-from model.trace import OpRecord, Race
+from model.trace import OpRecord, QuerySite, Race
 
 
 @dataclass(slots=True)
@@ -39,6 +39,7 @@ class CaseResult:
     dup_writes: list[str] = field(default_factory=list)  # scatter order decides the value
     error: str | None = None
     wall_s: float = 0.0  # wall seconds of the run and its oracle (JUnit ``time=``)
+    query_sites: list[QuerySite] = field(default_factory=list, repr=False)  # branching queries
     timeline: list[OpRecord] = field(default_factory=list, repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 

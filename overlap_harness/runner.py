@@ -20,7 +20,9 @@ from model.metrics import compute_metrics
 from model.protocol import run_protocol
 from model.protocol.oracle import compare_runs
 from model.results import CaseResult
-from model.trace import DeviceRun, Race
+from model.trace import DeviceRun, QuerySite, Race
+from overlap_harness.explore import Trial, explore
+from overlap_harness.outcomes import Outcomes, explore_outcomes
 from scenarios.expand import RunSpec, expand, scenario_to_dict
 from sim.device import SimDevice
 
@@ -86,11 +88,13 @@ def simulate(
     seed: int | None = None,
     watch: Callable[[int, int], None] | None = None,
     values: str = "timed",
+    query_outcomes: Outcomes | None = None,
 ) -> tuple[Any, SimDevice]:
     """Run the protocol of ``scenario`` once on a fresh SimDevice; returns (outcome, device).
 
     ``watch(iteration, ops)``, when given, is called as each scheduler iteration starts;
-    ``values`` is the device's value mode (``"issue_order"`` for the verdict's run)."""
+    ``values`` is the device's value mode (``"issue_order"`` for the verdict's run);
+    ``query_outcomes`` forces the answers of branching ``query()`` calls (default False)."""
     t = scenario.timing
     device_class: Any = SimDevice
     extra: dict[str, Any] = {}
@@ -104,6 +108,7 @@ def simulate(
         serial=serial,
         delays=delays,
         values=values,
+        query_outcomes=query_outcomes,
         **extra,
     )
     outcome = run_protocol(dev, scenario)
@@ -220,6 +225,7 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
         base.ok = str(spec.expect) == ERROR
         return base
     base.races = run.races
+    base.query_sites = run.query_sites
     base.timeline = run.timeline
     base.skipped_syncs = run.skipped_syncs
     base.labels_used = sorted(dev.labels_used)
@@ -285,8 +291,6 @@ def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
 def _trial(spec: RunSpec):
     """One exploration trial: :func:`run_spec` under a schedule, reduced to what
     :func:`~overlap_harness.explore.explore` needs (races, and whether any manifested)."""
-    from overlap_harness.explore import Trial
-
     def trial(delays, jitter, seed) -> Trial:
         r = run_spec(spec, delays=delays, jitter=jitter, seed=seed)
         if r.error is not None:
@@ -302,24 +306,40 @@ def explore_spec(spec: RunSpec, budget: int = 64, time_limit_s: float | None = N
 
     ``watch(tried, budget)`` is told after each schedule tried. A top-level function so a
     process pool can run it (``explore_specs(jobs=N)``)."""
-    from overlap_harness.explore import explore
-
     sc = spec.scenario
     trial = _trial(spec)
-    try:
-        base = trial({}, 0.0, sc.check.seed)
-    except HarnessError:
+    first = run_spec(spec, seed=sc.check.seed)
+    if first.error is not None:
         return None
-    if not base.races:
+    base = Trial(first.races, first.manifest)
+    branch_only = outcome_races(spec) if first.query_sites else []
+    if not base.races and not branch_only:
         return None
     ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed,
                  progress=watch)
-    keys = ", ".join(sorted({r.key for r in base.races}))
+    keys = ", ".join(sorted({r.key for r in base.races}
+                            | {f"{r.key} (only when {' and '.join(r.needs)})"
+                               for r in branch_only}))
     keys = keys if len(keys) <= 70 else keys[:67] + "..."
     shrunk = "-" if ex.shrunk is None else ", ".join(
         f"{n}@{it}+{us:.0f}us" for (n, it), us in sorted(ex.shrunk.items())) or "(none)"
     return [spec.run_id, keys, "yes" if ex.manifest else "NO", ex.source or "-",
             str(ex.tried), shrunk]
+
+
+def outcome_races(spec: RunSpec, max_runs: int = 64) -> list[Race]:
+    """The races of ``spec`` that only some answers of its branching ``query()`` calls have,
+    each naming the answers it needs (:mod:`overlap_harness.outcomes`); issue-order values,
+    as for the verdict."""
+    scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+
+    def program(outcomes: Outcomes) -> tuple[list[Race], list[QuerySite]]:
+        _outcome, dev = simulate(scenario, spec.removed, values="issue_order",
+                                 query_outcomes=outcomes)
+        run = dev.finish()
+        return run.races, run.query_sites
+
+    return [r for r in explore_outcomes(program, max_runs).races if r.needs]
 
 
 def explore_specs(
