@@ -12,6 +12,7 @@ the JSON document alone and the table moves to stderr, so the output pipes into 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -24,6 +25,7 @@ from typing import Any, TextIO
 from model.errors import HarnessError, ScenarioError
 from overlap_harness import __version__, check_cmd
 from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
+from reports import DEFAULT_OUT, tables
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -121,18 +123,8 @@ def _us(ns: int | None) -> str:
 
 
 def results_table(results) -> str:
-    """The results table: scenario, mutation, verdict, races, manifest, host stall, bubbles."""
-    head = ["scenario", "mutation", "expect", "verdict", "races", "manifest",
-            "host stall us", "fwd bubbles us", "ok"]
-    rows = []
-    for r in results:
-        m = r.metrics
-        races = ", ".join(r.race_keys()) or "-"
-        rows.append([r.scenario, r.mutation or "base", r.expect, r.verdict,
-                     races if len(races) < 60 else races[:57] + "...",
-                     "yes" if r.manifest else "no", _us(m and m.host_stall_ns),
-                     _us(m and m.forward_idle_ns), "ok" if r.ok else "FAIL"])
-    return _table(rows, head)
+    """The results table, 120 columns wide (:func:`reports.tables.results_table`)."""
+    return tables.results_table(results)
 
 
 # -- checks made before anything runs ---------------------------------------------------------
@@ -250,8 +242,7 @@ def _print_necessity(scenarios, human: TextIO) -> list[list[str]]:
                          ", ".join(row.races) or "-", "yes" if row.manifest else "no",
                          _us(row.stall_saved_ns), _us(row.idle_saved_ns)])
     print("\nSync necessity (each label removed alone)", file=human)
-    print(_table(rows, ["scenario", "sync", "verdict", "races when removed", "manifest",
-                        "stall saved us", "idle saved us"]), file=human)
+    print(tables.necessity_table(rows), file=human)
     return rows
 
 
@@ -287,7 +278,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     result = run_spec(spec, watch=progress.watch)
     if progress.tty:
         sys.stderr.write("\n")
-    stem = args.out or f"reports/latest/plots/{safe_name(spec.run_id)}"
+    stem = args.out or f"{DEFAULT_OUT}/plots/{safe_name(spec.run_id)}"
     Path(stem).parent.mkdir(parents=True, exist_ok=True)
     paths = save_plot(plot_timeline(result, window=window), stem)
     print("\n".join(str(p) for p in paths))
@@ -295,15 +286,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
-    from overlap_harness.whatif import HEAD, format_rows, whatif
+    from overlap_harness.whatif import HEAD, VARIANTS, format_rows, whatif
     from scenarios.loader import load_scenario
 
     sc = load_scenario(args.scenario, runnable=True)
     _check_memory([sc], args.ignore_memory_estimate)
     progress = _Progress(not args.quiet)
-    rows = whatif(sc, progress=progress, watch=progress.watch)
+    protocol = {f.name: getattr(sc.protocol, f.name) for f in dataclasses.fields(sc.protocol)}
+    chosen = tables.variants_for_mode(VARIANTS, str(sc.protocol.mode), protocol)
+    rows = whatif(sc, dict(chosen), progress=progress, watch=progress.watch)
     print(f"What-if on {sc.name} ({sc.workload.iterations} iterations)")
     print(_table(format_rows(rows), HEAD))
+    print("\nVariants:\n" + tables.whatif_legend(r.variant for r in rows))
     return EXIT_OK
 
 
@@ -375,9 +369,9 @@ def _add_run(sub: SubParsers) -> None:
     r.add_argument("--necessity", action="store_true",
                    help="remove each sync of each race-free scenario in turn; print which "
                         "are necessary")
-    r.add_argument("--out", default="reports/latest", metavar="DIR",
+    r.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help="folder for the reports: summary.html/.md, plots, trace.json, "
-                        "junit.xml, results.sarif, results.json (default reports/latest)")
+                        f"junit.xml, results.sarif, results.json (default ./{DEFAULT_OUT})")
     r.add_argument("--no-reports", action="store_true", help="print the table only")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _memory_flag(r)
@@ -388,7 +382,8 @@ def _add_report(sub: SubParsers) -> None:
     rp = _command(sub, "report", "run scenarios and write every report, with the necessity "
                                  "table")
     rp.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
-    rp.add_argument("--out", default="reports/latest", metavar="DIR", help="output folder")
+    rp.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                    help=f"output folder (default ./{DEFAULT_OUT})")
     rp.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _memory_flag(rp)
     rp.set_defaults(func=_cmd_report)

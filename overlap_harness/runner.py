@@ -11,8 +11,11 @@ import functools
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import torch
 
 from model.config import Expect, Scenario
 from model.errors import HarnessError
@@ -95,6 +98,7 @@ def simulate(
     ``watch(iteration, ops)``, when given, is called as each scheduler iteration starts;
     ``values`` is the device's value mode (``"issue_order"`` for the verdict's run);
     ``query_outcomes`` forces the answers of branching ``query()`` calls (default False)."""
+    torch.set_num_threads(1)  # the value model's tensors are tiny: threads only cost here
     t = scenario.timing
     device_class: Any = SimDevice
     extra: dict[str, Any] = {}
@@ -212,6 +216,7 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
         expect=str(spec.expect), verdict="error", ok=False, removed=tuple(sorted(spec.removed)),
         config=scenario_to_dict(sc),
     )
+    started = time.perf_counter()
     try:
         outcome, dev = simulate(sc, spec.removed, delays=delays, jitter=jitter, seed=seed,
                                 watch=phase(0))
@@ -223,7 +228,9 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     except HarnessError as exc:
         base.error = str(exc)
         base.ok = str(spec.expect) == ERROR
+        base.wall_s = time.perf_counter() - started
         return base
+    base.wall_s = time.perf_counter() - started  # the run, its verdict run and its oracle
     base.races = run.races
     base.query_sites = run.query_sites
     base.timeline = run.timeline

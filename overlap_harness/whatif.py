@@ -24,7 +24,7 @@ from typing import Any
 from model.config import Scenario, WarBarrier
 from model.errors import HarnessError
 from model.metrics import Metrics, compute_metrics
-from overlap_harness.runner import simulate
+from overlap_harness.runner import canonical_races, simulate
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "ref": {},
@@ -85,8 +85,10 @@ def whatif(
         if progress is not None:
             progress(i, len(chosen), name)
         try:
-            _, dev = simulate(_apply(sc, ov), watch=on_iteration if watch else None)
+            variant = _apply(sc, ov)
+            _, dev = simulate(variant, watch=on_iteration if watch else None)
             run = dev.finish()
+            run.races = canonical_races(variant, (), run)  # the verdict: issue-order values
         except HarnessError as exc:
             rows.append(WhatIfRow(name, ov, None, (), str(exc)))
             continue

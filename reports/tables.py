@@ -33,6 +33,9 @@ WHATIF_LEGEND: dict[str, str] = {
     "read_done": "WAR barrier: the schedule stream waits a read_done event (#28363)",
     "after_launch": "WAR barrier right after each forward launch (#31687)",
     "no_barrier": "no WAR barrier at all",
+    "loop_top": "WAR barrier: the schedule stream waits the forward stream at the loop top",
+    "after_replay_prepare": "WAR barrier recorded after replay_prepare's metadata reads (the "
+                            "worked example of a new placement: one class, one scenario)",
 }
 
 #: Protocol keys that only spec-v2 reads (non-spec relays output tokens only, so a variant

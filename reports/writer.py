@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from model.results import CaseResult
+from reports import DEFAULT_OUT
 from reports import timeline as _timeline_module
 from reports.jsonout import to_json
 from reports.junit import write_junit
@@ -39,8 +40,6 @@ from reports.summary import latest_gpu_report, needs_plot, to_html, to_markdown
 from reports.timeline import plot_timeline, save_plot
 
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
-DEFAULT_OUT = "overlap-reports"
-"""Where ``run`` and ``report`` write by default: a folder in the working directory."""
 GZIP_OVER_BYTES = 8 << 20
 """A results file larger than this is written gzip-compressed."""
 PARALLEL_FROM = 6
