@@ -187,8 +187,8 @@ class Mutation:
     expect: Expect = _f(Expect.RACE, "verdict expected with these syncs removed")
     races: tuple[str, ...] = _f((), 'races that must be among those found, as "KIND buffer"')
     name: str = _f("", "short name; defaults to the removed labels joined by +")
-
     allow_unused: bool = _f(False, "accept removing a sync this configuration never reaches (else the run is an error: it would change nothing)")
+
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
