@@ -42,7 +42,7 @@ import simpy
 import torch
 
 from model.allocator import BlockPool, FreedBlock
-from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
+from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo, collector_paused
 from model.device import (
     AccessSpec,
     Buffer,
@@ -291,9 +291,10 @@ class SimDevice(Device):
         """Every op issued so far, in issue order (records built when read)."""
         built = self._timeline
         rows = self._timeline_rows
-        for index in range(len(built), len(rows)):
-            op, name, agent, kind, *rest = rows[index]
-            built.append(OpRecord(op, name, agent, _KINDS[kind], *rest))
+        with collector_paused():
+            for index in range(len(built), len(rows)):
+                op, name, agent, kind, *rest = rows[index]
+                built.append(OpRecord(op, name, agent, _KINDS[kind], *rest))
         return built
 
     def _advance_values(self) -> None:
