@@ -17,6 +17,7 @@ copy).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,7 +45,7 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
 
 
-class Placement:
+class Placement(StrEnum):
     """Where the fresh outputs of the ops running now live (set by the function layer)."""
 
     INFER = "infer"  # device when a device tensor is involved, else unwatched host memory

@@ -207,6 +207,33 @@ def _sleep(cycles: int) -> None:
     cuda.recording.op("_sleep", cuda.agent(None), (), OpKind.KERNEL)
 
 
+def _ignoring(name: str) -> Any:
+    """A ``torch.cuda`` call with no effect on streams or values in CPU mode (one function
+    object per name: torch._dynamo refuses one object under two names of torch)."""
+    def ignore(*args: Any, **kwargs: Any) -> None:
+        return None
+    ignore.__name__ = ignore.__qualname__ = name
+    return ignore
+
+
+class _NoDevice:
+    """``torch.cuda.device(i)`` and ``nvtx.range(...)``: a context that changes nothing
+    (CPU mode has one device)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _NoRange(_NoDevice):
+    """``torch.cuda.nvtx.range(...)``: a context that records nothing."""
+
+
 class _Properties:
     name = FAKE_DEVICE_NAME
     major, minor = 9, 0
@@ -238,7 +265,15 @@ def cuda_patches() -> list[tuple[Any, str, Any]]:
         "Event": FakeEvent,
         "_sleep": _sleep,
     }
+    for name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                 "reset_peak_memory_stats", "reset_accumulated_memory_stats"):
+        replacements[name] = _ignoring(name)  # random streams, memory stats: CPU mode has none
+    replacements["get_rng_state"] = lambda device=None: torch.get_rng_state()
+    replacements["mem_get_info"] = lambda device=None: (_Properties.total_memory,) * 2
+    replacements["device"] = _NoDevice
     patches = [(cuda, name, value) for name, value in replacements.items()]
+    patches += [(cuda.nvtx, name, _ignoring(name)) for name in ("range_push", "range_pop", "mark")]
+    patches += [(cuda.nvtx, "range", _NoRange)]
     patches += [(cuda.streams, "Stream", FakeStream), (cuda.streams, "Event", FakeEvent)]
     return patches
 

@@ -144,3 +144,18 @@ def test_project_triton_gather_is_declared_and_runs_on_the_cpu(written_row, race
     assert [(str(r.kind), r.second.op_name) for r in watcher.races] == [
         ("RAW", "gather_triton")] * races
     assert not watcher.unknown_ops
+
+
+def test_common_torch_cuda_calls_run_in_cpu_mode():
+    with watch("cpu") as watcher:
+        torch.manual_seed(0)
+        torch.cuda.manual_seed_all(0)
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.nvtx.range_push("step")
+        with torch.cuda.device(0):
+            torch.cuda.empty_cache()
+        torch.cuda.nvtx.range_pop()
+        named = [torch.cuda.get_device_name(), torch.cuda.device_count(),
+                 torch.cuda.current_stream().name, torch.cuda.default_stream().name]
+    assert named == ["fake CUDA device (overlap-harness CPU mode)", 1, "default", "default"]
+    assert watcher.races == [] and watcher.run.timeline == []
