@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import overlap_harness
 from model.kernels.gather import gather_spec_extras
-from recorder import RecorderError, declared, reads, watch, writes
+from recorder import RecorderError, declare_kernel, declared, reads, watch, writes
 from recorder.fake_streams import FakeStream
 
 ORIGINAL_STREAM = torch.cuda.Stream
@@ -159,3 +163,41 @@ def test_common_torch_cuda_calls_run_in_cpu_mode():
                  torch.cuda.current_stream().name, torch.cuda.default_stream().name]
     assert named == ["fake CUDA device (overlap-harness CPU mode)", 1, "default", "default"]
     assert watcher.races == [] and watcher.run.timeline == []
+
+
+class LaunchLikeTriton:
+    """Stands in for a Triton ``JITFunction``: ``kernel[grid](*args)`` calls ``run``."""
+
+    __name__ = "fill_rows_kernel"
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
+
+    def run(self, out, rows, *, grid):
+        out.data_ptr()  # what a real launch does with each tensor argument
+        out[rows] = 1.0  # the values, as the kernel would compute them
+
+
+def test_a_kernel_object_with_run_is_declared_by_its_rows():
+    kernel = LaunchLikeTriton()
+    declare_kernel(kernel, lambda result, out, rows, grid: writes(out, rows=rows))
+    with watch("cpu") as watcher:
+        side = torch.cuda.Stream()
+        out = torch.zeros(4, 2, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out[3].fill_(5)
+        kernel[(1,)](out, torch.tensor([0, 3], device="cuda"))
+    assert "run" not in vars(kernel)  # the wrapper is gone after the block
+    assert [(str(r.kind), r.second.op_name, r.elements) for r in watcher.races] == [
+        ("WAW", "fill_rows_kernel", (6, 7))]
+    assert not watcher.unknown_ops and out.tolist() == [[1.0, 1.0], [0, 0], [0, 0], [1.0, 1.0]]
+
+
+def test_the_command_line_and_package_import_no_torch():
+    code = ("import sys, overlap_harness, overlap_harness.check_cmd, overlap_harness.pytest_races;"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout
+    assert out.strip() == "False"
+    assert overlap_harness.watch is watch
