@@ -33,6 +33,7 @@ from recorder.elements import row_elements, to_storage_elements
 from recorder.fake_streams import CudaState, active, cuda_patches, patched
 
 MODES = ("auto", "cpu", "gpu")
+_RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
 
 
 class RecorderError(HarnessError):
@@ -118,6 +119,8 @@ class Watch:
 
     # -- the context -----------------------------------------------------------------------
     def __enter__(self) -> Watch:
+        if _RUNNING:
+            raise RecorderError("watch() blocks do not nest: one is running already")
         stack = ExitStack()
         try:
             if self.cpu_mode:
@@ -129,6 +132,7 @@ class Watch:
             stack.close()
             raise
         self._stack = stack
+        _RUNNING.append(self)
         return self
 
     def _enter_cpu(self, stack: ExitStack) -> None:
@@ -156,6 +160,7 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
+            _RUNNING.remove(self)
             stack.close()
         self.recording.sweep()
 

@@ -68,6 +68,16 @@ def test_unknown_mode_and_gpu_mode_without_cuda_are_clear_errors():
             watch("gpu")
 
 
+def test_nested_watch_is_refused_and_the_outer_one_goes_on():
+    with watch("cpu") as outer:
+        with pytest.raises(RecorderError, match="do not nest"), watch("cpu"):
+            pass
+        torch.ones(2, device="cuda")
+    assert [n.name for n in outer.recording.detector.nodes] == ["ones"]
+    with watch("cpu"):  # and a new one can start after
+        pass
+
+
 def racy_program() -> None:
     side = torch.cuda.Stream()
     data = torch.zeros(4, device="cuda")
