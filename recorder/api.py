@@ -136,7 +136,8 @@ class Watch:
         return self
 
     def _enter_cpu(self, stack: ExitStack) -> None:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels imported now run on CPU
+        stack.enter_context(_environment("TRITON_INTERPRET", "1"))  # Triton kernels the
+        # program imports from now on run on the CPU (Triton reads it at import)
         cuda = CudaState(self.recording)
         self.memory = CpuMemory(self.recording, cuda)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
@@ -163,6 +164,19 @@ class Watch:
             _RUNNING.remove(self)
             stack.close()
         self.recording.sweep()
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name]`` is ``value`` inside (unless the user set it); restored after."""
+    previous = os.environ.get(name)
+    if previous is None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
 
 
 def watch(mode: str = "auto") -> Watch:

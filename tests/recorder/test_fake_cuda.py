@@ -4,6 +4,7 @@ unknown kernels, the project's Triton gather."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -45,12 +46,15 @@ def test_device_tensors_look_like_cuda_and_compute_on_the_cpu():
 
 
 def test_patches_are_undone_on_exit_and_on_an_exception():
+    assert "TRITON_INTERPRET" not in os.environ
     with pytest.raises(ZeroDivisionError), watch("cpu"):
         assert torch.cuda.Stream is FakeStream and torch.cuda.is_available()
+        assert os.environ["TRITON_INTERPRET"] == "1"
         raise ZeroDivisionError
     assert torch.cuda.Stream is ORIGINAL_STREAM
     assert torch.cuda.is_available is ORIGINAL_IS_AVAILABLE
     assert "record_stream" not in vars(torch.Tensor)
+    assert "TRITON_INTERPRET" not in os.environ
     assert torch.zeros(2).device.type == "cpu"
     with watch("cpu") as watcher:
         torch.ones(2, device="cuda")
