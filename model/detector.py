@@ -237,8 +237,8 @@ class HBDetector:
         self._epochs = np.zeros(1024, dtype=np.int64)
         self.edges: list[tuple[int, int]] = []  # program edges (and program order)
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
-        # races as plain tuples of ints, strings and bools (untracked by the cyclic GC, see
-        # NodeTable); :attr:`races` builds the Race records when read
+        # races not yet read, as plain tuples of ints, strings and bools (untracked by the
+        # cyclic GC, see NodeTable); :attr:`races` builds their Race records when read
         self._race_rows: list[tuple] = []
         self._races: list[Race] = []
         self.older_scan_truncated = 0  # log walks cut at MAX_OLDER_SCAN entries
@@ -344,10 +344,11 @@ class HBDetector:
         """Every racing pair found so far, in the order found (records built when read)."""
         built = self._races
         rows = self._race_rows
-        infos: dict[int, NodeInfo] = {}  # one record per node while building (ops race often)
-        with collector_paused():
-            for index in range(len(built), len(rows)):
-                built.append(self._race(infos, *rows[index]))
+        if rows:
+            infos: dict[int, NodeInfo] = {}  # one record per node while building
+            with collector_paused():
+                built.extend([self._race(infos, *row) for row in rows])
+            rows.clear()  # built: the rows are not kept twice
         return built
 
     def happens_before(self, u: int, v: int) -> bool:

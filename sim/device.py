@@ -252,8 +252,9 @@ class SimDevice(Device):
         self._pool = BlockPool()
         self._query_outcomes = dict(query_outcomes or {})
         self.query_sites: list[QuerySite] = []
-        # the timeline as plain tuples (the op kind as its index in OpKind), untracked by the
-        # cyclic GC (model.detector.NodeTable says why); :attr:`timeline` builds the records
+        # timeline entries not yet read, as plain tuples (the op kind as its index in OpKind),
+        # untracked by the cyclic GC (model.detector.NodeTable says why); :attr:`timeline`
+        # builds their records when read
         self._timeline_rows: list[tuple] = []
         self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
@@ -291,10 +292,11 @@ class SimDevice(Device):
         """Every op issued so far, in issue order (records built when read)."""
         built = self._timeline
         rows = self._timeline_rows
-        with collector_paused():
-            for index in range(len(built), len(rows)):
-                op, name, agent, kind, *rest = rows[index]
-                built.append(OpRecord(op, name, agent, _KINDS[kind], *rest))
+        if rows:
+            with collector_paused():
+                built.extend([OpRecord(op, name, agent, _KINDS[kind], *rest)
+                              for op, name, agent, kind, *rest in rows])
+            rows.clear()  # built: the rows are not kept twice
         return built
 
     def _advance_values(self) -> None:
