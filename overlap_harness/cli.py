@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from model.errors import HarnessError, ScenarioError
 from overlap_harness import __version__, check_cmd
+from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
 from reports import DEFAULT_OUT, tables
 
@@ -451,7 +452,7 @@ def _add_gpu_check(sub: SubParsers) -> None:
 #: ``check`` subcommand of overlap_harness/check_cmd.py appends its own ``add_parser``).
 SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
     _add_run, _add_report, _add_plot, _add_whatif, _add_explore, _add_gpu_check,
-    check_cmd.add_parser,
+    check_cmd.add_parser, conformance_cli.add_parser,
 ]
 
 

@@ -13,8 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-from overlap_harness.conformance.sglang_env import unavailable_reason
-
 DEFAULT_OUT = Path("reports/conformance")
 
 
@@ -31,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Run every variant and mutation, write the report, print where it is."""
+    # deferred: sglang_env imports the recorder and torch; the command line starts without them
+    from overlap_harness.conformance.sglang_env import unavailable_reason
+
     reason = unavailable_reason()
     if reason is not None:
         print(f"overlap-harness conformance: {reason}", file=sys.stderr)
