@@ -294,7 +294,7 @@ class HBDetector:
         vc[a] += 1
         epoch = vc[a]
         op = info.op
-        if op != len(self.nodes):
+        if op != len(self.node_epoch):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
         last = self._last[a]
         if last is not None:

@@ -274,7 +274,7 @@ class SimDevice(Device):
         return self._sstate[stream.id]
 
     def _next_op(self) -> OpId:
-        return OpId(len(self.det.nodes))
+        return OpId(len(self.det.node_epoch))  # a plain list: len() without a method call
 
     def _info(self, name: str, agent: int, agent_name: str, kind: OpKind, start: int,
               end: int, label: SyncLabel | None, source: str) -> NodeInfo:
@@ -443,10 +443,12 @@ class SimDevice(Device):
     def _enqueue(self, stream: Stream, name: str, kind: OpKind, fn: OpFn,
                  reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
                  cost_us: float, observe: str | None, source: str) -> OpId:
-        st = self._state(stream)
+        st = self._sstate[stream.id]
         self.host_ns += self._launch_ns
         issue = self.host_ns
-        start = max(issue, st.free_at) + self._delays.get((name, self.iteration), 0)
+        start = max(issue, st.free_at)
+        if self._delays:
+            start += self._delays.get((name, self.iteration), 0)
         end = start + self._dur(cost_us)
         st.free_at = end
         n = self._info(name, st.agent, st.name, kind, start, end, None, source)
