@@ -4,7 +4,7 @@
 #   bash profiles/run_on_gpu.sh NAME OUT_DIR
 # writes OUT_DIR/NAME.json (profile), NAME-timelines.json.gz (calibration timelines, for
 # `calibrate --refit`), NAME-run.log, and under OUT_DIR/suite the gpu-check report and the
-# predicted-vs-measured page, JSON and plot. Time limits keep it under 9 minutes.
+# predicted-vs-measured page, JSON and plot. Time limits keep it under 8 minutes.
 set -o pipefail
 name=${1:?name}
 out=${2:?out dir}
@@ -13,16 +13,16 @@ export PYTHONUNBUFFERED=1
 {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi -L 2>/dev/null | head -1)"
   echo "== calibrate"
-  timeout 170 python3 -m overlap_harness.calibrate_cmd --out "$out/$name.json" \
+  timeout 150 python3 -m overlap_harness.calibrate_cmd --out "$out/$name.json" \
     --timelines "$out/$name-timelines.json.gz"
   echo "== calibrate exit $? at $(date -u +%FT%TZ)"
-  timeout 290 python3 -m overlap_harness gpu-check scenarios --trials 6 --baseline-trials 2 \
-    --out "$out/suite" --deadline 200
+  timeout 230 python3 -m overlap_harness gpu-check scenarios --trials 5 --baseline-trials 1 \
+    --out "$out/suite" --deadline 150
   echo "== gpu-check exit $? at $(date -u +%FT%TZ)"
   for report in "$out"/suite/*-"$name".json "$out"/suite/*.json; do
     [ -f "$report" ] || continue
     case "$report" in *-vs-*) continue ;; esac
-    timeout 60 python3 -m overlap_harness.calibrate_cmd --compare "$report" \
+    timeout 50 python3 -m overlap_harness.calibrate_cmd --compare "$report" \
       --profile "$out/$name.json" scenarios --report-out "$out/suite"
     echo "== compare exit $? at $(date -u +%FT%TZ)"
     break
