@@ -96,14 +96,22 @@ def load_overlap_utils() -> types.ModuleType:
     reason = unavailable_reason()
     if reason is not None:
         raise SglangUnavailableError(reason)
-    # Triton kernels run on the CPU only if this is set before triton is first imported.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Triton decides interpreted vs compiled when a kernel is defined, so SGLang's kernels
+    # run on the CPU if this is set while their modules are imported; it is restored after,
+    # so it never leaks into what the process does next.
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
     sys.modules.setdefault("sglang.srt.speculative.spec_utils", SPEC_UTILS_STUB)
     try:
         import sglang.srt.managers.overlap_utils as overlap_utils  # deferred: ~5 s, optional
     except ImportError as exc:
         raise SglangUnavailableError(f"import sglang.srt.managers.overlap_utils failed: "
                                      f"{exc}") from None
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
     declare_gather(overlap_utils)
     return overlap_utils
 
