@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import multiprocessing
 import os
 import signal
@@ -261,6 +262,7 @@ def run_scenarios(
     """Expand every scenario into its runs and run them all, reporting progress (per run,
     and through ``watch`` per iteration inside each run)."""
     work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
+    gc.freeze()  # what the imports made lives as long as the process: out of every collection
     return _map_specs(work, [s for sc in scenarios for s in expand(sc)], progress)
 
 
