@@ -26,6 +26,7 @@ from typing import Any
 
 from model.config import Scenario
 from model.errors import ScenarioError
+from scenarios.locate import KeyLocator
 from scenarios.rules import Problems, check_runnable, check_scenario
 from scenarios.schema import (
     PARTIAL_TABLES,
@@ -137,7 +138,7 @@ def _load_file(file: Path, shown: str, lines: list[str], runnable: bool) -> Scen
     raw = _read(file, shown, lines)
     if raw is None:
         return None
-    out = Problems(shown, lines)
+    out = Problems(shown, lines, KeyLocator(file.read_text(encoding="utf-8")).line)
     values = _keys(raw, Scenario, "", out)
     values.setdefault("name", file.stem)
     scenario = Scenario(**values, path=shown)

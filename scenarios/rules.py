@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Callable
 
 from model.config import EventKind, Expect, Mode, Platform, ProtocolConfig, Scenario, SeqLensD2H
 from scenarios.expand import mutation_name
@@ -27,14 +28,19 @@ class Problems:
     rules can skip anything that reads them.
     """
 
-    def __init__(self, path: str, lines: list[str]) -> None:
+    def __init__(self, path: str, lines: list[str],
+                 locate: Callable[[str], int | None] | None = None) -> None:
         self.path = path
         self.lines = lines
+        self.locate = locate  # key path -> its line in the file (scenarios.locate)
         self.bad: set[str] = set()
 
     def add(self, key: str, reason: str) -> None:
-        """Record one problem at ``key`` (empty for the file as a whole)."""
-        self.lines.append(f"{self.path}: {key}: {reason}" if key else f"{self.path}: {reason}")
+        """Record one problem at ``key`` (empty for the file as a whole), with the key's line
+        when the file's text places it: ``x.toml: line 7: protocol.topk: reason``."""
+        line = self.locate(key) if key and self.locate is not None else None
+        where = f"{self.path}: line {line}" if line is not None else self.path
+        self.lines.append(f"{where}: {key}: {reason}" if key else f"{where}: {reason}")
         self.bad.add(key)
 
     def distrust(self, key: str) -> None:

@@ -107,4 +107,4 @@ def test_a_bad_file_is_a_collection_error_with_the_loaders_line(tmp_path: Path) 
     write(tmp_path, "bad.toml", TWIN.replace("[protocol]", "[protocl]"))
     got = pytest_in(tmp_path, "bad.toml")
     assert got.returncode == 2
-    assert "bad.toml: protocl: unknown table; did you mean protocol?" in got.stdout
+    assert "bad.toml: line 3: protocl: unknown table; did you mean protocol?" in got.stdout
