@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from model.kernels.gather import available_impls
 from overlap_harness.conformance import kernels
 from overlap_harness.conformance.sglang_env import unavailable_reason
-from tests.model.test_kernels import chain_inputs, gather_buffers
+from tests.model.test_kernels import GATHER_CASE, chain_inputs, gather_buffers
 
 REASON = unavailable_reason()
 pytestmark = [
@@ -46,16 +46,7 @@ def on_cuda(values):
 
 
 @GATHER
-@given(
-    pool=st.integers(1, 64),
-    k=st.integers(1, 8),
-    hidden=st.integers(1, 96),
-    m=st.integers(0, 80),
-    p_dtype=st.sampled_from(["float32", "bfloat16"]),
-    h_dtype=st.sampled_from([None, "float32", "bfloat16"]),
-    strided=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**GATHER_CASE)
 def test_sglang_gather_equals_ours_on_cuda(pool, k, hidden, m, p_dtype, h_dtype, strided, seed):
     bufs = on_cuda(gather_buffers(pool, k, hidden, p_dtype, h_dtype, seed, strided))
     indices = torch.randint(0, pool, (m,), generator=torch.Generator().manual_seed(seed))

@@ -207,14 +207,9 @@ def gather_buffers(
     return topk_p, topk_index, tokens, hid
 
 
-def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
-    """An independent reference: copy row by row in Python."""
-    rows = [buf[int(j)] for j in indices]
-    return torch.stack(rows) if rows else buf.new_empty((0, *buf.shape[1:]))
-
-
-@settings(SLOW, suppress_health_check=[HealthCheck.function_scoped_fixture])  # set once
-@given(
+#: One case of the spec-extras gather: pool rows, top-k, hidden width, gathered rows, dtypes,
+#: a strided view or not, the seed (shared by every test that compares gathers).
+GATHER_CASE = dict(
     pool=st.integers(1, 64),
     k=st.integers(1, 8),
     hidden=st.integers(1, 96),
@@ -224,6 +219,16 @@ def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
     strided=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+
+
+def row_by_row(indices: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    """An independent reference: copy row by row in Python."""
+    rows = [buf[int(j)] for j in indices]
+    return torch.stack(rows) if rows else buf.new_empty((0, *buf.shape[1:]))
+
+
+@settings(SLOW, suppress_health_check=[HealthCheck.function_scoped_fixture])  # set once
+@given(**GATHER_CASE)
 def test_fused_gather_equals_unfused(
     pool, k, hidden, m, p_dtype, h_dtype, strided, seed, cpu_compile
 ):

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from overlap_harness.conformance import kernels
 from overlap_harness.conformance.sglang_env import unavailable_reason
-from tests.model.test_kernels import chain_inputs, gather_buffers
+from tests.model.test_kernels import GATHER_CASE, chain_inputs, gather_buffers
 
 REASON = unavailable_reason()
 INNER = os.environ.get("OVERLAP_SGLANG_KERNELS_INNER") == "1"
@@ -72,16 +72,7 @@ def test_sglang_kernels_on_every_property_case():
 
 @inner_only
 @GATHER
-@given(
-    pool=st.integers(1, 64),
-    k=st.integers(1, 8),
-    hidden=st.integers(1, 96),
-    m=st.integers(0, 80),
-    p_dtype=st.sampled_from(["float32", "bfloat16"]),
-    h_dtype=st.sampled_from([None, "float32", "bfloat16"]),
-    strided=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**GATHER_CASE)
 def test_interpreted_gather_equals_ours(pool, k, hidden, m, p_dtype, h_dtype, strided, seed):
     bufs = gather_buffers(pool, k, hidden, p_dtype, h_dtype, seed, strided)
     indices = torch.randint(0, pool, (m,), generator=torch.Generator().manual_seed(seed))
