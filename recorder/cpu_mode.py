@@ -22,13 +22,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from model.detector import HOST_AGENT
 from model.trace import OpKind
 from recorder.core import Recording, StorageInfo
-from recorder.dispatch import Placement, RecordingDispatchMode, access_of
+from recorder.dispatch import Placement, RecordingDispatchMode, access_of, register_storage
 from recorder.fake_streams import CudaState
 
 _TensorBase = torch._C.TensorBase
@@ -73,12 +72,7 @@ class CpuMemory:
         return self.cuda.agent(None)
 
     def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
-        storage = t.untyped_storage()
-        weak = StorageWeakRef(storage)
-        itemsize = t.element_size()
-        return self.recording.allocate(storage.data_ptr(), storage.nbytes() // itemsize,
-                                       itemsize, t.dtype, tuple(t.shape), pinned, agent,
-                                       lambda: not weak.expired(), label)
+        return register_storage(self.recording, t, pinned, agent, label)
 
     @contextmanager
     def placed(self, placement: str) -> Any:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model.detector import HOST_AGENT
@@ -221,3 +222,15 @@ class RecordingDispatchMode(TorchDispatchMode):
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             return not non_blocking
         return False
+
+
+def register_storage(recording: Recording, t: torch.Tensor, pinned: bool, agent: int,
+                     label: str) -> StorageInfo:
+    """Tell ``recording`` about the storage behind ``t`` (device or pinned memory), watched
+    through a weak reference so its block goes back to the pool when the program drops it."""
+    storage = t.untyped_storage()
+    weak = StorageWeakRef(storage)
+    itemsize = t.element_size()
+    return recording.allocate(storage.data_ptr(), storage.nbytes() // itemsize, itemsize,
+                              t.dtype, tuple(t.shape), pinned, agent,
+                              lambda: not weak.expired(), label)

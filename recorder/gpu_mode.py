@@ -26,13 +26,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from model.detector import HOST_AGENT
 from model.trace import OpKind
 from recorder.core import Recording, StorageInfo
-from recorder.dispatch import Placement, access_of
+from recorder.dispatch import Placement, access_of, register_storage
 from recorder.fake_streams import patched
 from recorder.sites import assigned_name, is_user_file, user_site
 
@@ -102,12 +101,7 @@ class GpuMemory:
         return self.stream_agent(torch.cuda.current_stream().cuda_stream)
 
     def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
-        storage = t.untyped_storage()
-        weak = StorageWeakRef(storage)
-        itemsize = t.element_size()
-        return self.recording.allocate(storage.data_ptr(), storage.nbytes() // itemsize,
-                                       itemsize, t.dtype, tuple(t.shape), pinned, agent,
-                                       lambda: not weak.expired(), label)
+        return register_storage(self.recording, t, pinned, agent, label)
 
 
 def _forward(handler: str) -> Any:

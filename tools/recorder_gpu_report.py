@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:  # run as a file: make the repository importable
 
 import torch  # noqa: E402
 
+from gpu_check.semantics_check import driver_version  # noqa: E402
 from tests.recorder_corpus.manifest import ManifestError, Pair, load_manifest  # noqa: E402
 from tests.recorder_corpus.runner import run_program  # noqa: E402
 from tests.recorder_corpus.verdicts import from_json, unmatched, watch_program  # noqa: E402
@@ -350,16 +351,6 @@ def _notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _driver_version() -> str:
-    """The NVIDIA driver version ("unknown" without nvidia-smi)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
-
-
 def _git_commit() -> str:
     """The checked-out commit, with ``+dirty`` when files differ ("unknown" without git)."""
     try:
@@ -419,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name(0)
     report = {
         "device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "driver": _driver_version(), "commit": _git_commit(),
+        "driver": driver_version(), "commit": _git_commit(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python3", "tools/recorder_gpu_report.py", *(argv or sys.argv[1:])]),
         "trials": args.trials, "wall_s": time.perf_counter() - wall,

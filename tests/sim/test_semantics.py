@@ -145,13 +145,19 @@ def test_a_removed_label_skips_the_sync_and_is_logged() -> None:
     assert_races(dev, 1, "WAR")
 
 
-def _copy_then_query(dev: SimDevice, outcome: bool | None):
+def _copy_to_pinned(dev: SimDevice):
+    """A non-blocking D2H into pinned memory and an event recorded after it."""
     s, _f = two_streams(dev)
     pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
     b = dev.buffer("b", (2,), torch.int64, fill=3, stream=s)
     e = dev.event("e")
     dev.copy(s, b, pin, non_blocking=True, cost_us=10)
     dev.record(e, s)
+    return pin, e
+
+
+def _copy_then_query(dev: SimDevice, outcome: bool | None):
+    pin, e = _copy_to_pinned(dev)
     dev.host_work("spin", 50)  # long enough that the copy is done by the clock ...
     answer = dev.query(e)
     dev.host_read(pin)
@@ -194,12 +200,7 @@ def test_a_query_of_a_never_recorded_event_is_true_and_orders_nothing(dev: SimDe
 
 
 def test_a_poll_loop_orders_like_synchronize(dev: SimDevice) -> None:
-    s, _f = two_streams(dev)
-    pin = dev.buffer("pin", (2,), torch.int64, pinned=True, fill=0)
-    b = dev.buffer("b", (2,), torch.int64, fill=3, stream=s)
-    e = dev.event("e")
-    dev.copy(s, b, pin, non_blocking=True, cost_us=10)
-    dev.record(e, s)
+    pin, e = _copy_to_pinned(dev)
     dev.poll(e)
     assert dev.host_read(pin).tolist() == [3, 3]
     assert_no_race(dev)
