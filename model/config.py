@@ -83,10 +83,14 @@ class EventKind(StrEnum):
     SKIP_SEED = "skip_seed"
 
 
-def _f(default, help: str, range: tuple | None = None):
+def _f(default, help: str, range: tuple | None = None, late: bool = False):
+    """A field with its help text; ``late``: added after run ids were published, so a run id
+    hashes it only when it differs from its default (older runs keep their ids)."""
     meta = {"help": help}
     if range is not None:
         meta["range"] = range
+    if late:
+        meta["late"] = True
     if isinstance(default, list | dict | tuple):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -123,6 +127,12 @@ class ProtocolConfig:
     swa_window: int = _f(6, "sliding-window length in tokens when swa is on", (1, 1 << 20))
     hidden_size: int = _f(4, "draft hidden-state width H", (1, 4096))
     max_context: int = _f(128, "columns of req_to_token", (8, 1 << 20))
+    # SGLang 0.5.23 mechanisms (docs/protocol-model-notes.md); each default leaves them out
+    confidence_relay: bool = _f(False, "DSpark confidence relay (0.5.23): publish scatters confidence on F, D copies it into a pinned ring of depth 3 with copy_done events, the planner reads slot ring_pos-2 if copy_done.query() says done", late=True)
+    mixed_spec_tails: bool = _f(False, "resolve_mixed_spec_tails (0.5.23) on every spec decode batch: F waits publish_ready (HIP: the host synchronizes it), gathers the fresh lengths and tail slots, then the CPU copy (D2H stream, or .cpu() on F)", late=True)
+    stream_ordered_resolve: bool = _f(False, "resolve_seq_lens_cpu(stream_ordered=True) (0.5.23, HIP with seq_lens_d2h = none): the seq_lens gather runs on F after forward_entry, fenced by stream order only", late=True)
+    adopted_relay: bool = _f(False, "new_seq_lens_buf is a FutureRelayBuffers tensor adopted from a static verify CUDA graph (0.5.23): the graph's replay scatters the new seq_lens, publish skips its scatter and records publish_ready", late=True)
+    consume_once: bool = _f(False, "with debug_poison: the consume-once assert (0.5.23): publish arms a host flag, each event-waiting resolve asserts it and clears it", late=True)
 
 
 @dataclass(frozen=True, slots=True)

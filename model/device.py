@@ -55,6 +55,13 @@ class SyncLabel(StrEnum):
     DELAYED_SAMPLING_ENTRY = "delayed_sampling.forward_wait"
     MIX_INDICES_KEEP_ALIVE = "mix_running_indices.keep_alive"
     STASH_ORDER = "stash.fifo"
+    # SGLang 0.5.23 (python/sglang/srt/managers/overlap_utils.py); docs/protocol-model-notes.md
+    CONFIDENCE_D2H_WAIT = "confidence.d2h_wait"
+    CONFIDENCE_COPY_DONE_QUERY = "confidence.copy_done_query"
+    MIXED_TAILS_FORWARD_WAIT = "mixed_tails.forward_wait"
+    MIXED_TAILS_HOST_WAIT = "mixed_tails.host_wait"
+    MIXED_TAILS_D2H_WAIT = "mixed_tails.d2h_wait"
+    RESOLVE_STREAM_ORDER = "resolve.stream_order"
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,10 +73,18 @@ def _text(value: Any) -> str:
     return str(value.value if isinstance(value, Enum) else value)
 
 
+def _late_defaults(protocol: ProtocolConfig) -> set[str]:
+    """Protocol keys marked ``late`` in model.config that are at their default: left out of
+    the run id, so the runs that existed before those keys keep their ids."""
+    return {f.name for f in dataclasses.fields(protocol)
+            if f.metadata.get("late") and getattr(protocol, f.name) == f.default}
+
+
 def _run_id(scenario: Scenario, name: str, protocol: ProtocolConfig,
             removed: frozenset[str]) -> str:
     behaviour = {
-        "protocol": to_data(protocol),
+        "protocol": {k: v for k, v in to_data(protocol).items()
+                     if k not in _late_defaults(protocol)},
         "workload": to_data(scenario.workload),
         "timing": to_data(scenario.timing),
         "explore": scenario.check.explore,

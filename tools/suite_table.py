@@ -265,4 +265,49 @@ SUITE = [
         desc="#31687's barrier placement on the recycled-row workload",
         protocol={**REF, "war_barrier": "after_launch"}, workload="recycle",
         mutations=[rm("war_barrier", races=["WAR req_to_token"])])),
+    # -- SGLang 0.5.23 mechanisms (docs/protocol-model-notes.md, "SGLang 0.5.23") -----------
+    ("variants", "v0523_confidence_relay", dict(
+        desc="0.5.23 DSpark confidence relay: D waits publish_ready before copying "
+             "confidence_buf into the pinned ring; the planner reads a slot only if its "
+             "copy_done answers query() with done",
+        protocol={**REF, "confidence_relay": True}, workload="steady",
+        mutations=[rm("confidence.d2h_wait", races=["RAW confidence_buf"])])),
+    ("variants", "v0523_mixed_spec_tails", dict(
+        desc="0.5.23 resolve_mixed_spec_tails: the tails' CPU lengths come from D, which "
+             "waits publish_ready before copying new_seq_lens_buf (backend opted out of "
+             "seq_lens_cpu, so this is D's only copy); F's own wait is redundant (F FIFO); "
+             "with CI poison S's invalidate races D's copy",
+        protocol={**REF, "mixed_spec_tails": True, "seq_lens_d2h": "none",
+                  "debug_poison": False}, workload="steady",
+        mutations=[rm("mixed_tails.d2h_wait", races=["RAW new_seq_lens_buf"]),
+                   rm("mixed_tails.forward_wait", expect="race_free"),
+                   st(name="with_ci_poison", races=["RAW new_seq_lens_buf"],
+                      debug_poison=True)])),
+    ("variants", "v0523_hip_publish_ready_synchronize", dict(
+        desc="0.5.23 HIP: resolve_seq_lens_cpu and resolve_mixed_spec_tails call "
+             "publish_ready.synchronize() on the host; the resolve's is what orders S's "
+             "gather after F's publish",
+        protocol={**REF, "platform": "hip", "seq_lens_d2h": "schedule_stream",
+                  "mixed_spec_tails": True}, workload="steady",
+        mutations=[rm("publish_ready.host_wait", races=["RAW new_seq_lens_buf"]),
+                   rm("mixed_tails.host_wait", expect="race_free")])),
+    ("variants", "v0523_stream_ordered_resolve", dict(
+        desc="0.5.23 resolve_seq_lens_cpu(stream_ordered=True) on HIP with the backend opted "
+             "out: the gather runs on F after forward_entry; issued on S instead it races "
+             "F's publish",
+        protocol={**REF, "platform": "hip", "seq_lens_d2h": "none",
+                  "stream_ordered_resolve": True}, workload="steady",
+        mutations=[rm("resolve.stream_order", races=["RAW new_seq_lens_buf"])])),
+    ("variants", "v0523_adopted_relay", dict(
+        desc="0.5.23 relay buffers adopted from a static verify graph: the graph's replay "
+             "writes new_seq_lens_buf and publish only records publish_ready, which still "
+             "orders S's gather",
+        protocol={**NB, "adopted_relay": True}, workload="steady",
+        mutations=[rm("publish_ready.schedule_wait", races=["RAW new_seq_lens_buf"])])),
+    ("variants", "v0523_consume_once_assert", dict(
+        desc="0.5.23 consume-once debug assert: each event-waiting resolve follows a fresh "
+             "publish; it checks that a publish was issued, not that it finished, so a "
+             "dropped wait races silently",
+        protocol={**NB, "consume_once": True}, workload="steady",
+        mutations=[rm("publish_ready.schedule_wait", races=["RAW new_seq_lens_buf"])])),
 ]

@@ -59,8 +59,13 @@ class RunContext:
             )
         if self.is_spec:
             check_gather_impl(config.gather.value, device.torch_device)
+        check_v0523_keys(config, self.is_spec, self.on_cuda)
+        # SGLang makes fwd_prepare_d2h_stream on every CUDA FutureMap (overlap_utils.py:327-
+        # 331); here only where something copies on it, so older scenarios keep their streams
+        d2h_users = (config.seq_lens_d2h == SeqLensD2H.D2H_STREAM or config.mixed_spec_tails
+                     or config.confidence_relay)
         has_d2h_stream = (self.is_spec and self.on_cuda and not self.legacy_verify_done
-                          and config.seq_lens_d2h == SeqLensD2H.D2H_STREAM)
+                          and d2h_users)
         self.d2h_stream: Stream | None = (
             device.stream("fwd_prepare_d2h") if has_d2h_stream else None)
         self.plan_stream: Stream | None = device.stream("plan") if config.plan_stream else None
@@ -113,3 +118,25 @@ class RunContext:
             for buf in self._pin_ring.popleft():
                 if not buf.freed:
                     self.device.free(buf)
+
+
+def check_v0523_keys(config: ProtocolConfig, is_spec: bool, on_cuda: bool) -> None:
+    """Refuse a SGLang 0.5.23 key in a configuration where SGLang never takes that path.
+
+    Raises:
+        HarnessError: one line naming the key and what it needs.
+    """
+    needs = []
+    if config.stream_ordered_resolve and not (
+            is_spec and not on_cuda and config.seq_lens_d2h == SeqLensD2H.NONE):
+        needs.append("protocol.stream_ordered_resolve needs mode = \"spec_v2\", platform = "
+                     "\"hip\" and seq_lens_d2h = \"none\" (SGLang's gpu_only_lens, "
+                     "scheduler.py:4661-4676)")
+    if config.confidence_relay and not (is_spec and on_cuda):
+        needs.append("protocol.confidence_relay needs mode = \"spec_v2\" on platform = "
+                     "\"cuda\" (the ring is CUDA-only; the non-CUDA .cpu() read is not modelled)")
+    for key in ("mixed_spec_tails", "adopted_relay", "consume_once"):
+        if getattr(config, key) and not is_spec:
+            needs.append(f"protocol.{key} needs mode = \"spec_v2\"")
+    if needs:
+        raise HarnessError("; ".join(needs))

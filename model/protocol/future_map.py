@@ -30,6 +30,7 @@ from model.device import Buffer, Stream, SyncLabel
 from model.protocol.context import RunContext
 from model.protocol.kernels import gather_spec_extras
 from model.protocol.outcome import DebugFailure
+from model.protocol.relay_v0523 import ConfidenceRelay
 from model.protocol.state import Batch
 from model.protocol.synth import clamp_index, take_rows
 
@@ -59,6 +60,10 @@ class FutureMap:
         self.publish_recorded = False
         self.verify_done = device.event("verify_done")  # legacy, before #25879
         self.verify_done_recorded = False
+        # 0.5.23 (overlap_utils.py:344-346): armed by a recording publish, consumed by resolve
+        self.publish_fresh = False
+        self.confidence_relay: ConfidenceRelay | None = (
+            ConfidenceRelay(ctx, self.slots) if config.confidence_relay else None)
 
     def slot_count(self) -> int:
         """Rows of each relay buffer: one per request-pool row."""
@@ -88,7 +93,7 @@ class FutureMap:
         """Before a resolve: nothing to check (a row belongs to its request until freed)."""
 
     # -- resolve (step 4a) ---------------------------------------------------------------------
-    def resolve(self, batch: Batch) -> list[int] | None:
+    def resolve(self, batch: Batch, stream_ordered: bool = False) -> list[int] | None:
         """``resolve_seq_lens_cpu``: S gathers seq_lens from ``new_seq_lens_buf``; the host
         gets its CPU copy.
 
@@ -102,9 +107,20 @@ class FutureMap:
         With ``debug_poison`` (#30471) the gathered values are asserted >= 0 on S and the rows
         are re-poisoned to -1 on S once the CPU copy is done, so a resolve without a fresh
         publish of its row reads -1 and result processing reports ``seq_lens_poison``.
+
+        ``stream_ordered`` (0.5.23, overlap_utils.py:600-601, called from scheduler.py:4676 on
+        HIP when the backend opts out of seq_lens_cpu): the gather runs on F after its
+        forward-entry wait, with no event wait; the label ``resolve.stream_order`` removed
+        issues it on S before the forward entry instead, unfenced from F's publish.
         """
-        ctx, device, schedule = self.ctx, self.ctx.device, self.ctx.schedule_stream
-        if not ctx.legacy_verify_done and self.publish_recorded:
+        ctx, device = self.ctx, self.ctx.device
+        schedule = ctx.schedule_stream
+        if stream_ordered:
+            self.publish_fresh = False
+            if device.sync_enabled(SyncLabel.RESOLVE_STREAM_ORDER):
+                schedule = ctx.forward_stream
+        elif not ctx.legacy_verify_done and self.publish_recorded:
+            self._consume_publish(batch)
             if ctx.on_cuda:
                 device.wait_event(schedule, self.publish_ready,
                                   SyncLabel.PUBLISH_READY_SCHEDULE_WAIT)
@@ -121,7 +137,7 @@ class FutureMap:
             batch.flags["seq_lens_flags"] = flags
             device.launch(schedule, "assert_seq_lens", lambda s: (s < 0).to(I64),
                           reads=[batch.seq_lens], writes=[flags], cost_us=ctx.kernel_us)
-        cpu = self._seq_lens_to_host(batch, rows)
+        cpu = None if stream_ordered else self._seq_lens_to_host(batch, rows)
         if ctx.config.debug_poison:
             m = len(rows)
             device.launch(schedule, "repoison_seq_lens",
@@ -135,7 +151,8 @@ class FutureMap:
         ctx, device = self.ctx, self.ctx.device
         if ctx.config.seq_lens_d2h == SeqLensD2H.NONE:
             return None
-        if ctx.d2h_stream is not None and self.publish_recorded:
+        if (ctx.d2h_stream is not None and self.publish_recorded
+                and ctx.config.seq_lens_d2h == SeqLensD2H.D2H_STREAM):
             assert self.seq_lens_mirror is not None
             device.wait_event(ctx.d2h_stream, self.publish_ready,
                               SyncLabel.PUBLISH_READY_D2H_WAIT)
@@ -145,6 +162,19 @@ class FutureMap:
             vals = device.host_read(self.seq_lens_mirror, rows, name="select_seq_lens")
             return [int(v) for v in vals]
         return self._cpu_on_schedule(batch)
+
+    def _consume_publish(self, batch: Batch) -> None:
+        """The consume-once debug assert (0.5.23, overlap_utils.py:603-607): an event-waiting
+        resolve needs a publish since the last one; a stale consume is a ``publish_not_fresh``
+        :class:`DebugFailure` (SGLang's host ``assert``; the run goes on here)."""
+        config = self.ctx.config
+        if not (config.consume_once and config.debug_poison):
+            return
+        if not self.publish_fresh:
+            self.ctx.outcome.debug_failures.append(DebugFailure(
+                batch.iteration, batch.ids[0] if batch.ids else "", "publish_not_fresh",
+                "resolve without a fresh forward publish"))
+        self.publish_fresh = False
 
     def _cpu_on_schedule(self, batch: Batch) -> list[int]:
         """The blocking ``.cpu()`` of the gathered seq_lens on S (bootstrap, HIP, or by
@@ -265,15 +295,25 @@ class FutureMap:
         stream = stream or ctx.forward_stream
         keep = self.publish_positions(batch)
         rows = [batch.slots_out[i] for i in keep]
-        ctx.device.launch(stream, "publish", lambda v, fo: take_rows(v, keep),
+        # An adopted relay (0.5.23, overlap_utils.py:364-371, 658-663): the static verify
+        # graph's replay already scattered the lengths into this very buffer, and publish
+        # skips its scatter; the write is the graph's, on F, before the record below.
+        op = "verify_graph_relay_scatter" if ctx.config.adopted_relay else "publish"
+        ctx.device.launch(stream, op, lambda v, fo: take_rows(v, keep),
                           reads=[new_seq_lens, batch.fo], writes=[(self.new_seq_lens_buf, rows)],
                           cost_us=ctx.kernel_us)
+        relay = self.confidence_relay if ctx.is_spec else None
+        if relay is not None:
+            relay.scatter(batch, new_seq_lens)
         if ctx.legacy_verify_done:  # S's seq_lens are the forward's output, fenced by verify_done
             ctx.device.record(self.verify_done, stream)
             self.verify_done_recorded = True
         elif ctx.is_spec:
             ctx.device.record(self.publish_ready, stream)
             self.publish_recorded = True
+            self.publish_fresh = True
+            if relay is not None:
+                relay.issue_ring_copy(self.publish_ready)
 
     def stash(self, batch: Batch, tokens: Buffer, topk_p: Buffer | None = None,
               topk_index: Buffer | None = None, hidden: Buffer | None = None) -> None:

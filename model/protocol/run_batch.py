@@ -24,6 +24,7 @@ from model.protocol.barrier import BarrierPlacement
 from model.protocol.context import RunContext
 from model.protocol.future_map import FutureMap
 from model.protocol.outcome import DebugFailure
+from model.protocol.relay_v0523 import resolve_mixed_spec_tails
 from model.protocol.state import Batch
 
 I64 = torch.int64
@@ -42,9 +43,16 @@ class BatchRunner:
         ctx, device = self.ctx, self.ctx.device
         ctx.outcome.batches[batch.iteration] = batch.ids
         ctx.outcome.batch_kinds[batch.iteration] = batch.kind
-        if batch.kind == "decode" and batch.m and ctx.is_spec:
-            self._resolve(batch)
+        spec_decode = batch.kind == "decode" and batch.m and ctx.is_spec
+        # stream-ordered (0.5.23, scheduler.py:4661-4676): after the forward entry, on F; its
+        # label removed, on S before it (stream_ordered=True outside forward_stream_ctx)
+        ordered = ctx.config.stream_ordered_resolve
+        on_forward = ordered and device.sync_enabled(SyncLabel.RESOLVE_STREAM_ORDER)
+        if spec_decode and not on_forward:
+            self._resolve(batch, stream_ordered=ordered)
         device.wait_stream(ctx.forward_stream, ctx.schedule_stream, SyncLabel.FORWARD_ENTRY)
+        if spec_decode and on_forward:
+            self._resolve(batch, stream_ordered=True)
         self.future_map.on_forward_entry(batch)
         plan = self._plan(batch) if ctx.plan_stream is not None and batch.m else None
         if batch.kind == "idle" or batch.m == 0:
@@ -65,11 +73,11 @@ class BatchRunner:
         if mix is not None and not mix.freed and mix not in batch.pinned:
             device.free(mix)  # keep-alive removed: the last host reference goes now
 
-    def _resolve(self, batch: Batch) -> None:
+    def _resolve(self, batch: Batch, stream_ordered: bool = False) -> None:
         """Step 4a plus the host's use of it: the lengths it declares accesses with."""
         ctx = self.ctx
         self.future_map.check_owners(batch)
-        cpu = self.future_map.resolve(batch)
+        cpu = self.future_map.resolve(batch, stream_ordered)
         batch.seq_lens_cpu = cpu
         if cpu is not None:
             batch.host_lens, batch.exact_lens = cpu, True
@@ -115,7 +123,11 @@ class BatchRunner:
         """Spec-v2 decode: gather, draft, verify, publish, draft-extend, stash, copy."""
         ctx, fmap = self.ctx, self.future_map
         device, forward = ctx.device, ctx.forward_stream
+        if ctx.config.mixed_spec_tails:  # inside resolve_forward_inputs, before the gathers
+            resolve_mixed_spec_tails(fmap, batch)
         inputs = fmap.gather(batch)
+        if fmap.confidence_relay is not None:  # the DSpark planner's budget read, on the host
+            fmap.confidence_relay.resolve(batch)
         drafts, verify_cache_loc = worker.spec_draft(ctx, batch, inputs)
         self.barrier.after_metadata_reads(device, forward)
         res = worker.spec_verify(ctx, batch, inputs["bonus"], drafts, verify_cache_loc, plan)
