@@ -271,7 +271,8 @@ SUITE = [
              "confidence_buf into the pinned ring; the planner reads a slot only if its "
              "copy_done answers query() with done",
         protocol={**REF, "confidence_relay": True}, workload="steady",
-        mutations=[rm("confidence.d2h_wait", races=["RAW confidence_buf"])])),
+        mutations=[rm("confidence.d2h_wait", races=["RAW confidence_buf"]),
+                   rm("confidence.copy_done_query", expect="race_free")])),
     ("variants", "v0523_mixed_spec_tails", dict(
         desc="0.5.23 resolve_mixed_spec_tails: the tails' CPU lengths come from D, which "
              "waits publish_ready before copying new_seq_lens_buf (backend opted out of "
