@@ -60,7 +60,8 @@ class FutureMap:
         self.publish_recorded = False
         self.verify_done = device.event("verify_done")  # legacy, before #25879
         self.verify_done_recorded = False
-        # 0.5.23 (overlap_utils.py:344-346): armed by a recording publish, consumed by resolve
+        # 0.5.23 (overlap_utils.py:346-350, 673): armed by a recording publish, consumed by
+        # an event-waiting resolve (603-607)
         self.publish_fresh = False
         self.confidence_relay: ConfidenceRelay | None = (
             ConfidenceRelay(ctx, self.slots) if config.confidence_relay else None)

@@ -4,13 +4,13 @@ Facts from ``python/sglang/srt/managers/overlap_utils.py`` of sglang 0.5.23 (rea
 copied; line numbers of that file):
 
 - :class:`ConfidenceRelay` (``ConfidenceRelay``, lines 203-278; ring constants 156-157):
-  ``publish`` scatters the verify's confidence into ``confidence_buf`` on the forward stream
-  (``scatter``, 232-235) before it records ``publish_ready`` (662-668); then the private D2H
-  stream waits ``publish_ready`` and copies the whole buffer into slot ``ring_pos % 3`` of a
-  pinned ring, recording that slot's ``copy_done`` (``issue_ring_copy``, 237-246). The
-  DSpark planner (``resolve_confidence_cpu``, 465-474, called from
-  ``dspark_planner.py:258``) reads slot ``ring_pos - 2`` only if one ``copy_done.query()``
-  says done (271), so a late copy is skipped, never waited for.
+  ``publish`` scatters the verify's confidence into ``confidence_buf`` on the forward
+  stream (``scatter``, 232-235; called at 665-667) before it records ``publish_ready``
+  (670-673); then the private D2H stream waits ``publish_ready`` and copies the whole
+  buffer into slot ``ring_pos % 3`` of a pinned ring, recording that slot's ``copy_done``
+  (``issue_ring_copy``, 237-246). The DSpark planner (``resolve_confidence_cpu``, 465-474,
+  called from ``dspark_planner.py:258``) reads slot ``ring_pos - 2`` only if one
+  ``copy_done.query()`` says done (271), so a late copy is skipped, never waited for.
 - :func:`resolve_mixed_spec_tails` (543-585): a spec mixed batch late-binds its decode tails
   on the forward stream: ``publish_ready.wait()`` there (HIP: ``publish_ready.synchronize()``
   on the host, 552-553), the fresh lengths ``new_seq_lens_buf[idx]`` and the tail slots
