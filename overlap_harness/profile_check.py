@@ -91,6 +91,26 @@ def predict_report(report: Mapping[str, Any], profile: Profile,
     return rows
 
 
+def repeat_spread(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The measurement's own noise: runs of one configuration (the same run-id hash: the
+    same protocol, workload and syncs, in different scenario files) were measured apart; per
+    metric, the median and worst |measured / the group's median - 1| over those runs. No
+    prediction can be held closer than this."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["run_id"].rpartition("-")[2], []).append(r)
+    repeated = [g for g in groups.values() if len(g) > 1]
+    out: dict[str, Any] = {"groups": len(repeated), "runs": sum(len(g) for g in repeated)}
+    for k in METRICS:
+        devs = []
+        for g in repeated:
+            mid = statistics.median(r["metrics"][k]["measured"] for r in g)
+            devs += [abs(r["metrics"][k]["measured"] / mid - 1) for r in g if mid]
+        out[k] = {"median": round(statistics.median(devs), 4) if devs else None,
+                  "max": round(max(devs), 4) if devs else None}
+    return out
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per metric: runs counted, median and worst |relative error| (predicted and before),
     runs within 10%; ``targets_met`` when every metric's median <= 10% and worst <= 25%."""
@@ -109,6 +129,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                   if before else None}
         met = met and med is not None and med <= MEDIAN_TARGET and worst <= WORST_TARGET
     out["targets_met"] = met
+    out["repeat_spread"] = repeat_spread(rows)
     return out
 
 
@@ -147,6 +168,13 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         lines.append(f"| {k} | {v['runs']} | {_pct(v['median_abs_rel_err'])} "
                      f"| {_pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
                      f"| {_pct(v['before_median_abs_rel_err'])} |")
+    rs = s.get("repeat_spread")
+    if rs and rs["groups"]:
+        lines += ["", f"Noise floor: {rs['runs']} runs in {rs['groups']} groups share a "
+                  "configuration (same run-id hash) and were measured apart; their |measured / "
+                  "group median - 1|: " + ", ".join(
+                      f"{k.removesuffix('_ns')} median {_pct(rs[k]['median'])}, worst "
+                      f"{_pct(rs[k]['max'])}" for k in METRICS) + "."]
     lines += ["", "## Runs", "", "µs predicted / measured (relative error).", "",
               "| run | kind | iteration | host stall | forward idle |", "| --- " * 5 + "|"]
     for r in doc["rows"]:
