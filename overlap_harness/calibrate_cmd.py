@@ -39,7 +39,6 @@ from model.profile import (
     dump_profile,
     load_profile,
 )
-from model.protocol import run_protocol
 from model.trace import OpRecord
 
 DEFAULT_CALIBRATION = "profiles/calibration"
@@ -91,6 +90,7 @@ def measure_harness(scenario_paths: Sequence[str], cal: Any,
     beside its simulation; the (measured, simulated) timelines, which
     :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off, and
     the run id of each pair."""
+    from model.protocol import run_protocol  # deferred: torch; the CLI registers this parser
     from overlap_harness.gpu_device import SentinelCudaDevice  # deferred: needs torch.cuda
     from overlap_harness.runner import simulate
     from scenarios.expand import expand

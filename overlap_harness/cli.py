@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from model.errors import HarnessError, ScenarioError
-from overlap_harness import __version__, check_cmd
+from overlap_harness import __version__, calibrate_cmd, check_cmd
 from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
 from reports import DEFAULT_OUT, tables
@@ -194,6 +194,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.junit:
         _writable_file(args.junit, "--junit")
     scenarios = load_paths(args.paths, runnable=True)  # bad input stops here, before anything runs
+    scenarios = [calibrate_cmd.apply_profile(sc, args.profile) for sc in scenarios]
     _check_memory(scenarios, args.ignore_memory_estimate)
 
     from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
@@ -290,7 +291,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     from overlap_harness.whatif import HEAD, VARIANTS, format_rows, whatif
     from scenarios.loader import load_scenario
 
-    sc = load_scenario(args.scenario, runnable=True)
+    sc = calibrate_cmd.apply_profile(load_scenario(args.scenario, runnable=True), args.profile)
     _check_memory([sc], args.ignore_memory_estimate)
     progress = _Progress(not args.quiet)
     protocol = {f.name: getattr(sc.protocol, f.name) for f in dataclasses.fields(sc.protocol)}
@@ -364,6 +365,7 @@ def _memory_flag(parser: argparse.ArgumentParser) -> None:
 def _add_run(sub: SubParsers) -> None:
     r = _command(sub, "run", "run scenario files or folders on the simulated device")
     r.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    calibrate_cmd.add_profile_argument(r)
     r.add_argument("--json", metavar="FILE", help="write results as JSON ('-' for stdout: "
                    "then stdout holds the JSON alone and the table goes to stderr)")
     r.add_argument("--junit", metavar="FILE", help="write JUnit XML, one case per run")
@@ -383,6 +385,7 @@ def _add_report(sub: SubParsers) -> None:
     rp = _command(sub, "report", "run scenarios and write every report, with the necessity "
                                  "table")
     rp.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
+    calibrate_cmd.add_profile_argument(rp)
     rp.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                     help=f"output folder (default ./{DEFAULT_OUT})")
     rp.add_argument("-q", "--quiet", action="store_true", help="no progress")
@@ -404,6 +407,7 @@ def _add_plot(sub: SubParsers) -> None:
 def _add_whatif(sub: SubParsers) -> None:
     w = _command(sub, "whatif", "run the protocol variants side by side on one scenario")
     w.add_argument("scenario", help="a scenario .toml file")
+    calibrate_cmd.add_profile_argument(w)
     w.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _memory_flag(w)
     w.set_defaults(func=_cmd_whatif)
@@ -452,7 +456,7 @@ def _add_gpu_check(sub: SubParsers) -> None:
 #: ``check`` subcommand of overlap_harness/check_cmd.py appends its own ``add_parser``).
 SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
     _add_run, _add_report, _add_plot, _add_whatif, _add_explore, _add_gpu_check,
-    check_cmd.add_parser, conformance_cli.add_parser,
+    check_cmd.add_parser, conformance_cli.add_parser, calibrate_cmd.add_parser,
 ]
 
 
