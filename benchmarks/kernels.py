@@ -39,8 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.kernels.draft_chain import DraftPath, Topk1Chain, organize_draft_results
-from model.kernels.gather import fused_compile_count, gather_spec_extras, reset_fused_gather
+from overlap_harness.model.kernels.draft_chain import DraftPath, Topk1Chain, organize_draft_results
+from overlap_harness.model.kernels.gather import (
+    fused_compile_count,
+    gather_spec_extras,
+    reset_fused_gather,
+)
 
 BATCH_SIZES = (1, 8, 64, 256)
 VARIANTS = ("gather-unfused", "gather-fused", "gather-triton", "draft-slow", "draft-fast")

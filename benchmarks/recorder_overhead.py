@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recorder import watch  # noqa: E402  (after the repository root is on sys.path)
+from overlap_harness.recorder import watch  # noqa: E402  (after the repository root is on sys.path)
 
 CORPUS = ROOT / "tests" / "recorder_corpus"
 BAR = 20.0

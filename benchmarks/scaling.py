@@ -41,7 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.device import SimDevice  # noqa: E402  (after the path insert, run from anywhere)
+from overlap_harness.sim.sim_device import SimDevice  # noqa: E402  (after the path insert, run from anywhere)
 
 DIMENSIONS: dict[str, list[int]] = {
     "iterations": [10, 100, 1_000, 10_000],
@@ -127,7 +127,7 @@ expect = "race_free"
 def protocol_batch(batch: int) -> tuple[int, int]:
     """The spec-v2 protocol with ``batch`` requests for 3 iterations; (ops, races)."""
     from overlap_harness.runner import simulate  # deferred: only this row needs the protocol
-    from scenarios.loader import load_scenario
+    from overlap_harness.scenarios.loader import load_scenario
 
     requests = ", ".join(f'{{ id = "r{i}", prompt_len = 16, max_new = 32 }}'
                          for i in range(batch))

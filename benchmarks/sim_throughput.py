@@ -37,7 +37,7 @@ TREE_ENV = "SIM_THROUGHPUT_TREE"
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get(TREE_ENV, str(HERE)))
 
-from sim.device import SimDevice  # noqa: E402  (after the tree is chosen)
+from overlap_harness.sim.sim_device import SimDevice  # noqa: E402  (after the tree is chosen)
 
 
 def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
@@ -144,7 +144,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.baseline is not None:
         if not (args.baseline / "sim" / "device.py").is_file():
-            sys.exit(f"sim_throughput: --baseline {args.baseline}: no sim/device.py there")
+            sys.exit(f"sim_throughput: --baseline {args.baseline}: no sim/sim_device.py there")
         compare(args.baseline, args.ops, args.seed, args.rounds)
         return
     ops, races, wall, cpu, digest = measure(args.ops, args.seed)

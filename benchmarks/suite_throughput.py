@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT))
 
 from overlap_harness.explore import Trial, explore  # noqa: E402
 from overlap_harness.runner import run_scenarios, simulate  # noqa: E402
-from scenarios.expand import expand  # noqa: E402
-from scenarios.loader import load_paths, load_scenario  # noqa: E402
+from overlap_harness.scenarios.expand import expand  # noqa: E402
+from overlap_harness.scenarios.loader import load_paths, load_scenario  # noqa: E402
 
 
 def main() -> None:

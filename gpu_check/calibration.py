@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.errors import HarnessError
+from overlap_harness.model.errors import HarnessError
 
 DEFAULT_POINTS = (20_000, 200_000, 1_000_000, 4_000_000)
 

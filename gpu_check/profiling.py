@@ -25,6 +25,7 @@ torch.profiler is used for one cross-check (:func:`profiler_launch_us`): the CPU
 from __future__ import annotations
 
 import itertools
+import platform
 import statistics
 import time
 from collections import defaultdict
@@ -33,8 +34,9 @@ from typing import Any
 
 import torch
 
-from model.profile import HARNESS_KINDS, ISSUE_KINDS, Figure, SizePoint
-from model.trace import HOST, OpId, OpKind, OpRecord
+from overlap_harness.gpu_check.semantics_check import driver_version
+from overlap_harness.model.profile import HARNESS_KINDS, ISSUE_KINDS, Figure, SizePoint
+from overlap_harness.model.trace import HOST, OpId, OpKind, OpRecord
 
 SIZES_BYTES = (4096, 65536, 1 << 20, 16 << 20)
 _HOST_BLOCKING = (OpKind.HOST_SYNC, OpKind.HOST_WORK, OpKind.QUERY, OpKind.HOST_WRITE)
@@ -281,10 +283,6 @@ def timelines_from_data(data: Sequence[Mapping[str, Any]],
 
 def environment() -> dict[str, str]:
     """Device, driver, torch, CUDA and Python versions."""
-    import platform
-
-    from gpu_check.semantics_check import driver_version
-
     return {"device": torch.cuda.get_device_name(), "driver": str(driver_version()),
             "torch": torch.__version__, "cuda": str(torch.version.cuda),
             "python": platform.python_version()}

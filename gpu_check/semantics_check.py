@@ -26,11 +26,11 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 import torch
 
-from gpu_check.calibration import Calibration, calibrate
-from gpu_check.device import CudaDevice
-from gpu_check.sanitizer import run_sanitized
-from gpu_check.traces import TRACES, Outcome, Trace, run_trace, warm_up
-from model.trace import Race
+from overlap_harness.gpu_check.calibration import Calibration, calibrate
+from overlap_harness.gpu_check.cuda_device import CudaDevice
+from overlap_harness.gpu_check.sanitizer import run_sanitized
+from overlap_harness.gpu_check.traces import TRACES, Outcome, Trace, run_trace, warm_up
+from overlap_harness.model.trace import Race
 
 
 def driver_version() -> str:

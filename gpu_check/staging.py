@@ -26,7 +26,7 @@ ALIGN = 64
 def intended_sync() -> Iterator[None]:
     """Mark a host sync the program means (a protocol sync, a ring wrap): PyTorch's sync
     debug mode (``torch.cuda.set_sync_debug_mode``) is off inside, so an audit run under it
-    (:mod:`gpu_check.sync_audit`) reports only the syncs nobody asked for."""
+    (:mod:`overlap_harness.replay.sync_audit`) reports only the syncs nobody asked for."""
     mode = torch.cuda.get_sync_debug_mode()
     if mode == 0:
         yield

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from model.device import Device, SyncLabel
-from model.trace import DeviceRun
+from overlap_harness.model.device import Device, SyncLabel
+from overlap_harness.model.trace import DeviceRun
 
 SLOW_US = 2000.0  # far longer than issuing a few ops from Python
 FAST_US = 5.0

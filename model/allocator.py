@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from model.trace import OpId
+from overlap_harness.model.trace import OpId
 
 BlockKey = tuple  # (numel, dtype, pinned, allocation agent or -1 for the host)
 

@@ -49,8 +49,8 @@ from typing import NamedTuple, overload
 import networkx as nx
 import numpy as np
 
-from model.errors import DeviceUsageError
-from model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
 MAX_AGENTS = 16
 HOST_AGENT = 0

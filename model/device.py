@@ -26,7 +26,7 @@ from typing import Any, NewType, TypeAlias
 import numpy as np
 import torch
 
-from model.errors import DeviceUsageError
+from overlap_harness.model.errors import DeviceUsageError
 
 StreamId = NewType("StreamId", int)
 EventId = NewType("EventId", int)
@@ -132,7 +132,7 @@ def torch_sel(sel: Sel, device: torch.device | str) -> Any:
 AccessSpec: TypeAlias = "Buffer | tuple[Buffer, Sel]"
 
 _HERE = str(Path(__file__).resolve().parent.parent)
-_SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/device.py")
+_SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/cuda_device.py")
 
 
 _REL_PATH: dict[str, str | None] = {}  # co_filename -> as reported, None in device layers

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from model.trace import HOST, OpKind, OpRecord
+from overlap_harness.model.trace import HOST, OpKind, OpRecord
 
 FORWARD = "forward"
 RESOLVE_LABELS = frozenset({"d2h.host_sync", "seq_lens.cpu_sync", "publish_ready.host_wait"})

@@ -8,7 +8,7 @@ triple in issue order, which the program alone decides.
 
 from __future__ import annotations
 
-from model.trace import OpKind
+from overlap_harness.model.trace import OpKind
 
 OpKey = tuple[str, str, int, int]  # agent, op name, iteration, occurrence in issue order
 Gate = tuple[OpKey, OpKey]  # (the op that finishes first, the op whose work waits for it)

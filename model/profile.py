@@ -31,8 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from model.config import Timing
-from model.errors import HarnessError
+from overlap_harness.model.config import Timing
+from overlap_harness.model.errors import HarnessError
 
 FORMAT = "overlap-harness-profile/1"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.metrics import Metrics
-from model.trace import OpRecord, QuerySite, Race
+from overlap_harness.model.metrics import Metrics
+from overlap_harness.model.trace import OpRecord, QuerySite, Race
 
 
 @dataclass(slots=True)

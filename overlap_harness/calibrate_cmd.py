@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.config import Scenario
-from model.errors import HarnessError
-from model.profile import (
+from overlap_harness.model.config import Scenario
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.profile import (
     Mode,
     Profile,
     ProfileCosts,
@@ -39,7 +39,7 @@ from model.profile import (
     dump_profile,
     load_profile,
 )
-from model.trace import OpRecord
+from overlap_harness.model.trace import OpRecord
 
 DEFAULT_CALIBRATION = "profiles/calibration"
 
@@ -90,11 +90,14 @@ def measure_harness(scenario_paths: Sequence[str], cal: Any,
     beside its simulation; the (measured, simulated) timelines, which
     :func:`gpu_check.profiling.harness_from_timelines` reads the harness's costs off, and
     the run id of each pair."""
-    from model.protocol import run_protocol  # deferred: torch; the CLI registers this parser
-    from overlap_harness.gpu_device import SentinelCudaDevice  # deferred: needs torch.cuda
+    # deferred: imports torch; the command line registers this parser without it
+    from overlap_harness.model.protocol import (
+        run_protocol,  # deferred: torch; the CLI registers this parser
+    )
+    from overlap_harness.replay.sentinel import SentinelCudaDevice  # deferred: needs torch.cuda
     from overlap_harness.runner import simulate
-    from scenarios.expand import expand
-    from scenarios.loader import load_paths
+    from overlap_harness.scenarios.expand import expand
+    from overlap_harness.scenarios.loader import load_paths
 
     pairs: Pairs = []
     run_ids: list[str] = []
@@ -115,7 +118,10 @@ def measure_harness(scenario_paths: Sequence[str], cal: Any,
 
 def with_harness(profile: Profile, pairs: Pairs, note: str) -> Profile:
     """``profile`` with its harness group fitted on ``pairs`` (pure apart from the fit)."""
-    from gpu_check.profiling import harness_from_timelines  # deferred: imports torch
+    # deferred: imports torch; the command line registers this parser without it
+    from overlap_harness.gpu_check.profiling import (
+        harness_from_timelines,  # deferred: imports torch
+    )
 
     h_issue, h_extra, by_op, extra_by_op = harness_from_timelines(pairs)
     return dataclasses.replace(profile, harness_issue_us=h_issue, harness_extra_us=h_extra,
@@ -126,7 +132,8 @@ def with_harness(profile: Profile, pairs: Pairs, note: str) -> Profile:
 
 def write_timelines(pairs: Pairs, path: Path, run_ids: Sequence[str] = ()) -> None:
     """The calibration timelines as gzipped JSON (``calibrate --refit`` reads them)."""
-    from gpu_check.profiling import timelines_to_data
+    # deferred: imports torch; the command line registers this parser without it
+    from overlap_harness.gpu_check.profiling import timelines_to_data
 
     with gzip.open(path, "wt", encoding="utf-8") as fh:
         json.dump(timelines_to_data(pairs, run_ids), fh)
@@ -138,7 +145,8 @@ def read_timelines(path: Path) -> Pairs:
     Raises:
         HarnessError: the file cannot be read or is not such a file (one line).
     """
-    from gpu_check.profiling import timelines_from_data
+    # deferred: imports torch; the command line registers this parser without it
+    from overlap_harness.gpu_check.profiling import timelines_from_data
 
     try:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
@@ -161,8 +169,9 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
     if not torch.cuda.is_available():
         raise NoCudaError("calibrate needs a CUDA device to measure; "
                           "torch.cuda.is_available() is False")
-    from gpu_check import profiling
-    from gpu_check.calibration import calibrate
+    # deferred: imports torch; the command line registers this parser without it
+    from overlap_harness.gpu_check import profiling
+    from overlap_harness.gpu_check.calibration import calibrate
 
     t0, c0 = time.perf_counter(), time.process_time()
     cal = calibrate()

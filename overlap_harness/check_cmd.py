@@ -71,10 +71,10 @@ def result_dict(result: Any) -> dict[str, Any]:
 def write_reports(result: Any, out: Path) -> list[Path]:
     """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``."""
     # deferred: matplotlib loads only when reports are asked for
-    from reports.perfetto import write_trace
-    from reports.sarif import write_sarif
-    from reports.timeline import plot_timeline, save_plot
-    from reports.writer import safe_name
+    from overlap_harness.reports.perfetto import write_trace
+    from overlap_harness.reports.sarif import write_sarif
+    from overlap_harness.reports.timeline import plot_timeline, save_plot
+    from overlap_harness.reports.writer import safe_name
 
     case = result.to_case()
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def write_reports(result: Any, out: Path) -> list[Path]:
 def run_check(args: argparse.Namespace) -> int:
     """The ``check`` command; see the module docstring for the exit status."""
     # deferred: torch loads only when a script is checked (CLI start-up stays fast)
-    from recorder.api import RecorderError, check_script
+    from overlap_harness.recorder.api import RecorderError, check_script
 
     mode = "gpu" if args.gpu else ("cpu" if args.cpu else "auto")
     try:

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from model.errors import HarnessError, ScenarioError
 from overlap_harness import __version__, calibrate_cmd, check_cmd
 from overlap_harness.conformance import cli as conformance_cli
-from overlap_harness.gpu_limits import SANITIZER_BUDGET_S
-from reports import DEFAULT_OUT, tables
+from overlap_harness.model.errors import HarnessError, ScenarioError
+from overlap_harness.replay.limits import SANITIZER_BUDGET_S
+from overlap_harness.reports import DEFAULT_OUT, tables
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -157,6 +157,7 @@ def _writable_file(path: str, flag: str) -> None:
 def _check_memory(scenarios: Sequence[Any], override: bool) -> None:
     """Refuse (UsageError) a scenario whose largest run would not fit in this machine's
     memory, by :func:`overlap_harness.runner.estimate_run_bytes`; ``override`` only warns."""
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
     from overlap_harness.runner import available_memory_bytes, estimate_run_bytes
 
     have = available_memory_bytes()
@@ -184,7 +185,8 @@ def _human(args: argparse.Namespace) -> TextIO:
 # -- the commands ---------------------------------------------------------------------------
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from scenarios.loader import load_paths
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.scenarios.loader import load_paths
 
     human = _human(args)
     if not args.no_reports:
@@ -197,9 +199,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     scenarios = [calibrate_cmd.apply_profile(sc, args.profile) for sc in scenarios]
     _check_memory(scenarios, args.ignore_memory_estimate)
 
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.reports.jsonout import to_json
+    from overlap_harness.reports.junit import write_junit
     from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
-    from reports.jsonout import to_json
-    from reports.junit import write_junit
 
     progress = _Progress(not args.quiet)
     results = run_scenarios(scenarios, progress=progress, watch=progress.watch)
@@ -218,7 +221,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         write_junit(results, args.junit)
     rows = _print_necessity(scenarios, human) if args.necessity else []
     if not args.no_reports:
-        from reports.writer import write_all
+        # deferred: imports torch; the command line starts (and fails on bad input) without it
+        from overlap_harness.reports.writer import write_all
 
         path = write_all(results, args.out, rows, progress=_Progress(not args.quiet))
         print(f"\nreports: {path}", file=human)
@@ -233,6 +237,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_necessity(scenarios, human: TextIO) -> list[list[str]]:
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
     from overlap_harness.necessity import necessity, race_free_base
 
     rows = []
@@ -254,11 +259,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.reports.timeline import plot_timeline, save_plot
+    from overlap_harness.reports.writer import safe_name
     from overlap_harness.runner import run_spec
-    from reports.timeline import plot_timeline, save_plot
-    from reports.writer import safe_name
-    from scenarios.expand import expand
-    from scenarios.loader import load_scenario
+    from overlap_harness.scenarios.expand import expand
+    from overlap_harness.scenarios.loader import load_scenario
 
     if args.out:
         _writable_file(args.out + ".png", "--out")
@@ -288,8 +294,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.scenarios.loader import load_scenario
     from overlap_harness.whatif import HEAD, VARIANTS, format_rows, whatif
-    from scenarios.loader import load_scenario
 
     sc = calibrate_cmd.apply_profile(load_scenario(args.scenario, runnable=True), args.profile)
     _check_memory([sc], args.ignore_memory_estimate)
@@ -304,8 +311,9 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def _cmd_explore(args: argparse.Namespace) -> int:
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
     from overlap_harness.runner import explore_specs
-    from scenarios.loader import load_paths
+    from overlap_harness.scenarios.loader import load_paths
 
     if args.explore < 1:
         raise UsageError(f"--explore: expected at least 1 schedule, got {args.explore}")
@@ -323,8 +331,9 @@ def _cmd_explore(args: argparse.Namespace) -> int:
 
 
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
-    from overlap_harness.gpu_suite import run_gpu_check
-    from scenarios.loader import load_paths
+    # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.replay.suite import run_gpu_check
+    from overlap_harness.scenarios.loader import load_paths
 
     _writable_folder(args.out, "--out")
     _check_memory(load_paths(args.paths, runnable=True), args.ignore_memory_estimate)

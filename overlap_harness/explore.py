@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from model.trace import Race
+from overlap_harness.model.trace import Race
 
 Delays = dict[tuple[str, int], float]
 MARGIN_US = 5.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.config import Expect, Scenario
-from model.metrics import Metrics, compute_metrics
+from overlap_harness.model.config import Expect, Scenario
+from overlap_harness.model.metrics import Metrics, compute_metrics
 from overlap_harness.runner import simulate
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from model.trace import QuerySite, Race
+from overlap_harness.model.trace import QuerySite, Race
 
 QueryKey = tuple[str, int, int]
 Outcomes = Mapping[QueryKey, bool]

@@ -23,13 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from model.errors import HarnessError
-from model.metrics import compute_metrics
-from model.profile import Mode, Profile, costs_from_profile, load_profile
-from reports.calibration_plot import write_plot
-from scenarios.expand import RunSpec, expand
-from scenarios.loader import load_paths
-from sim.profiled import simulate_profiled
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.profile import Mode, Profile, costs_from_profile, load_profile
+from overlap_harness.reports.calibration_plot import write_plot
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
+from overlap_harness.sim.profiled import simulate_profiled
 
 METRICS = ("iteration_ns", "host_stall_ns", "forward_idle_ns")
 MEDIAN_TARGET = 0.10

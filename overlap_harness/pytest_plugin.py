@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from model.errors import ScenarioError
+from overlap_harness.model.errors import ScenarioError
 
 #: The ini setting naming folders whose scenario files are always collected.
 INI_FOLDERS = "overlap_scenarios"
@@ -111,8 +111,11 @@ class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[ScenarioRun]:
         """Load the file (bad input: a collection error with one line per problem) and
         yield one item per run."""
-        from scenarios.expand import expand  # deferred: light, but keeps plugin start-up lean
-        from scenarios.loader import load_scenario
+        # deferred: imports torch, only once a scenario file is collected
+        from overlap_harness.scenarios.expand import (
+            expand,  # deferred: light, but keeps plugin start-up lean
+        )
+        from overlap_harness.scenarios.loader import load_scenario
 
         scenario = load_scenario(_shown(self.path, self.config), runnable=True)
         for spec in expand(scenario):
@@ -183,7 +186,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     results = session.config.stash[_RESULTS]
     if not out or not results:
         return
-    from reports.writer import write_all  # deferred: matplotlib, only when reports are asked
+    # deferred: imports torch, only once a scenario file is collected
+    from overlap_harness.reports.writer import (
+        write_all,  # deferred: matplotlib, only when reports are asked
+    )
 
     worker = getattr(session.config, "workerinput", {}).get("workerid")
     write_all(results, Path(out) / worker if worker else Path(out))

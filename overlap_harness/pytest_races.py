@@ -40,7 +40,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     marker = item.get_closest_marker(MARKER)
     if marker is None:
         return (yield)
-    from recorder import watch  # deferred: imports torch, only for marked tests
+    from overlap_harness.recorder import watch  # deferred: imports torch, only for marked tests
 
     with watch(marker.kwargs.get("mode", "auto")) as watcher:
         result = yield
@@ -52,7 +52,10 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.fixture
 def stream_races(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A running :func:`recorder.watch` around the test; races fail it at teardown."""
-    from recorder import watch  # deferred: imports torch, only where the fixture is used
+    # deferred: imports torch, only for marked tests
+    from overlap_harness.recorder import (
+        watch,  # deferred: imports torch, only where the fixture is used
+    )
 
     with watch("auto") as watcher:
         yield watcher

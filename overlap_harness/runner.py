@@ -18,17 +18,17 @@ from typing import Any
 
 import torch
 
-from model.config import Expect, Scenario
-from model.errors import HarnessError
-from model.metrics import compute_metrics
-from model.protocol import run_protocol
-from model.protocol.oracle import compare_runs
-from model.results import CaseResult
-from model.trace import DeviceRun, QuerySite, Race
 from overlap_harness.explore import Trial, explore
+from overlap_harness.model.config import Expect, Scenario
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.model.protocol.oracle import compare_runs
+from overlap_harness.model.results import CaseResult
+from overlap_harness.model.trace import DeviceRun, QuerySite, Race
 from overlap_harness.outcomes import Outcomes, explore_outcomes
-from scenarios.expand import RunSpec, expand, scenario_to_dict
-from sim.device import SimDevice
+from overlap_harness.scenarios.expand import RunSpec, expand, scenario_to_dict
+from overlap_harness.sim.sim_device import SimDevice
 
 #: ``watch(done, total, ops)`` is told, at each scheduler iteration of a run, how many of the
 #: run's iterations (overlapped run, then its oracle) are done and how many device ops so far.

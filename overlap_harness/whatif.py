@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from model.config import Scenario, WarBarrier
-from model.errors import HarnessError
-from model.metrics import Metrics, compute_metrics
+from overlap_harness.model.config import Scenario, WarBarrier
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import Metrics, compute_metrics
 from overlap_harness.runner import canonical_races, simulate
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -4,8 +4,8 @@
 CPU, GPU mode watches real streams. See :mod:`recorder.api`.
 """
 
-from recorder.api import CheckResult, RecorderError, Watch, check_script, watch
-from recorder.kernels import DeclaredAccess, declare_kernel, declared, reads, writes
+from overlap_harness.recorder.api import CheckResult, RecorderError, Watch, check_script, watch
+from overlap_harness.recorder.kernels import DeclaredAccess, declare_kernel, declared, reads, writes
 
 __all__ = ["CheckResult", "DeclaredAccess", "RecorderError", "Watch", "check_script",
            "declare_kernel", "declared", "reads", "watch", "writes"]

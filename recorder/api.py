@@ -22,15 +22,15 @@ from pathlib import Path
 
 import torch
 
-from model.errors import HarnessError
-from model.results import CaseResult
-from model.trace import DeviceRun, OpKind, Race
-from recorder import kernels, project_kernels
-from recorder.core import Access, Recording, UnknownOp
-from recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
-from recorder.dispatch import RecordingDispatchMode, access_of
-from recorder.elements import row_elements, to_storage_elements
-from recorder.fake_streams import CudaState, active, cuda_patches, patched
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.results import CaseResult
+from overlap_harness.model.trace import DeviceRun, OpKind, Race
+from overlap_harness.recorder import kernels, project_kernels
+from overlap_harness.recorder.core import Access, Recording, UnknownOp
+from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
+from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
+from overlap_harness.recorder.elements import row_elements, to_storage_elements
+from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches, patched
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
@@ -150,7 +150,7 @@ class Watch:
         stack.enter_context(function_mode)
 
     def _enter_gpu(self, stack: ExitStack) -> None:
-        from recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks
+        from overlap_harness.recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks
 
         self.memory = gpu_mode.GpuMemory(self.recording)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)

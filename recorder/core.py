@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from model.allocator import BlockPool, FreedBlock
-from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
-from model.trace import DeviceRun, OpId, OpKind, OpRecord, Race
-from recorder.sites import user_site
+from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
+from overlap_harness.model.trace import DeviceRun, OpId, OpKind, OpRecord, Race
+from overlap_harness.recorder.sites import user_site
 
 NODE_SPACING_NS = 1000  # the drawn timeline: one node per microsecond, in issue order
 STREAM_OP_NS = 800  # how long a stream op is drawn

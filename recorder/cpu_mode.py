@@ -24,11 +24,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from model.detector import HOST_AGENT
-from model.trace import OpKind
-from recorder.core import Recording, StorageInfo
-from recorder.dispatch import Placement, RecordingDispatchMode, access_of, register_storage
-from recorder.fake_streams import CudaState
+from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.core import Recording, StorageInfo
+from overlap_harness.recorder.dispatch import (
+    Placement,
+    RecordingDispatchMode,
+    access_of,
+    register_storage,
+)
+from overlap_harness.recorder.fake_streams import CudaState
 
 _TensorBase = torch._C.TensorBase
 CUDA0 = torch.device("cuda", 0)

@@ -25,17 +25,17 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model.detector import HOST_AGENT
-from model.trace import OpKind
-from recorder.core import Access, Recording, StorageInfo
-from recorder.elements import (
+from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.core import Access, Recording, StorageInfo
+from overlap_harness.recorder.elements import (
     element_ids,
     index_elements,
     is_view_or_metadata,
     schema_accesses,
     to_storage_elements,
 )
-from recorder.sites import assigned_name, split_site, user_site
+from overlap_harness.recorder.sites import assigned_name, split_site, user_site
 
 aten = torch.ops.aten
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from model.trace import OpKind
-from recorder.core import Recording
-from recorder.sites import assigned_name, user_site
+from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.sites import assigned_name, user_site
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
 

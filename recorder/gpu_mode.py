@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from model.detector import HOST_AGENT
-from model.trace import OpKind
-from recorder.core import Recording, StorageInfo
-from recorder.dispatch import Placement, access_of, register_storage
-from recorder.fake_streams import patched
-from recorder.sites import assigned_name, is_user_file, user_site
+from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.core import Recording, StorageInfo
+from overlap_harness.recorder.dispatch import Placement, access_of, register_storage
+from overlap_harness.recorder.fake_streams import patched
+from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
 
 HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from model.kernels.gather import gather_spec_extras
-from recorder.kernels import DeclaredAccess, declare_kernel, reads, writes
+from overlap_harness.model.kernels.gather import gather_spec_extras
+from overlap_harness.recorder.kernels import DeclaredAccess, declare_kernel, reads, writes
 
-GATHER_TRITON = "model.kernels.gather:_gather_triton"
+GATHER_TRITON = "overlap_harness.model.kernels.gather:_gather_triton"
 
 
 def gather_accesses(result: Any, indices: torch.Tensor, topk_p_buf: torch.Tensor,

@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from model.results import CaseResult
+from overlap_harness.model.results import CaseResult
 
 
 def case_to_dict(r: CaseResult, with_timeline: bool = False) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from model.results import CaseResult
+from overlap_harness.model.results import CaseResult
 
 
 def failure_text(r: CaseResult) -> str:

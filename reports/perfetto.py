@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.results import CaseResult
-from model.trace import OpKind, OpRecord
-from reports.timeline import event_arrows, lane_order
+from overlap_harness.model.results import CaseResult
+from overlap_harness.model.trace import OpKind, OpRecord
+from overlap_harness.reports.timeline import event_arrows, lane_order
 
 _INSTANT = (OpKind.RECORD, OpKind.WAIT, OpKind.HOST_READ, OpKind.HOST_WRITE, OpKind.QUERY,
             OpKind.ALLOC, OpKind.FREE)

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.results import CaseResult
-from model.trace import Access, RaceKind
+from overlap_harness.model.results import CaseResult
+from overlap_harness.model.trace import Access, RaceKind
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 HARNESS_ROOT = Path(__file__).resolve().parent.parent

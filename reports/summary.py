@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model.results import CaseResult
-from reports.tables import NECESSITY_LEGEND
+from overlap_harness.model.results import CaseResult
+from overlap_harness.reports.tables import NECESSITY_LEGEND
 
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from model.results import CaseResult
+from overlap_harness.model.results import CaseResult
 
 WIDTH = 120
 """The widest line a table may print (characters)."""

@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from model.results import CaseResult
-from model.trace import OpKind, OpRecord, Race, describe_elements
+from overlap_harness.model.results import CaseResult
+from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
 
 #: Lanes first in this order, then any other agent in order of first appearance.
 LANE_ORDER = ("host", "schedule", "forward", "d2h")

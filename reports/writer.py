@@ -29,15 +29,15 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from model.results import CaseResult
-from reports import DEFAULT_OUT
-from reports import timeline as _timeline_module
-from reports.jsonout import to_json
-from reports.junit import write_junit
-from reports.perfetto import write_trace
-from reports.sarif import write_sarif
-from reports.summary import latest_gpu_report, needs_plot, to_html, to_markdown
-from reports.timeline import plot_timeline, save_plot
+from overlap_harness.model.results import CaseResult
+from overlap_harness.reports import DEFAULT_OUT
+from overlap_harness.reports import timeline as _timeline_module
+from overlap_harness.reports.jsonout import to_json
+from overlap_harness.reports.junit import write_junit
+from overlap_harness.reports.perfetto import write_trace
+from overlap_harness.reports.sarif import write_sarif
+from overlap_harness.reports.summary import latest_gpu_report, needs_plot, to_html, to_markdown
+from overlap_harness.reports.timeline import plot_timeline, save_plot
 
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
 GZIP_OVER_BYTES = 8 << 20

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from model.config import Expect, Mutation, ProtocolConfig, Scenario
+from overlap_harness.model.config import Expect, Mutation, ProtocolConfig, Scenario
 
 #: The mutation part of the base run's id.
 BASE = "base"

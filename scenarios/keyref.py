@@ -1,7 +1,8 @@
 """Generate the scenario key reference (Markdown) from the dataclasses that validate the keys.
 
-``python -m scenarios.keyref > docs/scenario-keys.md`` rewrites the page; a test compares the
-committed page with :func:`render`, so the page cannot drift from ``model.config``.
+``python -m overlap_harness.scenarios.keyref > docs/scenario-keys.md`` rewrites the page; a test
+compares the committed page with :func:`render`, so the page cannot drift from
+``model.config``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import sys
 from enum import Enum
 from typing import Any
 
-from model.config import Scenario
-from scenarios.schema import (
+from overlap_harness.model.config import Scenario
+from overlap_harness.scenarios.schema import (
     PARTIAL_TABLES,
     RACE_KINDS,
     SYNC_LABELS,
@@ -27,7 +28,8 @@ from scenarios.schema import (
 _HEADER = """\
 # Scenario file keys
 
-Generated from `model/config.py` by `python -m scenarios.keyref > docs/scenario-keys.md`;
+Generated from `model/config.py` by
+`python -m overlap_harness.scenarios.keyref > docs/scenario-keys.md`;
 do not edit by hand. The loader (`scenarios/loader.py`) validates files against the same
 fields: unknown keys, types, choices and ranges are rejected with one line per problem.
 Ranges are inclusive. A file without `name` is named after the file.

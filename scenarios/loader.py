@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from model.config import Scenario
-from model.errors import ScenarioError
-from scenarios.locate import KeyLocator
-from scenarios.rules import Problems, check_runnable, check_scenario
-from scenarios.schema import (
+from overlap_harness.model.config import Scenario
+from overlap_harness.model.errors import ScenarioError
+from overlap_harness.scenarios.locate import KeyLocator
+from overlap_harness.scenarios.rules import Problems, check_runnable, check_scenario
+from overlap_harness.scenarios.schema import (
     PARTIAL_TABLES,
     element_type,
     is_enum,

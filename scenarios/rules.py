@@ -13,9 +13,17 @@ import difflib
 import re
 from collections.abc import Callable
 
-from model.config import EventKind, Expect, Mode, Platform, ProtocolConfig, Scenario, SeqLensD2H
-from scenarios.expand import mutation_name
-from scenarios.schema import RACE_KINDS, SYNC_LABELS, show
+from overlap_harness.model.config import (
+    EventKind,
+    Expect,
+    Mode,
+    Platform,
+    ProtocolConfig,
+    Scenario,
+    SeqLensD2H,
+)
+from overlap_harness.scenarios.expand import mutation_name
+from overlap_harness.scenarios.schema import RACE_KINDS, SYNC_LABELS, show
 
 _SCENARIO_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _MUTATION_NAME = re.compile(r"[A-Za-z0-9_.+=-]+")

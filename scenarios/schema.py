@@ -16,8 +16,8 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from model.config import Mutation, ProtocolConfig
-from model.device import SyncLabel
+from overlap_harness.model.config import Mutation, ProtocolConfig
+from overlap_harness.model.device import SyncLabel
 
 #: A ``dict`` field whose keys are an optional subset of another table's keys, validated like
 #: that table (``mutation.set`` holds protocol overrides).

@@ -19,11 +19,20 @@ from typing import Any
 
 import torch
 
-from model.config import Scenario
-from model.device import AccessSpec, Buffer, Event, OpFn, Sel, Stream, SyncLabel, norm_accesses
-from model.profile import ProfileCosts
-from model.protocol import run_protocol
-from sim.device import SimDevice, us_to_ns
+from overlap_harness.model.config import Scenario
+from overlap_harness.model.device import (
+    AccessSpec,
+    Buffer,
+    Event,
+    OpFn,
+    Sel,
+    Stream,
+    SyncLabel,
+    norm_accesses,
+)
+from overlap_harness.model.profile import ProfileCosts
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.sim.sim_device import SimDevice, us_to_ns
 
 
 class ProfiledSimDevice(SimDevice):

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 def dev():
     """A simulated device with 1 µs launch cost, so times are easy to read. (Imported here:
     the GPU machine runs its tests without simpy.)"""
-    from sim.device import SimDevice
+    from overlap_harness.sim.sim_device import SimDevice
 
     return SimDevice(host_launch_us=1.0)
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from model.config import ProtocolConfig, Timing, Workload
-from model.protocol import compare_runs, run_protocol
-from model.trace import Race
-from sim.device import SimDevice
+from overlap_harness.model.config import ProtocolConfig, Timing, Workload
+from overlap_harness.model.protocol import compare_runs, run_protocol
+from overlap_harness.model.trace import Race
+from overlap_harness.sim.sim_device import SimDevice
 
 
 def races_of(dev: SimDevice) -> list[Race]:

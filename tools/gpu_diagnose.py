@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_check.calibration import calibrate
-from model.protocol import run_protocol
-from overlap_harness.gates import op_keys
-from overlap_harness.gpu_device import SentinelCudaDevice
-from overlap_harness.gpu_plan import Values, diffs, plan_spec
+from overlap_harness.gpu_check.calibration import calibrate
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.replay.gates import op_keys
+from overlap_harness.replay.plan import Values, diffs, plan_spec
+from overlap_harness.replay.sentinel import SentinelCudaDevice
 from overlap_harness.runner import simulate
-from scenarios.expand import expand
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_paths
 
 
 def race_keys(run) -> set[tuple]:

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:  # run as a file: make the repository importable
 
 import torch  # noqa: E402
 
-from gpu_check.semantics_check import driver_version  # noqa: E402
+from overlap_harness.gpu_check.semantics_check import driver_version  # noqa: E402
 from tests.recorder_corpus.manifest import ManifestError, Pair, load_manifest  # noqa: E402
 from tests.recorder_corpus.runner import run_program  # noqa: E402
 from tests.recorder_corpus.verdicts import from_json, unmatched, watch_program  # noqa: E402

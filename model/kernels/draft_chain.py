@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from model.errors import HarnessError
+from overlap_harness.model.errors import HarnessError
 
 __all__ = [
     "DraftChainError",

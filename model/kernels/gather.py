@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from model.config import Gather
-from model.errors import HarnessError
+from overlap_harness.model.config import Gather
+from overlap_harness.model.errors import HarnessError
 
 __all__ = [
     "GatherImplError",

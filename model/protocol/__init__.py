@@ -15,15 +15,15 @@ per WAR-barrier placement, :class:`~model.protocol.scheduler.Scheduler` (the eve
 
 from __future__ import annotations
 
-from model.config import ProtocolConfig, Scenario, Timing, Workload
-from model.device import Device
-from model.protocol.barrier import placement_for
-from model.protocol.context import RunContext, StreamAliasError
-from model.protocol.faults import future_map_for
-from model.protocol.oracle import ValueDiff, compare_runs
-from model.protocol.outcome import DebugFailure, ProtocolOutcome, RequestOutcome
-from model.protocol.run_batch import BatchRunner
-from model.protocol.scheduler import Scheduler
+from overlap_harness.model.config import ProtocolConfig, Scenario, Timing, Workload
+from overlap_harness.model.device import Device
+from overlap_harness.model.protocol.barrier import placement_for
+from overlap_harness.model.protocol.context import RunContext, StreamAliasError
+from overlap_harness.model.protocol.faults import future_map_for
+from overlap_harness.model.protocol.oracle import ValueDiff, compare_runs
+from overlap_harness.model.protocol.outcome import DebugFailure, ProtocolOutcome, RequestOutcome
+from overlap_harness.model.protocol.run_batch import BatchRunner
+from overlap_harness.model.protocol.scheduler import Scheduler
 
 __all__ = [
     "DebugFailure",

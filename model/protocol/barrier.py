@@ -23,8 +23,8 @@ configured one (:func:`placement_for`). Every barrier wait carries the ``war_bar
 
 from __future__ import annotations
 
-from model.config import ProtocolConfig, WarBarrier
-from model.device import Device, Event, Stream, SyncLabel
+from overlap_harness.model.config import ProtocolConfig, WarBarrier
+from overlap_harness.model.device import Device, Event, Stream, SyncLabel
 
 
 class BarrierPlacement:

@@ -16,12 +16,19 @@ from collections.abc import Sequence
 
 import torch
 
-from model.config import Mode, Platform, ProtocolConfig, SeqLensD2H, SeqLensSync, Timing
-from model.device import Buffer, Device, Stream, SyncLabel
-from model.errors import HarnessError
-from model.protocol.kernels import DraftOrganizer, check_gather_impl
-from model.protocol.outcome import ProtocolOutcome
-from model.protocol.state import Batch
+from overlap_harness.model.config import (
+    Mode,
+    Platform,
+    ProtocolConfig,
+    SeqLensD2H,
+    SeqLensSync,
+    Timing,
+)
+from overlap_harness.model.device import Buffer, Device, Stream, SyncLabel
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol.kernels import DraftOrganizer, check_gather_impl
+from overlap_harness.model.protocol.outcome import ProtocolOutcome
+from overlap_harness.model.protocol.state import Batch
 
 
 class StreamAliasError(HarnessError):

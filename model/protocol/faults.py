@@ -26,11 +26,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from model.config import EventKind, FutureLayout, StashStream, Workload
-from model.device import Buffer, Stream, SyncLabel
-from model.protocol.context import RunContext
-from model.protocol.future_map import FutureMap, RingFutureMap
-from model.protocol.state import Batch
+from overlap_harness.model.config import EventKind, FutureLayout, StashStream, Workload
+from overlap_harness.model.device import Buffer, Stream, SyncLabel
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.future_map import FutureMap, RingFutureMap
+from overlap_harness.model.protocol.state import Batch
 
 ROW_FAULT_KINDS = frozenset({EventKind.SKIP_PUBLISH, EventKind.SKIP_SEED, EventKind.DOUBLE_STASH})
 

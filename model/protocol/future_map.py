@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from model.config import SeqLensD2H
-from model.device import Buffer, Stream, SyncLabel
-from model.protocol.context import RunContext
-from model.protocol.kernels import gather_spec_extras
-from model.protocol.outcome import DebugFailure
-from model.protocol.relay_v0523 import ConfidenceRelay
-from model.protocol.state import Batch
-from model.protocol.synth import clamp_index, take_rows
+from overlap_harness.model.config import SeqLensD2H
+from overlap_harness.model.device import Buffer, Stream, SyncLabel
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.kernels import gather_spec_extras
+from overlap_harness.model.protocol.outcome import DebugFailure
+from overlap_harness.model.protocol.relay_v0523 import ConfidenceRelay
+from overlap_harness.model.protocol.state import Batch
+from overlap_harness.model.protocol.synth import clamp_index, take_rows
 
 I64 = torch.int64
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from model.errors import HarnessError
-from model.kernels.draft_chain import Topk1Chain
-from model.kernels.draft_chain import organize_draft_results as _organize
-from model.kernels.gather import available_impls as _available_impls
-from model.kernels.gather import gather_spec_extras as _gather
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.kernels.draft_chain import Topk1Chain
+from overlap_harness.model.kernels.draft_chain import organize_draft_results as _organize
+from overlap_harness.model.kernels.gather import available_impls as _available_impls
+from overlap_harness.model.kernels.gather import gather_spec_extras as _gather
 
 
 def gather_impls(device: str) -> tuple[str, ...]:

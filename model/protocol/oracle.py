@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from model.protocol.outcome import ProtocolOutcome
+from overlap_harness.model.protocol.outcome import ProtocolOutcome
 
 Observations = Mapping[tuple[str, int], list[torch.Tensor]]
 

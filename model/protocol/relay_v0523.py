@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.device import Buffer, Event, SyncLabel
-from model.protocol.context import RunContext
-from model.protocol.state import Batch
-from model.protocol.synth import clamp_index
+from overlap_harness.model.device import Buffer, Event, SyncLabel
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.state import Batch
+from overlap_harness.model.protocol.synth import clamp_index
 
 if TYPE_CHECKING:  # the FutureMap owns this module's objects; typing only, no import cycle
-    from model.protocol.future_map import FutureMap
+    from overlap_harness.model.protocol.future_map import FutureMap
 
 I64 = torch.int64
 F32 = torch.float32

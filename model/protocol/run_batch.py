@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from model.config import PublishPoint
-from model.device import Buffer, SyncLabel
-from model.protocol import worker
-from model.protocol.barrier import BarrierPlacement
-from model.protocol.context import RunContext
-from model.protocol.future_map import FutureMap
-from model.protocol.outcome import DebugFailure
-from model.protocol.relay_v0523 import resolve_mixed_spec_tails
-from model.protocol.state import Batch
+from overlap_harness.model.config import PublishPoint
+from overlap_harness.model.device import Buffer, SyncLabel
+from overlap_harness.model.protocol import worker
+from overlap_harness.model.protocol.barrier import BarrierPlacement
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.future_map import FutureMap
+from overlap_harness.model.protocol.outcome import DebugFailure
+from overlap_harness.model.protocol.relay_v0523 import resolve_mixed_spec_tails
+from overlap_harness.model.protocol.state import Batch
 
 I64 = torch.int64
 

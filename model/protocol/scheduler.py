@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from model.config import EventKind, Workload
-from model.device import SyncLabel
-from model.errors import HarnessError
-from model.protocol.context import RunContext
-from model.protocol.outcome import DebugFailure
-from model.protocol.run_batch import BatchRunner
-from model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
+from overlap_harness.model.config import EventKind, Workload
+from overlap_harness.model.device import SyncLabel
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.outcome import DebugFailure
+from overlap_harness.model.protocol.run_batch import BatchRunner
+from overlap_harness.model.protocol.state import Batch, FreeList, Req, request_seed, rows_cols
 
 I64 = torch.int64
 DEBUG_FLAGS = (  # (result key, DebugFailure.check, detail) of the async device asserts

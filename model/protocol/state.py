@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.config import Request
-from model.device import Buffer, Event
-from model.errors import HarnessError
-from model.protocol.synth import prompt_token
+from overlap_harness.model.config import Request
+from overlap_harness.model.device import Buffer, Event
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol.synth import prompt_token
 
 
 class PoolExhaustedError(HarnessError):

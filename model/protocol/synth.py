@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from model.staging import host_ints
+from overlap_harness.model.staging import host_ints
 
 MOD = 1_000_003
 """All hashed values live in [0, MOD)."""

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from model.device import Buffer
-from model.protocol import synth
-from model.protocol.context import RunContext
-from model.protocol.state import Batch, Req, rows_cols
-from model.protocol.synth import clamp_index
+from overlap_harness.model.device import Buffer
+from overlap_harness.model.protocol import synth
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.state import Batch, Req, rows_cols
+from overlap_harness.model.protocol.synth import clamp_index
 
 I64 = torch.int64
 

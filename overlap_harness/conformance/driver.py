@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-import recorder
-from model.trace import Race
+import overlap_harness.recorder as recorder
 from overlap_harness.conformance import sglang_env
+from overlap_harness.model.trace import Race
 
 POOL_SIZE = 8
 MAX_CONTEXT = 64

@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from model.kernels.draft_chain import Topk1Chain
-from model.kernels.gather import available_impls, gather_spec_extras
+from overlap_harness.model.kernels.draft_chain import Topk1Chain
+from overlap_harness.model.kernels.gather import available_impls, gather_spec_extras
 
 VOCAB_FLOOR = 16  # logits are at least this wide, more when a token id needs it
 

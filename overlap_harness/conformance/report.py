@@ -18,8 +18,8 @@ from typing import Any
 from overlap_harness.conformance.driver import VARIANTS, Mutation, run_variant
 from overlap_harness.conformance.sglang_env import SGLANG_VERSION
 from overlap_harness.runner import run_spec
-from scenarios.expand import expand
-from scenarios.loader import load_scenario
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 # The report as the conformance package's own CPU shim computed it (before recorder/ took

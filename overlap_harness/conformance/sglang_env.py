@@ -36,9 +36,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import recorder
-from model.errors import HarnessError
-from recorder.project_kernels import gather_accesses
+import overlap_harness.recorder as recorder
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.recorder.project_kernels import gather_accesses
 
 SGLANG_VERSION = "0.5.23"
 INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.profile import FORMAT, HARNESS_KINDS, ISSUE_KINDS, SIZE_SERIES
+from overlap_harness.model.profile import FORMAT, HARNESS_KINDS, ISSUE_KINDS, SIZE_SERIES
 
 
 def fig(median: float, spread: float = 0.0, n: int = 10) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from model.config import Scenario, Timing
 from overlap_harness.calibrate_cmd import add_profile_argument, apply_profile, main
+from overlap_harness.model.config import Scenario, Timing
 from tests.calibration.synthetic import profile_doc
 
 
@@ -60,20 +60,20 @@ class _FakeReplayDevice:
     """Stands in for SentinelCudaDevice: a SimDevice with a 150 µs launch cost."""
 
     def __new__(cls, removed, calibration=None):
-        from sim.device import SimDevice
+        from overlap_harness.sim.sim_device import SimDevice
 
         return SimDevice(removed, host_launch_us=150.0)
 
 
 def test_measure_harness_and_refit_round_trip(monkeypatch, tmp_path, capsys):
-    import overlap_harness.gpu_device as gpu_device
-    from model.profile import dump_profile, profile_from_dict
+    import overlap_harness.replay.sentinel as gpu_device
     from overlap_harness.calibrate_cmd import (
         measure_harness,
         read_timelines,
         with_harness,
         write_timelines,
     )
+    from overlap_harness.model.profile import dump_profile, profile_from_dict
 
     monkeypatch.setattr(gpu_device, "SentinelCudaDevice", _FakeReplayDevice)
     pairs, run_ids = measure_harness(["profiles/calibration/cal_non_spec.toml"], None, runs=2)
@@ -91,7 +91,7 @@ def test_measure_harness_and_refit_round_trip(monkeypatch, tmp_path, capsys):
     dump_profile(profile_from_dict(profile_doc()), base)
     out = tmp_path / "refit.json"
     assert main(["--refit", str(saved), "--profile", str(base), "--out", str(out)]) == 0
-    from model.profile import load_profile
+    from overlap_harness.model.profile import load_profile
     assert load_profile(out).harness_issue_us["copy"].median == 150.0
     assert capsys.readouterr().err == f"wrote {out}\n"
     bad = tmp_path / "bad.gz"

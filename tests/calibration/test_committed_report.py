@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from model.profile import load_profile
+from overlap_harness.model.profile import load_profile
 from overlap_harness.profile_check import METRICS, rel_err, summarize, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reports.calibration_plot import points, write_plot
+from overlap_harness.reports.calibration_plot import points, write_plot
 
 
 def _row(kind, measured, predicted):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from model.config import Timing
-from model.profile import (
+from overlap_harness.model.config import Timing
+from overlap_harness.model.profile import (
     Figure,
     Mode,
     ProfileError,

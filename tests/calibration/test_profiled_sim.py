@@ -13,20 +13,20 @@ import json
 import pytest
 import torch
 
-from gpu_check.profiling import (
+from overlap_harness.gpu_check.profiling import (
     harness_from_timelines,
     idle_sync_spans,
     timelines_from_data,
     timelines_to_data,
 )
-from model.metrics import compute_metrics
-from model.profile import Figure, Mode, costs_from_profile, profile_from_dict
-from model.trace import HOST, OpId, OpKind, OpRecord
+from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.profile import Figure, Mode, costs_from_profile, profile_from_dict
+from overlap_harness.model.trace import HOST, OpId, OpKind, OpRecord
 from overlap_harness.profile_check import compare_command, predict_report, summarize
 from overlap_harness.runner import simulate
-from scenarios.expand import expand
-from scenarios.loader import load_paths
-from sim.profiled import ProfiledSimDevice
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_paths
+from overlap_harness.sim.profiled import ProfiledSimDevice
 from tests.calibration.synthetic import profile_doc
 
 LAUNCH_US = 150.0
@@ -80,7 +80,7 @@ def test_profiled_device_predicts_a_held_out_run_exactly(fitted):
     want = compute_metrics(reference.finish().timeline)
     costs = costs_from_profile(fitted, spec.scenario.timing, Mode.REPLAY)
     dev = ProfiledSimDevice(spec.removed, costs=costs)
-    from model.protocol import run_protocol
+    from overlap_harness.model.protocol import run_protocol
     run_protocol(dev, dataclasses.replace(timed, timing=costs.timing))
     assert compute_metrics(dev.finish().timeline) == want
 
@@ -144,7 +144,7 @@ def test_compare_predicts_the_fake_gpu_and_writes_page_json_plot(fitted, tmp_pat
     report = tmp_path / "r.json"
     report.write_text(json.dumps(_fake_report(LAUNCH_US)))
     profile = tmp_path / "p.json"
-    from model.profile import dump_profile
+    from overlap_harness.model.profile import dump_profile
     dump_profile(fitted, profile)
     assert compare_command(str(report), str(profile), [SUITE_RUN], str(tmp_path)) == 0
     doc = json.loads((tmp_path / "r-vs-p.json").read_text())

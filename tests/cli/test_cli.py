@@ -17,9 +17,9 @@ import pytest
 from overlap_harness import cli, runner
 from overlap_harness.cli import main
 from overlap_harness.runner import estimate_run_bytes, explore_specs, run_spec, unused_removals
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_scenario
 from overlap_harness.whatif import whatif
-from scenarios.expand import expand
-from scenarios.loader import load_scenario
 from tests.cli.conftest import TWIN, write
 
 RUN = ["run", "--no-reports", "-q"]

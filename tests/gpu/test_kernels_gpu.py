@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.kernels.draft_chain import DraftPath, Topk1Chain, organize_draft_results
-from model.kernels.gather import (
+from overlap_harness.model.kernels.draft_chain import DraftPath, Topk1Chain, organize_draft_results
+from overlap_harness.model.kernels.gather import (
     available_impls,
     fused_compile_count,
     gather_spec_extras,

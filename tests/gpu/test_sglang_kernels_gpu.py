@@ -23,9 +23,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.kernels.gather import available_impls
 from overlap_harness.conformance import kernels
 from overlap_harness.conformance.sglang_env import unavailable_reason
+from overlap_harness.model.kernels.gather import available_impls
 from tests.model.test_kernels import GATHER_CASE, chain_inputs, gather_buffers
 
 REASON = unavailable_reason()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_check.calibration import Calibration, calibrate, time_sleep_us
-from gpu_check.traces import FAST_US, TRACES, by_name, run_trace, warm_up
-from model.trace import OpKind
+from overlap_harness.gpu_check.calibration import Calibration, calibrate, time_sleep_us
+from overlap_harness.gpu_check.traces import FAST_US, TRACES, by_name, run_trace, warm_up
+from overlap_harness.model.trace import OpKind
 
 pytestmark = [
     pytest.mark.gpu,
@@ -25,7 +25,7 @@ pytestmark = [
 def cal() -> Calibration:
     """The _sleep rate, measured once; every trace then runs once unmeasured (lazy module
     loading at a kernel's first launch can serialize the GPU: see traces.warm_up)."""
-    from gpu_check.device import CudaDevice
+    from overlap_harness.gpu_check.cuda_device import CudaDevice
 
     c = calibrate()
     warm_up(lambda t: CudaDevice(delays=t.delays, calibration=c))
@@ -33,7 +33,7 @@ def cal() -> Calibration:
 
 
 def cuda_run(name: str, cal: Calibration, torch_allocator: bool = False):
-    from gpu_check.device import CudaDevice
+    from overlap_harness.gpu_check.cuda_device import CudaDevice
 
     trace = by_name(name)
     return run_trace(trace, CudaDevice(delays=trace.delays, calibration=cal,

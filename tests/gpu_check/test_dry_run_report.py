@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.runner import run_spec
-from scenarios.expand import expand
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "reports/gpu/dry-runs/2026-11-21-h200-suite-gated.json"

@@ -1,4 +1,4 @@
-"""Gates from a simulated run (overlap_harness.gates), checked on CPU.
+"""Gates from a simulated run (overlap_harness.replay.gates), checked on CPU.
 
 What a GPU can keep is op-level order: an op's work after another op's end, plus the
 program's own happens-before edges. For every race of the delayed prediction, the access the
@@ -13,12 +13,12 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from model.trace import OpRecord
-from overlap_harness.gates import gate_pairs, op_keys
-from overlap_harness.gpu_plan import plan_spec
+from overlap_harness.model.trace import OpRecord
+from overlap_harness.replay.gates import gate_pairs, op_keys
+from overlap_harness.replay.plan import plan_spec
 from overlap_harness.runner import simulate
-from scenarios.expand import expand
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_paths
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 RUNS = [("protocol/s04_host_reads_pinned_early.toml", "d2h.host_sync"),

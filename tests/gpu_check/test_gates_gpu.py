@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.trace import HOST
+from overlap_harness.model.trace import HOST
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,7 +22,7 @@ pytestmark = [
 def race(gates=(), *, host_reader: bool = False):
     """W on stream a writes 7 after 20 ms of cost; R (stream b, or the host via a pinned
     copy) reads right away. Returns (value read, race kinds in the trace, gate stats)."""
-    from gpu_check.device import CudaDevice
+    from overlap_harness.gpu_check.cuda_device import CudaDevice
 
     dev = CudaDevice(gates=gates)
     a, b = dev.stream("a"), dev.stream("b")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.errors import HarnessError
 from overlap_harness.cli import EXIT_BAD_INPUT, main
-from overlap_harness.gpu_plan import (
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.replay.plan import (
     ALLOCATOR_DEPENDENT,
     DETERMINISTIC,
     EXACT,
@@ -35,11 +35,11 @@ from overlap_harness.gpu_plan import (
     sim_run,
     tight_pairs,
 )
-from overlap_harness.gpu_replay import Tally, TrialResult, launch_cost_us, rel_err, replay
-from overlap_harness.gpu_report import device_slug, passed, render_markdown, run_row, summarize
-from overlap_harness.gpu_suite import NOT_RUN_TIME, csan_selection, sanitize
-from scenarios.expand import RunSpec, expand
-from scenarios.loader import load_paths
+from overlap_harness.replay.report import device_slug, passed, render_markdown, run_row, summarize
+from overlap_harness.replay.suite import NOT_RUN_TIME, csan_selection, sanitize
+from overlap_harness.replay.trials import Tally, TrialResult, launch_cost_us, rel_err, replay
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -47,7 +47,7 @@ SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 def sim_factory(plan: Plan, delays: Mapping[tuple[str, int], float], gates=()):
     """The simulated device in CudaDevice's place: same removed syncs, launch cost, delays
     (no gates: the simulator already runs in the predicted order)."""
-    from sim.device import SimDevice
+    from overlap_harness.sim.sim_device import SimDevice
 
     return SimDevice(plan.spec.removed, host_launch_us=plan.host_launch_us, delays=delays)
 
@@ -279,7 +279,7 @@ def test_a_sanitizer_run_over_its_time_is_tried_again_in_a_new_worker(
         plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
     """The first worker times out on the first run; a new one answers it. A run that times
     out twice is reported not run (both its workers stopped)."""
-    from overlap_harness import gpu_suite
+    from overlap_harness.replay import suite as gpu_suite
 
     started: list[FakeWorker] = []
     answers = iter([None, {"verdict": "race_free"}, None, None, {"verdict": "race"}])

@@ -10,15 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_check.calibration import CalibrationError, cycles_for, fit_cycles_per_us
-from gpu_check.device import CudaDevice, is_view_sel
-from gpu_check.recorder import TraceRecorder, fit_shift, is_host_stamp, ms_to_ns
-from gpu_check.sanitizer import SanitizerVerdict, enabled_by_env, first_line, summarize
-from gpu_check.traces import TRACES, run_trace
-from model.detector import AccessReq
-from model.errors import DeviceUsageError
-from model.trace import OpKind
-from sim.device import SimDevice
+from overlap_harness.gpu_check.calibration import CalibrationError, cycles_for, fit_cycles_per_us
+from overlap_harness.gpu_check.cuda_device import CudaDevice, is_view_sel
+from overlap_harness.gpu_check.sanitizer import (
+    SanitizerVerdict,
+    enabled_by_env,
+    first_line,
+    summarize,
+)
+from overlap_harness.gpu_check.trace_log import TraceRecorder, fit_shift, is_host_stamp, ms_to_ns
+from overlap_harness.gpu_check.traces import TRACES, run_trace
+from overlap_harness.model.detector import AccessReq
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.trace import OpKind
+from overlap_harness.sim.sim_device import SimDevice
 
 
 # -- calibration -----------------------------------------------------------------------------

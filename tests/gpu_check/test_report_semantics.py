@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_check.traces import TRACES
+from overlap_harness.gpu_check.traces import TRACES
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 REPORTS = sorted((ROOT / "reports" / "gpu").glob("semantics-*.json"))

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from overlap_harness.gpu_plan import (
+from overlap_harness.replay.plan import (
     DETERMINISTIC,
     EXACT,
     device_defined,
@@ -40,9 +40,9 @@ from overlap_harness.gpu_plan import (
     values_class,
     with_launch,
 )
-from overlap_harness.gpu_report import MATCH_TARGET, at_target, hits, parse_delays, summarize
-from scenarios.expand import RunSpec, expand
-from scenarios.loader import load_paths
+from overlap_harness.replay.report import MATCH_TARGET, at_target, hits, parse_delays, summarize
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_REPORTS = ROOT / "reports" / "gpu"

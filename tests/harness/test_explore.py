@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from overlap_harness.explore import Trial, explore, inverting_delay, shrink
-from sim.device import SimDevice
+from overlap_harness.sim.sim_device import SimDevice
 
 
 def toy(delays: Mapping[tuple[str, int], float], jitter: float, seed: int,

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from overlap_harness import runner
-from scenarios.expand import expand
-from scenarios.loader import load_scenario
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 I64 = torch.int64

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from overlap_harness.runner import explore_specs
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.loader import load_paths
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 

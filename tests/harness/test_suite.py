@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from model.config import Expect
+from overlap_harness.model.config import Expect
 from overlap_harness.runner import run_scenarios
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.loader import load_paths
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -14,7 +14,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model.config import (
+from overlap_harness.model.config import (
     EventKind,
     Expect,
     Gather,
@@ -30,7 +30,7 @@ from model.config import (
     WorkloadEvent,
 )
 from overlap_harness.runner import run_spec
-from scenarios.expand import RunSpec
+from overlap_harness.scenarios.expand import RunSpec
 
 
 @st.composite

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from overlap_harness.scenarios.loader import load_scenario
 from overlap_harness.whatif import format_rows, whatif
-from scenarios.loader import load_scenario
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios/protocol/s03_d2h_waits_publish.toml"
 

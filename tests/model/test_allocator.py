@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from model.allocator import BlockPool, FreedBlock
-from model.trace import OpId
+from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.trace import OpId
 
 I64 = torch.int64
 

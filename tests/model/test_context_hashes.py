@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.protocol import synth
+from overlap_harness.model.protocol import synth
 
 MOD = synth.MOD
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_later_write_to_a_slot_wins_and_later_requests_are_unseen():
 
 LARGE_PREFILL = """
 import resource, torch
-from model.protocol import synth
+from overlap_harness.model.protocol import synth
 m, cols = 256, 512
 r2t = torch.arange(m * cols, dtype=torch.int64).reshape(m, cols)
 kv = torch.zeros(m * cols, dtype=torch.int64)

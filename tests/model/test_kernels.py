@@ -17,14 +17,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model.errors import HarnessError
-from model.kernels.draft_chain import (
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.kernels.draft_chain import (
     DraftChainError,
     DraftPath,
     Topk1Chain,
     organize_draft_results,
 )
-from model.kernels.gather import (
+from overlap_harness.model.kernels.gather import (
     GatherImplError,
     TritonUnavailableError,
     available_impls,

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.device import SimDevice
+from overlap_harness.sim.sim_device import SimDevice
 from tests.properties.hb_oracle import ProgramOracle
 
 N = 4

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from model.errors import HarnessError
+from overlap_harness.model.errors import HarnessError
 from overlap_harness.runner import canonical_races, simulate
-from scenarios.expand import RunSpec, expand
-from scenarios.loader import load_paths
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
 from tests.properties.timing import VARIANTS, race_set, retimed
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from model.config import Scenario, Timing
-from model.trace import Race
+from overlap_harness.model.config import Scenario, Timing
+from overlap_harness.model.trace import Race
 
 RaceKey = tuple[str, str, str, int, str, int, tuple[int, ...]]
 

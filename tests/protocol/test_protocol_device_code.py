@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from model.config import EventKind as EK
-from model.config import (
+from overlap_harness.model.config import EventKind as EK
+from overlap_harness.model.config import (
     Gather,
     Mode,
     ProtocolConfig,
@@ -29,8 +29,8 @@ from model.config import (
     Workload,
     WorkloadEvent,
 )
-from model.protocol import compare_runs, run_protocol
-from sim.device import SimDevice
+from overlap_harness.model.protocol import compare_runs, run_protocol
+from overlap_harness.sim.sim_device import SimDevice
 
 HOST_ONLY = {"__int__", "__float__", "__bool__", "__index__", "item", "tolist", "numpy", "cpu",
              "unbind", "__iter__", "__len__"}

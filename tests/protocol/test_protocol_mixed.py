@@ -11,8 +11,8 @@ import dataclasses as dc
 
 import pytest
 
-from model.config import EventKind as EK
-from model.config import (
+from overlap_harness.model.config import EventKind as EK
+from overlap_harness.model.config import (
     Mode,
     Platform,
     ProtocolConfig,
@@ -22,10 +22,10 @@ from model.config import (
     Workload,
     WorkloadEvent,
 )
-from model.errors import HarnessError
-from model.protocol import run_protocol
-from model.trace import RaceKind
-from sim.device import SimDevice
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.model.trace import RaceKind
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import run_with_oracle
 
 R = Request

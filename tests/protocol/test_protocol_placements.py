@@ -12,7 +12,7 @@ import dataclasses as dc
 
 import pytest
 
-from model.config import (
+from overlap_harness.model.config import (
     EventKind,
     FutureLayout,
     Mode,
@@ -25,24 +25,24 @@ from model.config import (
     Workload,
     WorkloadEvent,
 )
-from model.protocol import run_protocol
-from model.protocol.barrier import (
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.model.protocol.barrier import (
     PLACEMENTS,
     AfterReplayPrepare,
     BarrierPlacement,
     LoopTop,
     placement_for,
 )
-from model.protocol.context import RunContext
-from model.protocol.faults import (
+from overlap_harness.model.protocol.context import RunContext
+from overlap_harness.model.protocol.faults import (
     RowFaults,
     SideStreamStash,
     StashAfterNextGather,
     future_map_for,
 )
-from model.protocol.future_map import FutureMap, RingFutureMap
-from model.trace import OpRecord, RaceKind
-from sim.device import SimDevice
+from overlap_harness.model.protocol.future_map import FutureMap, RingFutureMap
+from overlap_harness.model.trace import OpRecord, RaceKind
+from overlap_harness.sim.sim_device import SimDevice
 
 R = Request
 # A finishes after 2 tokens while still scheduled; C arrives at 3 and gets A's row (§9.8)

@@ -8,8 +8,8 @@ import dataclasses as dc
 
 import pytest
 
-from model.config import EventKind as EK
-from model.config import (
+from overlap_harness.model.config import EventKind as EK
+from overlap_harness.model.config import (
     Gather,
     Mode,
     Platform,
@@ -22,9 +22,9 @@ from model.config import (
     Workload,
     WorkloadEvent,
 )
-from model.protocol import compare_runs, run_protocol
-from model.trace import Race, RaceKind
-from sim.device import SimDevice
+from overlap_harness.model.protocol import compare_runs, run_protocol
+from overlap_harness.model.trace import Race, RaceKind
+from overlap_harness.sim.sim_device import SimDevice
 
 BASE = ProtocolConfig(gather=Gather.UNFUSED)
 R = Request

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import dataclasses as dc
 
-from model.config import EventKind as EK
-from model.config import Gather, Mode, ProtocolConfig, Request, Workload, WorkloadEvent
-from sim.device import GARBAGE
+from overlap_harness.model.config import EventKind as EK
+from overlap_harness.model.config import (
+    Gather,
+    Mode,
+    ProtocolConfig,
+    Request,
+    Workload,
+    WorkloadEvent,
+)
+from overlap_harness.sim.sim_device import GARBAGE
 from tests.dsl import run_with_oracle
 
 R = Request

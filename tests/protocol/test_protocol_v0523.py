@@ -9,11 +9,18 @@ import dataclasses as dc
 
 import pytest
 
-from model.config import Platform, ProtocolConfig, Request, SeqLensD2H, Timing, Workload
-from model.errors import HarnessError
-from model.protocol import run_protocol
-from model.protocol.future_map import FutureMap
-from sim.device import SimDevice
+from overlap_harness.model.config import (
+    Platform,
+    ProtocolConfig,
+    Request,
+    SeqLensD2H,
+    Timing,
+    Workload,
+)
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.model.protocol.future_map import FutureMap
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import run_with_oracle
 
 REF = ProtocolConfig(debug_poison=True)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from model.config import EventKind as EK
-from model.config import (
+from overlap_harness.model.config import EventKind as EK
+from overlap_harness.model.config import (
     FutureLayout,
     Gather,
     Mode,
@@ -24,9 +24,9 @@ from model.config import (
     Workload,
     WorkloadEvent,
 )
-from model.errors import HarnessError
-from model.protocol import StreamAliasError, run_protocol
-from sim.device import SimDevice
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.protocol import StreamAliasError, run_protocol
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import run_with_oracle
 
 BASE = ProtocolConfig(gather=Gather.UNFUSED, debug_poison=True)

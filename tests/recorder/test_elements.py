@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from recorder.elements import (
+from overlap_harness.recorder.elements import (
     element_ids,
     index_elements,
     is_view_or_metadata,

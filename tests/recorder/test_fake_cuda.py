@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import overlap_harness
-from model.kernels.gather import gather_spec_extras
-from recorder import RecorderError, declare_kernel, declared, reads, watch, writes
-from recorder.fake_streams import FakeStream
+from overlap_harness.model.kernels.gather import gather_spec_extras
+from overlap_harness.recorder import RecorderError, declare_kernel, declared, reads, watch, writes
+from overlap_harness.recorder.fake_streams import FakeStream
 
 ORIGINAL_STREAM = torch.cuda.Stream
 ORIGINAL_IS_AVAILABLE = torch.cuda.is_available

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recorder import check_script, watch
+from overlap_harness.recorder import check_script, watch
 from tests.recorder.test_rules import PAIRS, summary
 
 pytestmark = [pytest.mark.gpu,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from recorder import watch
+from overlap_harness.recorder import watch
 
 
 def summary(program: Callable[[bool], None], fixed: bool) -> list[tuple[str, ...]]:

@@ -135,8 +135,7 @@ def watch_program(program: Path, mode: str) -> tuple[ProgramRun, list[SeenRace]]
     """Run ``program`` under ``recorder.watch(mode=mode)``; its run and the races reported."""
     # Imported here: the recorder is optional for the corpus (plain runs, CSAN runs need none
     # of it) and loads torch's dispatch machinery.
-    import recorder
-
+    import overlap_harness.recorder as recorder
     with recorder.watch(mode=mode) as watched:
         run = run_program(program)
     return run, [from_race(r) for r in watched.races]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.device import SyncLabel
-from model.metrics import compute_metrics
-from model.results import CaseResult
-from sim.device import SimDevice
+from overlap_harness.model.device import SyncLabel
+from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.results import CaseResult
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import ints
 
 SCENARIO_TOML = """\

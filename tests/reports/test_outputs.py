@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from model.results import CaseResult
-from reports import writer
-from reports.junit import to_junit
-from reports.perfetto import to_trace, write_trace
-from reports.sarif import to_sarif
-from reports.summary import to_html, to_markdown
-from reports.tables import (
+from overlap_harness.model.results import CaseResult
+from overlap_harness.reports import writer
+from overlap_harness.reports.junit import to_junit
+from overlap_harness.reports.perfetto import to_trace, write_trace
+from overlap_harness.reports.sarif import to_sarif
+from overlap_harness.reports.summary import to_html, to_markdown
+from overlap_harness.reports.tables import (
     NECESSITY_LEGEND,
     WHATIF_LEGEND,
     necessity_table,
@@ -30,7 +30,7 @@ from reports.tables import (
     variants_for_mode,
     whatif_legend,
 )
-from reports.timeline import plot_timeline, wrap_title
+from overlap_harness.reports.timeline import plot_timeline, wrap_title
 from tests.reports.conftest import make_case
 
 REPO = Path(__file__).resolve().parents[2]

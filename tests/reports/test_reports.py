@@ -15,13 +15,13 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import numpy as np
 
-from model.results import CaseResult
-from reports.junit import failure_text, to_junit
-from reports.perfetto import to_trace
-from reports.sarif import to_sarif
-from reports.summary import to_html, to_markdown
-from reports.timeline import plot_timeline, save_plot
-from reports.writer import write_all
+from overlap_harness.model.results import CaseResult
+from overlap_harness.reports.junit import failure_text, to_junit
+from overlap_harness.reports.perfetto import to_trace
+from overlap_harness.reports.sarif import to_sarif
+from overlap_harness.reports.summary import to_html, to_markdown
+from overlap_harness.reports.timeline import plot_timeline, save_plot
+from overlap_harness.reports.writer import write_all
 from tests.reports.conftest import make_case
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from model.config import Expect, Mode, Scenario, WarBarrier
-from model.errors import HarnessError, ScenarioError
-from scenarios.expand import expand, scenario_to_dict
-from scenarios.keyref import render
-from scenarios.loader import _keys, load_paths, load_scenario
-from scenarios.rules import Problems
-from scenarios.schema import SYNC_LABELS, all_fields, element_type, is_table
+from overlap_harness.model.config import Expect, Mode, Scenario, WarBarrier
+from overlap_harness.model.errors import HarnessError, ScenarioError
+from overlap_harness.scenarios.expand import expand, scenario_to_dict
+from overlap_harness.scenarios.keyref import render
+from overlap_harness.scenarios.loader import _keys, load_paths, load_scenario
+from overlap_harness.scenarios.rules import Problems
+from overlap_harness.scenarios.schema import SYNC_LABELS, all_fields, element_type, is_table
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -438,7 +438,8 @@ def test_scenario_to_dict_is_json_with_enum_strings() -> None:
 
 def test_committed_key_reference_is_current() -> None:
     committed = (REPO / "docs" / "scenario-keys.md").read_text()
-    assert committed == render(), "run: python -m scenarios.keyref > docs/scenario-keys.md"
+    assert committed == render(), (
+        "run: python -m overlap_harness.scenarios.keyref > docs/scenario-keys.md")
 
 
 def _tables(cls: type, prefix: str, title: str):

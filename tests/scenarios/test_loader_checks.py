@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from model.errors import ScenarioError
 from overlap_harness.cli import main
-from scenarios.loader import MAX_NESTING, _too_deep, load_paths, load_scenario
+from overlap_harness.model.errors import ScenarioError
+from overlap_harness.scenarios.loader import MAX_NESTING, _too_deep, load_paths, load_scenario
 
 RUNNABLE = '[workload]\nrequests = [{ id = "A" }]\n'
 

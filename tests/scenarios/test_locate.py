@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from scenarios.locate import KeyLocator
+from overlap_harness.scenarios.locate import KeyLocator
 
 TEXT = textwrap.dedent("""\
     name = "x"

@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from model.trace import HOST
-from sim.device import SimDevice
+from overlap_harness.model.trace import HOST
+from overlap_harness.sim.sim_device import SimDevice
 
 N = 6
 STREAMS = ("s0", "s1", "s2")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from model.detector import AccessReq, HBDetector, NodeInfo
-from model.trace import HOST, OpKind
-from sim.device import SimDevice, _may_repeat, _repeats
+from overlap_harness.model.detector import AccessReq, HBDetector, NodeInfo
+from overlap_harness.model.trace import HOST, OpKind
+from overlap_harness.sim.sim_device import SimDevice, _may_repeat, _repeats
 
 
 def test_node_accesses_hand_back_the_declared_accesses() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from overlap_harness.outcomes import explore_outcomes
-from sim.device import SimDevice
+from overlap_harness.sim.sim_device import SimDevice
 
 I64 = torch.int64
 

@@ -9,10 +9,10 @@ import networkx as nx
 import pytest
 import torch
 
-from model.device import SyncLabel
-from model.errors import DeviceUsageError
-from model.trace import OpKind, RaceKind
-from sim.device import SimDevice
+from overlap_harness.model.device import SyncLabel
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.trace import OpKind, RaceKind
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import assert_no_race, assert_races, ints
 
 US = 1000  # ns

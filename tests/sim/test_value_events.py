@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from sim.device import SimDevice
+from overlap_harness.sim.sim_device import SimDevice
 from tests.dsl import assert_races, ints
 
 

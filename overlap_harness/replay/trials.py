@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.device import Device
-from model.errors import HarnessError
-from model.metrics import Metrics, compute_metrics
-from model.opkeys import Gate
-from model.protocol import run_protocol
-from model.trace import OpKind, OpRecord
-from overlap_harness.gpu_plan import (
+from overlap_harness.model.device import Device
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import Metrics, compute_metrics
+from overlap_harness.model.opkeys import Gate
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.model.trace import OpKind, OpRecord
+from overlap_harness.replay.plan import (
     DETERMINISTIC,
     EXACT,
     Plan,

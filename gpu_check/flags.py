@@ -1,6 +1,6 @@
 """Gates on CUDA: flags in pinned memory that hold an op's work until another op has ended.
 
-The plan (``overlap_harness.gates``) lists pairs of :data:`model.opkeys.OpKey` s. Each pair
+The plan (``overlap_harness.replay.gates``) lists pairs of :data:`model.opkeys.OpKey` s. Each pair
 gets one 32-bit flag in a pinned host buffer, mapped into the device's address space:
 
 - the op that must finish first sets it: a stream op by ``cuStreamWriteValue32`` after its
@@ -28,8 +28,8 @@ from functools import cache
 import numpy as np
 import torch
 
-from model.errors import DeviceUsageError
-from model.opkeys import Gate, OpKey
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.opkeys import Gate, OpKey
 
 WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ
 WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT: earlier writes are visible first

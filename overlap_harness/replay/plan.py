@@ -55,17 +55,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.config import Expect, Scenario
-from model.errors import HarnessError
-from model.metrics import Metrics, compute_metrics
-from model.opkeys import Gate
-from model.protocol import ProtocolOutcome, compare_runs
-from model.trace import HOST, DeviceRun, OpRecord, Race
 from overlap_harness.explore import Trial as ExploreTrial
 from overlap_harness.explore import explore
-from overlap_harness.gates import gate_pairs
+from overlap_harness.model.config import Expect, Scenario
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import Metrics, compute_metrics
+from overlap_harness.model.opkeys import Gate
+from overlap_harness.model.protocol import ProtocolOutcome, compare_runs
+from overlap_harness.model.trace import HOST, DeviceRun, OpRecord, Race
+from overlap_harness.replay.gates import gate_pairs
 from overlap_harness.runner import simulate
-from scenarios.expand import RunSpec
+from overlap_harness.scenarios.expand import RunSpec
 
 Delays = dict[tuple[str, int], float]
 FLOOR_US = 2000.0
@@ -112,7 +112,8 @@ class Plan:
     ``predicted_uninit_reads``, ``predicted_dup_writes`` and ``predicted_race_kinds`` are the
     same of the delayed prediction (racy runs), which :attr:`match_class` judges by;
     ``inverted_pairs`` counts the races the schedule inverts (the pairs widened). ``gates``
-    hold a device to the prediction's order of every racing pair (:mod:`overlap_harness.gates`),
+    hold a device to the prediction's order of every racing pair
+    (:mod:`overlap_harness.replay.gates`),
     ``gates_dropped`` counts those left out to keep them executable.
     """
 

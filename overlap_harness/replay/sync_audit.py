@@ -1,7 +1,7 @@
 """Find every host<->GPU sync nobody asked for in the protocol's launch path.
 
 A forced interleaving only works when issuing an op never waits for the GPU: an op whose
-function (or whose staging in :class:`gpu_check.device.CudaDevice`) synchronizes reads its
+function (or whose staging in :class:`gpu_check.cuda_device.CudaDevice`) synchronizes reads its
 inputs at issue time, before the delayed op it should race with has run. PyTorch's sync debug
 mode (``torch.cuda.set_sync_debug_mode``) flags every synchronizing call it knows of; the
 protocol's own host syncs (``dev.synchronize``, a blocking copy, the harness's ring wraps) run
@@ -13,7 +13,8 @@ run under ``"warn"``; every warning is kept with the Python stack that raised it
 groups them by call site (the innermost frames in this repository) and counts them per run,
 and gives each run's host launch cost (median gap between consecutive stream ops, µs).
 
-    python -m gpu_check.sync_audit scenarios/protocol/s03_d2h_waits_publish.toml [more ...]
+    python -m overlap_harness.replay.sync_audit \
+        scenarios/protocol/s03_d2h_waits_publish.toml [more ...]
 
 ``--no-staging`` turns :func:`model.staging.staging` off, so the op functions' host
 index lists reach the GPU by a plain copy, as ``torch.tensor(list, device="cuda")`` did
@@ -25,6 +26,7 @@ Exit status 0 when no unexpected sync was seen, 1 otherwise, 2 without a CUDA de
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 import warnings
@@ -34,6 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from overlap_harness.gpu_check import cuda_device
+from overlap_harness.gpu_check.calibration import calibrate
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.replay.plan import with_launch
+from overlap_harness.replay.sentinel import SentinelCudaDevice
+from overlap_harness.replay.trials import launch_cost_us
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNC_MESSAGE = "synchronizing CUDA operation"
@@ -64,10 +75,6 @@ def call_site(stack: Sequence[traceback.FrameSummary], depth: int = 4) -> str:
 
 def audit_one(spec, factory) -> Audit:
     """Warm up, then run ``spec`` once under the sync debug mode's ``"warn"``."""
-    from model.protocol import run_protocol
-    from overlap_harness.gpu_plan import with_launch
-    from overlap_harness.gpu_replay import launch_cost_us
-
     out = Audit(spec.run_id)
     sc = with_launch(spec.scenario, spec, None)
     try:
@@ -100,7 +107,8 @@ def audit_one(spec, factory) -> Audit:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Audit the first run (or ``--all`` runs) of each scenario given; print the report."""
-    ap = argparse.ArgumentParser(prog="python -m gpu_check.sync_audit", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m overlap_harness.replay.sync_audit",
+                                 description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="scenario .toml files or folders")
     ap.add_argument("--all", action="store_true", help="every run (mutations too), not the "
@@ -111,18 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("sync_audit needs a CUDA device", file=sys.stderr)
         return 2
-    from gpu_check.calibration import calibrate
-    from overlap_harness.gpu_device import SentinelCudaDevice
-    from scenarios.expand import expand
-    from scenarios.loader import load_paths
-
     cal = calibrate()
     if args.no_staging:
-        import contextlib
-
-        import gpu_check.device
-
-        gpu_check.device.staging = lambda _stage: contextlib.nullcontext()
+        cuda_device.staging = lambda _stage: contextlib.nullcontext()
 
     def factory(spec):
         return SentinelCudaDevice(spec.removed, calibration=cal)

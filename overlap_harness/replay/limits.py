@@ -1,4 +1,4 @@
-"""Time limits of ``gpu-check``'s sanitizer pass (:func:`overlap_harness.gpu_suite.sanitize`).
+"""Time limits of ``gpu-check``'s sanitizer pass (:func:`overlap_harness.replay.suite.sanitize`).
 
 A module of their own so the command line can show the defaults without importing the GPU
 suite (and torch) at start-up.

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
-from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord
+from overlap_harness.model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
+from overlap_harness.model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord
 
 Stamp = Any  # int: host ns; otherwise a device timing handle the clock resolves
 Clock = Callable[[Any], int]

@@ -34,9 +34,9 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-from model.detector import HBDetector
-from model.opkeys import ACCESS_KINDS, Gate, KeyCounter, OpKey
-from model.trace import OpRecord
+from overlap_harness.model.detector import HBDetector
+from overlap_harness.model.opkeys import ACCESS_KINDS, Gate, KeyCounter, OpKey
+from overlap_harness.model.trace import OpRecord
 
 
 def op_keys(timeline: Sequence[OpRecord]) -> dict[int, OpKey]:

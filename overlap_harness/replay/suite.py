@@ -1,7 +1,7 @@
 """``overlap-harness gpu-check``: the whole suite replayed on real CUDA streams.
 
-The wiring of the simulator's plans (:mod:`overlap_harness.gpu_plan`), the replay loop
-(:mod:`overlap_harness.gpu_replay`) and ``gpu_check.CudaDevice``:
+The wiring of the simulator's plans (:mod:`overlap_harness.replay.plan`), the replay loop
+(:mod:`overlap_harness.replay.trials`) and ``gpu_check.CudaDevice``:
 
 1. calibrate ``torch.cuda._sleep``, run the first runnable spec twice on the GPU and take the
    host's launch cost from the second run's timeline (the simulations then use it);
@@ -37,16 +37,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from model.errors import HarnessError
-from model.opkeys import Gate
-from model.protocol import run_protocol
-from overlap_harness.gpu_limits import (
+import torch
+
+from overlap_harness.gpu_check.calibration import calibrate
+from overlap_harness.gpu_check.cuda_device import CudaDevice
+from overlap_harness.gpu_check.sanitizer import run_sanitized
+from overlap_harness.gpu_check.semantics_check import driver_version
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.opkeys import Gate
+from overlap_harness.model.protocol import run_protocol
+from overlap_harness.replay.limits import (
     SANITIZER_AFTER_DEADLINE_S,
     SANITIZER_BUDGET_S,
     SANITIZER_RUN_S,
     SANITIZER_START_S,
 )
-from overlap_harness.gpu_plan import (
+from overlap_harness.replay.plan import (
     FLOOR_US,
     GAP_DRIFT_SHARE,
     GAP_FLOOR_US,
@@ -55,9 +61,11 @@ from overlap_harness.gpu_plan import (
     plan_spec,
     with_launch,
 )
-from overlap_harness.gpu_replay import RunReplay, launch_cost_us, replay
-from overlap_harness.gpu_report import device_slug, passed, render_markdown, run_row, summarize
-from scenarios.expand import RunSpec, expand
+from overlap_harness.replay.report import device_slug, passed, render_markdown, run_row, summarize
+from overlap_harness.replay.sentinel import SentinelCudaDevice
+from overlap_harness.replay.trials import RunReplay, launch_cost_us, replay
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
 
 NOT_RUN_TIME = "not run (time)"
 
@@ -75,15 +83,11 @@ def plan_blob(spec: RunSpec, host_launch_us: float) -> bytes:
 def _one_thread() -> None:
     """Pool initializer: one torch thread a worker. The simulator's tensors are tiny, and 16
     workers of 16 threads each were seen to spin the planning 10x slower on a 16-core host."""
-    import torch
-
     torch.set_num_threads(1)
 
 
 def cuda_factory(cal: Any) -> Any:
     """A :data:`DeviceFactory` making ``SentinelCudaDevice``s with one calibration."""
-    from overlap_harness.gpu_device import SentinelCudaDevice
-
     def make(plan: Plan, delays: Mapping[tuple[str, int], float],
              gates: Sequence[Gate] = ()) -> SentinelCudaDevice:
         return SentinelCudaDevice(plan.spec.removed, delays=delays, calibration=cal,
@@ -94,8 +98,6 @@ def cuda_factory(cal: Any) -> Any:
 
 def measure_launch(specs: Sequence[RunSpec], cal: Any) -> float:
     """The GPU host's launch cost (µs), from the second run of the first spec that runs."""
-    from overlap_harness.gpu_device import SentinelCudaDevice
-
     for spec in specs:
         sc = with_launch(spec.scenario, spec, None)
         try:
@@ -114,11 +116,6 @@ def _csan_worker(conn: Any, cal: Any) -> None:
     one run of it (plain CudaDevice: the sentinel fills are no part of the program, and CSAN
     would see them as kernels; on torch's allocator, whose allocations CSAN follows, where
     the harness's block pool would hide a reuse from it); an empty message ends it."""
-    import torch
-
-    from gpu_check.device import CudaDevice
-    from gpu_check.sanitizer import run_sanitized
-
     torch.cuda.init()
     conn.send("ready")
     while blob := conn.recv_bytes():
@@ -231,10 +228,6 @@ def sanitize(replays: Sequence[RunReplay], cal: Any, budget_s: float = SANITIZER
 
 def environment(cal: Any) -> dict[str, Any]:
     """Where the run happened: device, driver, torch, CUDA, Python, calibration."""
-    import torch
-
-    from gpu_check.semantics_check import driver_version
-
     return {"device": torch.cuda.get_device_name(), "driver": driver_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "python": platform.python_version(),
@@ -257,13 +250,8 @@ def run_gpu_check(paths: Sequence[str], trials: int = 20, baseline_trials: int |
         NoCudaError: no CUDA device is available.
         ScenarioError: a scenario file is bad (nothing has run yet).
     """
-    import torch
-
     if not torch.cuda.is_available():
         raise NoCudaError("gpu-check needs a CUDA device; torch.cuda.is_available() is False")
-    from gpu_check.calibration import calibrate
-    from scenarios.loader import load_paths
-
     specs = [s for sc in load_paths(paths) for s in expand(sc)]
     t0 = time.perf_counter()
     cal = calibrate()

@@ -41,9 +41,15 @@ import numpy as np
 import simpy
 import torch
 
-from model.allocator import BlockPool, FreedBlock
-from model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo, collector_paused
-from model.device import (
+from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.detector import (
+    HOST_AGENT,
+    AccessReq,
+    HBDetector,
+    NodeInfo,
+    collector_paused,
+)
+from overlap_harness.model.device import (
     AccessSpec,
     Buffer,
     BufferId,
@@ -59,8 +65,8 @@ from model.device import (
     norm_accesses,
     torch_sel,
 )
-from model.errors import DeviceUsageError
-from model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
 
 _KINDS = tuple(OpKind)
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}

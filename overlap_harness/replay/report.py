@@ -7,11 +7,11 @@ figures and :func:`render_markdown` the page committed beside the JSON as
 
 Race-free runs whose simulated values depend on the device (a read of never-written memory,
 whose contents the caching allocator decides, or a scatter writing an element twice; see
-:func:`overlap_harness.gpu_plan.values_class`) are still replayed and their agreement counted,
+:func:`overlap_harness.replay.plan.values_class`) are still replayed and their agreement counted,
 but bit-identical agreement is not a property of such runs: they are reported as "values not
 compared" and left out of the agreement criterion.
 
-Racy runs carry a ``match_class`` (:func:`overlap_harness.gpu_plan.racy_class`): ``exact`` runs
+Racy runs carry a ``match_class`` (:func:`overlap_harness.replay.plan.racy_class`): ``exact`` runs
 count the trials showing exactly the predicted values; "manifest-only: <reason>" runs (the
 delayed prediction reads never-written memory or scatters an element twice; before the
 block pool, a reuse race too) count the trials whose wrong values are at exactly the
@@ -25,8 +25,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from overlap_harness.gpu_plan import DETERMINISTIC, EXACT
-from overlap_harness.gpu_replay import TIMED, RunReplay, Tally, rel_err
+from overlap_harness.replay.plan import DETERMINISTIC, EXACT
+from overlap_harness.replay.trials import TIMED, RunReplay, Tally, rel_err
 
 MATCH_TARGET = 0.95  # racy runs: at least 19 of 20 trials show exactly the predicted values
 
@@ -230,7 +230,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         + report.get("gap_rule", f"{report.get('min_gap_us', 0):.0f} µs"),
         "- racy runs' trials "
         + ("are gated: every racing pair is held to the order the delayed simulation ran it "
-           "(`overlap_harness/gates.py`, `gpu_check/gates.py`; out of the trace)"
+           "(`overlap_harness/replay/gates.py`, `gpu_check/flags.py`; out of the trace)"
            if report.get("gated") else "rely on the delays alone (no gates)"),
         f"- data: `{report['json_name']}` (same folder)", "",
         "## Headline", "",

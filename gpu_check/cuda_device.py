@@ -20,14 +20,14 @@ A thin adapter from :class:`model.device.Device` to torch.cuda, so the protocol 
   :mod:`gpu_check.calibration` measured, and ``delays`` add an extra sleep before an op (the
   injected delays that force the interleaving the simulator predicts), and ``gates`` hold
   an op's work until the op the simulator ran first on a racing pair has ended
-  (:mod:`gpu_check.gates`; out of band, so the trace keeps the race);
+  (:mod:`gpu_check.flags`; out of band, so the trace keeps the race);
 - ``launch`` runs ``fn(*live read tensors)`` inside ``torch.cuda.stream(s)`` and assigns each
   returned value to ``buf[sel]`` there; ``observe`` clones the read values on the stream.
 
 Timing: CUDA events (``enable_timing``) mark each op's start (after any injected delay), the
 start of its work (after its cost sleep: reads take effect then) and its end (writes); the host
 side is read with ``time.perf_counter_ns``. Both are put on one base, aligned at start-up by a
-reference event. Every node goes to a :class:`gpu_check.recorder.TraceRecorder` in issue order;
+reference event. Every node goes to a :class:`gpu_check.trace_log.TraceRecorder` in issue order;
 ``finish`` resolves the times and replays the trace into the same happens-before detector the
 simulator uses, so a GPU run's races come from the same code.
 
@@ -50,13 +50,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_check.calibration import Calibration, calibrate, cycles_for
-from gpu_check.gates import GateSet, GateStats
-from gpu_check.recorder import TraceRecorder, ms_to_ns
-from gpu_check.staging import Stager, intended_sync, prewarm
-from model.allocator import BlockPool, FreedBlock
-from model.detector import HOST_AGENT, AccessReq
-from model.device import (
+from overlap_harness.gpu_check.calibration import Calibration, calibrate, cycles_for
+from overlap_harness.gpu_check.flags import GateSet, GateStats
+from overlap_harness.gpu_check.staging import Stager, intended_sync, prewarm
+from overlap_harness.gpu_check.trace_log import TraceRecorder, ms_to_ns
+from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.detector import HOST_AGENT, AccessReq
+from overlap_harness.model.device import (
     AccessSpec,
     Buffer,
     BufferId,
@@ -72,10 +72,10 @@ from model.device import (
     norm_accesses,
     torch_sel,
 )
-from model.errors import DeviceUsageError
-from model.opkeys import Gate, KeyCounter, OpKey
-from model.staging import staging
-from model.trace import HOST, DeviceRun, OpId, OpKind
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.opkeys import Gate, KeyCounter, OpKey
+from overlap_harness.model.staging import staging
+from overlap_harness.model.trace import HOST, DeviceRun, OpId, OpKind
 
 
 def is_view_sel(sel: Sel) -> bool:
@@ -95,7 +95,7 @@ class CudaDevice(Device):
         calibration: a measured ``_sleep`` rate; measured now when None.
         empty_cache: release the allocator's cached blocks first, so reuse in this run
             follows this run's frees only.
-        gates: pairs of ops whose order this run must keep (:mod:`gpu_check.gates`); the
+        gates: pairs of ops whose order this run must keep (:mod:`gpu_check.flags`); the
             trace does not see them.
         torch_allocator: take memory from torch's caching allocator and give it back at
             ``free``, instead of the harness's :class:`BlockPool` (a sanitizer run, which

@@ -1,7 +1,7 @@
 """CudaDevice with the simulator's never-written memory, so racy runs can be compared exactly.
 
 ``torch.empty`` memory holds whatever was there; the simulator fills a block it has never
-handed out with a fixed ``GARBAGE`` value (``sim.device.GARBAGE``, "fixed so runs compare").
+handed out with a fixed ``GARBAGE`` value (``sim.sim_device.GARBAGE``, "fixed so runs compare").
 A racy run that reads memory before it is written (a host read of a pinned buffer before its
 D2H copy lands, a kernel reading a fresh buffer before its producer ran) then predicts
 ``GARBAGE``, which a GPU run could only match by chance. :class:`SentinelCudaDevice` writes
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from gpu_check.device import CudaDevice
-from gpu_check.staging import intended_sync
-from model.device import Stream
-from sim.device import GARBAGE
+from overlap_harness.gpu_check.cuda_device import CudaDevice
+from overlap_harness.gpu_check.staging import intended_sync
+from overlap_harness.model.device import Stream
+from overlap_harness.sim.sim_device import GARBAGE
 
 
 class SentinelCudaDevice(CudaDevice):
