@@ -23,7 +23,8 @@ what=${1:-all}
 if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
     tests/gpu_check tests/recorder 2>&1 | tee "$OUT/gpu-tests.log" | tail -4
-  timeout 90 python3 tools/recorder_gpu_report.py --trials 10 --out "$OUT" > "$OUT/recorder.log" 2>&1
+  mkdir -p "$OUT/recorder"  # its report shares the gpu-check report's file name
+  timeout 90 python3 tools/recorder_gpu_report.py --trials 10 --out "$OUT/recorder" > "$OUT/recorder.log" 2>&1
   tail -3 "$OUT/recorder.log"
 fi
 if [ "$what" = suite ] || [ "$what" = all ]; then
