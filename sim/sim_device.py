@@ -67,6 +67,7 @@ from overlap_harness.model.device import (
 )
 from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
+from overlap_harness.sim.op_values import OpValues, may_repeat, repeats
 
 _KINDS = tuple(OpKind)
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
@@ -99,109 +100,6 @@ class _Block:
     all_written: bool = False
     all_landed: bool = False
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
-
-
-def _may_repeat(sel: Sel) -> bool:
-    """Can ``buf[sel]`` name an element twice? Not for basic indexing (all, an int, a slice,
-    a tuple of those): only index arrays can."""
-    if sel is None or isinstance(sel, int | slice):
-        return False
-    if isinstance(sel, tuple):
-        return any(_may_repeat(s) for s in sel)
-    return True
-
-
-def _repeats(e: np.ndarray) -> bool:
-    """Does the element-id array ``e`` name some element twice? A set for small arrays
-    (``np.unique`` costs microseconds however small its input), ``np.unique`` for large."""
-    if e.size <= 1:
-        return False
-    if e.size <= 256:
-        return len(set(e.tolist())) != e.size
-    return np.unique(e).size != e.size
-
-
-# Heap priorities of the value events. simpy orders events by (time, priority, insertion
-# count). Writes land before reads at one instant, and among equal-time writes (or reads) issue
-# order decides: an op's end takes priority ``op`` and its start ``_START_PRIORITY + op``. That
-# is the order two events per op made at issue gave (URGENT ends, NORMAL starts, both created
-# in issue order), so one event can serve both phases: scheduled at the start, it schedules
-# itself again for the end, whose key sorts the same whenever it is pushed.
-_START_PRIORITY = 1 << 62  # above every op id
-
-
-class _OpValues(simpy.Event):
-    """The value side of one op and its one engine event: at its start the reads are snapshot
-    and the function runs; at its end the writes land. A zero-length op with writes is
-    scheduled at its end only (the end of an instant comes before its starts), and runs
-    there."""
-
-    def __init__(self, dev: SimDevice, op: OpId, name: str, iteration: int, fn: OpFn,
-                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
-                 observe: str | None, rq: list[AccessReq], wq: list[AccessReq]) -> None:
-        super().__init__(dev.env)
-        self._ok = True  # the subclass contract simpy's own Timeout follows
-        self._value = None
-        self.dev = dev
-        self.op = op
-        self.name = name
-        self.iteration = iteration
-        self.fn = fn
-        self.reads = reads
-        self.writes = writes
-        self.observe = observe
-        self.rq = rq
-        self.wq = wq
-        self.end_ns = 0
-        self.out: tuple | None = None  # the function's results, once it ran
-
-    def schedule(self, start_ns: int, end_ns: int) -> None:
-        """Put the op's first event in the heap: its start, or its end when it has no length."""
-        env = self.env
-        self.end_ns = end_ns
-        if self.writes and end_ns == start_ns:
-            self.callbacks.append(self._on_end)
-            env.schedule(self, self.op, end_ns - env.now)
-        else:
-            self.callbacks.append(self._on_start)
-            env.schedule(self, _START_PRIORITY + self.op, start_ns - env.now)
-
-    def _on_start(self, _: simpy.Event) -> None:
-        self.run()
-        if self.writes:
-            env = self.env
-            self.callbacks = [self._on_end]  # simpy cleared them before calling this one
-            env.schedule(self, self.op, self.end_ns - env.now)
-
-    def _on_end(self, _: simpy.Event) -> None:
-        if self.out is None:
-            self.run()
-        self.land()
-
-    def run(self) -> None:
-        """Snapshot the reads and run the function (the op's start)."""
-        dev = self.dev
-        dev._check_landed(self.name, self.iteration, self.rq)
-        views = dev._views
-        snaps = [views[b.id].clone() for b, _s in self.reads]
-        if self.observe is not None:
-            vals = [v if s is None else v[torch_sel(s, "cpu")]
-                    for v, (_b, s) in zip(snaps, self.reads, strict=True)]
-            dev.observations.setdefault((self.observe, self.iteration), []).extend(vals)
-        res = self.fn(*snaps)
-        self.out = res if isinstance(res, tuple) else (res,)
-
-    def land(self) -> None:
-        """Write the function's results (the op's end)."""
-        dev = self.dev
-        dev._land(self.wq)
-        views = dev._views
-        for (b, s), v in zip(self.writes, self.out, strict=True):
-            view = views[b.id]
-            if s is None:
-                view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
-            else:
-                view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
 
 
 class SimDevice(Device):
@@ -338,7 +236,7 @@ class SimDevice(Device):
                 block.written[e] = True
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
-            if _may_repeat(sel) and _repeats(e):
+            if may_repeat(sel) and repeats(e):
                 key = (name, w.buffer)
                 if key not in self._dups:
                     self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
@@ -470,7 +368,7 @@ class SimDevice(Device):
     def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
                          writes: list[tuple[Buffer, Sel]], observe: str | None,
                          rq: list[AccessReq], wq: list[AccessReq]) -> None:
-        op = _OpValues(self, n.op, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
+        op = OpValues(self, n.op, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
         if self._issue_order:  # the function runs and its writes land now: issue order
             op.run()
             if writes:

@@ -7,7 +7,8 @@ import torch
 
 from overlap_harness.model.detector import AccessReq, HBDetector, NodeInfo
 from overlap_harness.model.trace import HOST, OpKind
-from overlap_harness.sim.sim_device import SimDevice, _may_repeat, _repeats
+from overlap_harness.sim.op_values import may_repeat, repeats
+from overlap_harness.sim.sim_device import SimDevice
 
 
 def test_node_accesses_hand_back_the_declared_accesses() -> None:
@@ -31,10 +32,10 @@ def test_repeat_check_agrees_with_unique() -> None:
     for n in (0, 1, 2, 5, 64, 256, 257, 1000):
         for _ in range(20):
             e = rng.integers(0, max(1, 2 * n), n)
-            assert _repeats(e) == (np.unique(e).size != e.size)
-    assert not _may_repeat(None) and not _may_repeat(3) and not _may_repeat(slice(0, 4))
-    assert not _may_repeat((1, slice(None)))
-    assert _may_repeat([1, 1]) and _may_repeat(np.array([0])) and _may_repeat((0, [1, 1]))
+            assert repeats(e) == (np.unique(e).size != e.size)
+    assert not may_repeat(None) and not may_repeat(3) and not may_repeat(slice(0, 4))
+    assert not may_repeat((1, slice(None)))
+    assert may_repeat([1, 1]) and may_repeat(np.array([0])) and may_repeat((0, [1, 1]))
 
 
 def test_whole_block_flags_reset_when_the_block_is_reused() -> None:

@@ -1,0 +1,122 @@
+"""The value side of a simulated op: one engine event that snapshots the op's reads and runs
+its function at the op's start, then lands its writes at its end (:class:`OpValues`), and
+the scatter checks the device uses to flag device-defined values (:func:`may_repeat`,
+:func:`repeats`). Split from :mod:`overlap_harness.sim.sim_device`, which schedules these."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+import torch
+
+from overlap_harness.model.detector import AccessReq
+from overlap_harness.model.device import Buffer, OpFn, Sel, torch_sel
+from overlap_harness.model.trace import OpId
+
+if TYPE_CHECKING:  # the device owns its op values; typing only
+    from overlap_harness.sim.sim_device import SimDevice
+
+
+def may_repeat(sel: Sel) -> bool:
+    """Can ``buf[sel]`` name an element twice? Not for basic indexing (all, an int, a slice,
+    a tuple of those): only index arrays can."""
+    if sel is None or isinstance(sel, int | slice):
+        return False
+    if isinstance(sel, tuple):
+        return any(may_repeat(s) for s in sel)
+    return True
+
+
+def repeats(e: np.ndarray) -> bool:
+    """Does the element-id array ``e`` name some element twice? A set for small arrays
+    (``np.unique`` costs microseconds however small its input), ``np.unique`` for large."""
+    if e.size <= 1:
+        return False
+    if e.size <= 256:
+        return len(set(e.tolist())) != e.size
+    return np.unique(e).size != e.size
+
+
+# Heap priorities of the value events. simpy orders events by (time, priority, insertion
+# count). Writes land before reads at one instant, and among equal-time writes (or reads) issue
+# order decides: an op's end takes priority ``op`` and its start ``_START_PRIORITY + op``. That
+# is the order two events per op made at issue gave (URGENT ends, NORMAL starts, both created
+# in issue order), so one event can serve both phases: scheduled at the start, it schedules
+# itself again for the end, whose key sorts the same whenever it is pushed.
+_START_PRIORITY = 1 << 62  # above every op id
+
+
+class OpValues(simpy.Event):
+    """The value side of one op and its one engine event: at its start the reads are snapshot
+    and the function runs; at its end the writes land. A zero-length op with writes is
+    scheduled at its end only (the end of an instant comes before its starts), and runs
+    there."""
+
+    def __init__(self, dev: SimDevice, op: OpId, name: str, iteration: int, fn: OpFn,
+                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
+                 observe: str | None, rq: list[AccessReq], wq: list[AccessReq]) -> None:
+        super().__init__(dev.env)
+        self._ok = True  # the subclass contract simpy's own Timeout follows
+        self._value = None
+        self.dev = dev
+        self.op = op
+        self.name = name
+        self.iteration = iteration
+        self.fn = fn
+        self.reads = reads
+        self.writes = writes
+        self.observe = observe
+        self.rq = rq
+        self.wq = wq
+        self.end_ns = 0
+        self.out: tuple | None = None  # the function's results, once it ran
+
+    def schedule(self, start_ns: int, end_ns: int) -> None:
+        """Put the op's first event in the heap: its start, or its end when it has no length."""
+        env = self.env
+        self.end_ns = end_ns
+        if self.writes and end_ns == start_ns:
+            self.callbacks.append(self._on_end)
+            env.schedule(self, self.op, end_ns - env.now)
+        else:
+            self.callbacks.append(self._on_start)
+            env.schedule(self, _START_PRIORITY + self.op, start_ns - env.now)
+
+    def _on_start(self, _: simpy.Event) -> None:
+        self.run()
+        if self.writes:
+            env = self.env
+            self.callbacks = [self._on_end]  # simpy cleared them before calling this one
+            env.schedule(self, self.op, self.end_ns - env.now)
+
+    def _on_end(self, _: simpy.Event) -> None:
+        if self.out is None:
+            self.run()
+        self.land()
+
+    def run(self) -> None:
+        """Snapshot the reads and run the function (the op's start)."""
+        dev = self.dev
+        dev._check_landed(self.name, self.iteration, self.rq)
+        views = dev._views
+        snaps = [views[b.id].clone() for b, _s in self.reads]
+        if self.observe is not None:
+            vals = [v if s is None else v[torch_sel(s, "cpu")]
+                    for v, (_b, s) in zip(snaps, self.reads, strict=True)]
+            dev.observations.setdefault((self.observe, self.iteration), []).extend(vals)
+        res = self.fn(*snaps)
+        self.out = res if isinstance(res, tuple) else (res,)
+
+    def land(self) -> None:
+        """Write the function's results (the op's end)."""
+        dev = self.dev
+        dev._land(self.wq)
+        views = dev._views
+        for (b, s), v in zip(self.writes, self.out, strict=True):
+            view = views[b.id]
+            if s is None:
+                view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
+            else:
+                view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
