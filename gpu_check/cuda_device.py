@@ -54,7 +54,7 @@ from overlap_harness.gpu_check.calibration import Calibration, calibrate, cycles
 from overlap_harness.gpu_check.flags import GateSet, GateStats
 from overlap_harness.gpu_check.staging import Stager, intended_sync, prewarm
 from overlap_harness.gpu_check.trace_log import TraceRecorder, ms_to_ns
-from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import HOST_AGENT, AccessReq
 from overlap_harness.model.device import (
     AccessSpec,
@@ -115,7 +115,7 @@ class CudaDevice(Device):
         torch_allocator: bool = False,
         query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
     ) -> None:
-        super().__init__(removed)
+        super().__init__(removed, query_outcomes)
         if not torch.cuda.is_available():
             raise DeviceUsageError("CudaDevice needs a CUDA device; none is available")
         if empty_cache:
@@ -135,8 +135,6 @@ class CudaDevice(Device):
         self._buffers: list[Buffer] = []
         self._block_key: dict[BufferId, tuple] = {}
         self._pool: dict[tuple, int] = {}  # torch_allocator: freed key -> storage
-        self._query_outcomes = dict(query_outcomes or {})
-        self._queries: dict[tuple[str, int], int] = {}  # (event, iteration) -> queries so far
         self._users: dict[BufferId, set[int]] = {}  # agents from record_stream
         self._n_storage = 0
         self._blocks = None if torch_allocator else BlockPool()
@@ -281,9 +279,8 @@ class CudaDevice(Device):
             raise DeviceUsageError(f"double free of {buf.name!r}")
         buf.freed = True
         key = self._block_key.pop(buf.id)
-        owner = key[3] if self._blocks is not None else None
-        users = sorted(self._users.pop(buf.id, set()) - {owner})
-        pending = tuple(op for a in users if (op := self.rec.last_op(a)) is not None)
+        owner = key[3] if self._blocks is not None else None  # torch's keys hold no stream
+        pending = pending_ops(self._users.pop(buf.id, set()), owner, self.rec.last_op)
         if self._blocks is None:
             if not pending:
                 self._pool[key] = buf.storage
@@ -513,13 +510,11 @@ class CudaDevice(Device):
             wait()
         self._host_node(name, OpKind.HOST_SYNC, start, self.now(), joins=ops, label=label)
 
-    def _do_query(self, event: Event, label: SyncLabel | None) -> bool:
+    def _do_query(self, event: Event, label: SyncLabel | None, site: tuple[str, int, int],
+                  forced: bool | None) -> bool:
         """The simulator's outcome (``query_outcomes``, default False), made true on the GPU:
         a True polls the event first. A never-recorded event answers True, as CUDA's does."""
-        site = (event.name, self.iteration)
-        occurrence = self._queries.get(site, 0)
-        self._queries[site] = occurrence + 1
-        outcome = self._query_outcomes.get((*site, occurrence), False)
+        outcome = bool(forced)
         op = self.rec.event_op(event.id)
         start = self.now()
         if event.id not in self._recorded or op is None:

@@ -27,7 +27,7 @@ same choice for the same program.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,16 @@ class FreedBlock:
     payload: Any
     storage: int
     pending: tuple[OpId, ...] = ()
+
+
+def pending_ops(recorded: Iterable[int], owner: int | None,
+                last_op: Callable[[int], OpId | None]) -> tuple[OpId, ...]:
+    """What a block freed now waits for (:attr:`FreedBlock.pending`): the last op of every
+    stream ``record_stream`` named, other than the allocation stream ``owner`` (torch ignores
+    ``record_stream`` on the stream a block belongs to), in agent order; a stream that has
+    run nothing adds nothing."""
+    return tuple(op for agent in sorted(set(recorded) - {owner})
+                 if (op := last_op(agent)) is not None)
 
 
 class BlockPool:

@@ -50,7 +50,16 @@ import networkx as nx
 import numpy as np
 
 from overlap_harness.model.errors import DeviceUsageError
-from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
+from overlap_harness.model.trace import (
+    HOST,
+    OP_KIND_INDEX,
+    OP_KINDS,
+    Access,
+    OpId,
+    OpKind,
+    Race,
+    RaceKind,
+)
 
 MAX_AGENTS = 16
 HOST_AGENT = 0
@@ -168,8 +177,6 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_KINDS = tuple(OpKind)
-_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 
 
 class NodeTable(Sequence[NodeInfo]):
@@ -190,7 +197,7 @@ class NodeTable(Sequence[NodeInfo]):
     def append(self, info: NodeInfo) -> None:
         """Keep one node (the next node id)."""
         self._rows.append((info.op, info.name, info.agent, info.agent_name,
-                           _KIND_INDEX[info.kind], info.iteration, info.source, info.label,
+                           OP_KIND_INDEX[info.kind], info.iteration, info.source, info.label,
                            info.start_ns, info.end_ns))
 
     def agent(self, op: int) -> int:
@@ -214,7 +221,7 @@ class NodeTable(Sequence[NodeInfo]):
 
 def _node_info(row: tuple) -> NodeInfo:
     op, name, agent, agent_name, kind, iteration, source, label, start, end = row
-    return NodeInfo(op, name, agent, agent_name, _KINDS[kind], iteration, source, label, start,
+    return NodeInfo(op, name, agent, agent_name, OP_KINDS[kind], iteration, source, label, start,
                     end)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -174,8 +174,12 @@ class Device(ABC):
 
     torch_device: str = "cpu"
 
-    def __init__(self, removed: Iterable[SyncLabel | str] = ()) -> None:
+    def __init__(self, removed: Iterable[SyncLabel | str] = (),
+                 query_outcomes: Mapping[tuple[str, int, int], bool] | None = None) -> None:
         self.removed: frozenset[SyncLabel] = frozenset(SyncLabel(r) for r in removed)
+        # forced answers of branching queries, by query site (see :meth:`query`)
+        self.query_outcomes = dict(query_outcomes or {})
+        self._query_counts: dict[tuple[str, int], int] = {}  # (event, iteration) -> so far
         self.skipped_syncs: list[tuple[str, int]] = []
         self.labels_used: set[str] = set()  # every label the protocol reached, kept or removed
         self.iteration = -1
@@ -310,10 +314,19 @@ class Device(ABC):
         work, but whether it is True depends on timing, so a device decides the outcome by a
         rule that does not (the simulator: False unless a run forces True, so exploration can
         cover both outcomes). A removed ``label`` makes the probe answer False.
+
+        Every device names a query site the same way, ``(event name, iteration, occurrence
+        of that event's queries in the iteration)``, so a forced answer
+        (``query_outcomes``) means the same probe on every device; the device gets the site
+        and the forced answer (None: not forced).
         """
         if not self.sync_enabled(label):
             return False
-        return self._do_query(event, label)
+        counted = (event.name, self.iteration)
+        occurrence = self._query_counts.get(counted, 0)
+        self._query_counts[counted] = occurrence + 1
+        site = (event.name, self.iteration, occurrence)
+        return self._do_query(event, label, site, self.query_outcomes.get(site))
 
     def poll(self, event: Event, label: SyncLabel | None = None) -> None:
         """``while not event.query(): pass``: a polling loop always ends on True, so it orders
@@ -322,7 +335,8 @@ class Device(ABC):
             self._do_poll(event, label)
 
     @abstractmethod
-    def _do_query(self, event: Event, label: SyncLabel | None) -> bool: ...
+    def _do_query(self, event: Event, label: SyncLabel | None, site: tuple[str, int, int],
+                  forced: bool | None) -> bool: ...
 
     @abstractmethod
     def _do_poll(self, event: Event, label: SyncLabel | None) -> None: ...

@@ -32,6 +32,12 @@ class OpKind(StrEnum):
     HOST_WORK = "host_work"
 
 
+#: Op kinds by position, and each kind's position: compact records (plain tuples the cyclic
+#: GC does not track) keep the position and turn it back into the kind when read.
+OP_KINDS: tuple[OpKind, ...] = tuple(OpKind)
+OP_KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(OP_KINDS)}
+
+
 class RaceKind(StrEnum):
     """The kinds of race STREAM-SEMANTICS.md names."""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
 from overlap_harness.model.trace import DeviceRun, OpId, OpKind, OpRecord, Race
 from overlap_harness.recorder.sites import user_site
@@ -238,8 +238,7 @@ class Recording:
         """The storage at ``key`` is gone: its block goes back to the pool, waiting for the
         last op of every stream ``record_stream`` named."""
         info = self.storages.pop(key)
-        pending = tuple(op for a in sorted(info.recorded_agents)
-                        if (op := self.detector.last_op(a)) is not None)
+        pending = pending_ops(info.recorded_agents, info.alloc_agent, self.detector.last_op)
         pool_key = (info.numel, str(info.dtype), info.pinned, info.alloc_agent)
         self.pool.give(FreedBlock(pool_key, None, info.storage, pending))
 

@@ -41,7 +41,7 @@ import numpy as np
 import simpy
 import torch
 
-from overlap_harness.model.allocator import BlockPool, FreedBlock
+from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import (
     HOST_AGENT,
     AccessReq,
@@ -66,11 +66,18 @@ from overlap_harness.model.device import (
     torch_sel,
 )
 from overlap_harness.model.errors import DeviceUsageError
-from overlap_harness.model.trace import HOST, DeviceRun, OpId, OpKind, OpRecord, QuerySite
+from overlap_harness.model.trace import (
+    HOST,
+    OP_KIND_INDEX,
+    OP_KINDS,
+    DeviceRun,
+    OpId,
+    OpKind,
+    OpRecord,
+    QuerySite,
+)
 from overlap_harness.sim.op_values import OpValues, may_repeat, repeats
 
-_KINDS = tuple(OpKind)
-_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
 
 
@@ -133,7 +140,7 @@ class SimDevice(Device):
         query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
         values: str = "timed",
     ) -> None:
-        super().__init__(removed)
+        super().__init__(removed, query_outcomes)
         if values not in ("timed", "issue_order"):
             raise DeviceUsageError(f"values: expected timed|issue_order, got {values!r}")
         self._issue_order = values == "issue_order"
@@ -154,7 +161,6 @@ class SimDevice(Device):
         self._views: list[torch.Tensor] = []  # by buffer id: its block's memory in its shape
         self._blocks: list[_Block] = []
         self._pool = BlockPool()
-        self._query_outcomes = dict(query_outcomes or {})
         self.query_sites: list[QuerySite] = []
         # timeline entries not yet read, as plain tuples (the op kind as its index in OpKind),
         # untracked by the cyclic GC (model.detector.NodeTable says why); :attr:`timeline`
@@ -187,7 +193,7 @@ class SimDevice(Device):
                         sys.intern(source), None if label is None else str(label), start, end)
 
     def _log(self, n: NodeInfo, issue: int) -> None:
-        self._timeline_rows.append((n.op, n.name, n.agent_name, _KIND_INDEX[n.kind], issue,
+        self._timeline_rows.append((n.op, n.name, n.agent_name, OP_KIND_INDEX[n.kind], issue,
                                     n.start_ns or 0, n.end_ns or 0, n.label, n.iteration,
                                     n.source))
 
@@ -198,7 +204,7 @@ class SimDevice(Device):
         rows = self._timeline_rows
         if rows:
             with collector_paused():
-                built.extend([OpRecord(op, name, agent, _KINDS[kind], *rest)
+                built.extend([OpRecord(op, name, agent, OP_KINDS[kind], *rest)
                               for op, name, agent, kind, *rest in rows])
             rows.clear()  # built: the rows are not kept twice
         return built
@@ -314,9 +320,7 @@ class SimDevice(Device):
             raise DeviceUsageError(f"double free of {buf.name!r}")
         buf.freed = True
         block = self._blocks[buf.storage]
-        owner = block.key[3]  # record_stream on the allocation stream itself is a no-op
-        pending = tuple(last for agent in sorted(block.recorded - {owner})
-                        if (last := self.det.last_op(agent)) is not None)
+        pending = pending_ops(block.recorded, block.key[3], self.det.last_op)
         block.recorded = set()
         self._pool.give(FreedBlock(block.key, block, block.id, pending))
         n = self._info(f"free:{buf.name}", HOST_AGENT, HOST, OpKind.FREE, self.host_ns,
@@ -476,16 +480,12 @@ class SimDevice(Device):
         self.det.on_op(n, joins=ops)
         self._log(n, start)
 
-    def _do_query(self, event: Event, label: SyncLabel | None) -> bool:
-        iteration = self.iteration
-        occurrence = sum(1 for q in self.query_sites
-                         if q.event == event.name and q.iteration == iteration)
-        key = (event.name, iteration, occurrence)
+    def _do_query(self, event: Event, label: SyncLabel | None, site: tuple[str, int, int],
+                  forced: bool | None) -> bool:
         self.host_ns += self._launch_ns
         done = self._event_done[event.id]
         record = self.det.event_op(event.id)
-        forced = key in self._query_outcomes
-        outcome = self._query_outcomes.get(key, False) or done is None  # never recorded: True
+        outcome = bool(forced) or done is None  # never recorded: True
         start = self.host_ns
         observed: list[OpId] = []
         if outcome and record is not None and done is not None:
@@ -495,8 +495,7 @@ class SimDevice(Device):
                        self.host_ns, label, caller_source())
         self.det.on_op(n, observed=observed)
         self._log(n, start)
-        self.query_sites.append(QuerySite(event.name, iteration, occurrence, outcome, forced,
-                                          n.source))
+        self.query_sites.append(QuerySite(*site, outcome, forced is not None, n.source))
         return outcome
 
     def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
