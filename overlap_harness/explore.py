@@ -100,13 +100,15 @@ def explore(
     seed: int = 0,
     max_exhaustive: int = 6,
     progress: Callable[[int, int], None] | None = None,
+    baseline: Trial | None = None,
 ) -> Exploration:
     """Search for a manifest schedule of the run that ``trial`` executes; see module doc.
 
-    ``progress(tried, budget)`` is told after the baseline and before each further trial."""
+    ``progress(tried, budget)`` is told after the baseline and before each further trial;
+    ``baseline`` is the unscheduled trial when the caller has run it already (not run again)."""
     t0 = time.perf_counter()
     ex = Exploration(seed=seed)
-    base = trial({}, 0.0, seed)
+    base = trial({}, 0.0, seed) if baseline is None else baseline
     ex.tried = 1
     if progress is not None:
         progress(ex.tried, budget)

@@ -319,7 +319,7 @@ def explore_spec(spec: RunSpec, budget: int = 64, time_limit_s: float | None = N
     process pool can run it (``explore_specs(jobs=N)``)."""
     sc = spec.scenario
     trial = _trial(spec)
-    first = run_spec(spec, seed=sc.check.seed)
+    first = run_spec(spec, delays={}, jitter=0.0, seed=sc.check.seed)  # explore's baseline
     if first.error is not None:
         return None
     base = Trial(first.races, first.manifest)
@@ -327,7 +327,7 @@ def explore_spec(spec: RunSpec, budget: int = 64, time_limit_s: float | None = N
     if not base.races and not branch_only:
         return None
     ex = explore(trial, budget=budget, time_limit_s=time_limit_s, seed=sc.check.seed,
-                 progress=watch)
+                 progress=watch, baseline=base)
     keys = ", ".join(sorted({r.key for r in base.races}
                             | {f"{r.key} (only when {' and '.join(r.needs)})"
                                for r in branch_only}))
