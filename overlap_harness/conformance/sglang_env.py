@@ -86,6 +86,12 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def _cuda_available() -> bool:
+    import torch  # deferred: the reason check above stays import-light
+
+    return torch.cuda.is_available()
+
+
 def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
@@ -98,9 +104,10 @@ def load_overlap_utils() -> types.ModuleType:
         raise SglangUnavailableError(reason)
     # Triton decides interpreted vs compiled when a kernel is defined, so SGLang's kernels
     # run on the CPU if this is set while their modules are imported; it is restored after,
-    # so it never leaks into what the process does next.
+    # so it never leaks into what the process does next. On a GPU they compile, as in a server.
     previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+    if not _cuda_available():
+        os.environ["TRITON_INTERPRET"] = "1"
     sys.modules.setdefault("sglang.srt.speculative.spec_utils", SPEC_UTILS_STUB)
     try:
         import sglang.srt.managers.overlap_utils as overlap_utils  # deferred: ~5 s, optional
@@ -109,7 +116,7 @@ def load_overlap_utils() -> types.ModuleType:
                                      f"{exc}") from None
     finally:
         if previous is None:
-            del os.environ["TRITON_INTERPRET"]
+            os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = previous
     declare_gather(overlap_utils)
