@@ -38,8 +38,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     reference-leak lines while the interpreter tears down, after pytest's summary, so a log's
     last line would not be the summary CI reads. Once triton is loaded, the main process
     leaves at once with the session's status (everything is written and flushed by now);
-    xdist workers and runs without triton end normally."""
-    if "triton" in sys.modules and _FINAL_STATUS and "PYTEST_XDIST_WORKER" not in os.environ:
+    xdist workers, runs without triton and a caller of ``pytest.main`` that sets
+    OVERLAP_HARNESS_KEEP_PROCESS (tools/sglang_kernels_report.py) end normally."""
+    if "triton" in sys.modules and _FINAL_STATUS and "PYTEST_XDIST_WORKER" not in os.environ \
+            and "OVERLAP_HARNESS_KEEP_PROCESS" not in os.environ:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_FINAL_STATUS[-1])

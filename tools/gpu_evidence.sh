@@ -8,7 +8,7 @@
 #        mode) and the recorder corpus report (forced delays, GPU vs CPU verdicts, CSAN);
 # suite: the bundled suite replayed on CUDA streams (gpu-check), CSAN on a time budget.
 # The machine's image has torch with CUDA but no simpy and no sglang: they travel in .whl/
-# (wheels; sglang 0.5.23's cp311 wheel unpacked without its native extensions, which the
+# (wheels, with what sglang's import needs beyond the image: orjson, pydantic, IPython...; sglang 0.5.23's cp311 wheel unpacked without its native extensions, which the
 # FutureMap and its Triton kernels do not use). Results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-evidence}
@@ -23,6 +23,9 @@ what=${1:-all}
 if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
     tests/gpu_check tests/recorder 2>&1 | tee "$OUT/gpu-tests.log" | tail -4
+  mkdir -p "$OUT/sglang-kernels"  # issue 16 item 5: SGLang's kernels against ours, counted
+  timeout 120 python3 tools/sglang_kernels_report.py --out "$OUT/sglang-kernels" > "$OUT/sglang-kernels.log" 2>&1
+  grep -m1 verdict "$OUT/sglang-kernels.log"
   mkdir -p "$OUT/recorder"  # its report shares the gpu-check report's file name
   timeout 90 python3 tools/recorder_gpu_report.py --trials 10 --out "$OUT/recorder" > "$OUT/recorder.log" 2>&1
   tail -3 "$OUT/recorder.log"
