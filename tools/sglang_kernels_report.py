@@ -77,7 +77,10 @@ def device_facts() -> dict:
     return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__,
             "sglang": installed_version(), "python": platform.python_version(),
-            "triton_interpret": os.environ.get("TRITON_INTERPRET", "")}
+            "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+            # SGLang's preallocated chain rows are compared only where base_spec_worker imports
+            "chain_rows_compared": kernels.sglang_chain_rows(2, 2, torch.device("cuda"))
+            is not None}
 
 
 def write(out: Path, facts: dict, rows: list[dict], status: int, command: str) -> Path:
