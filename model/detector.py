@@ -89,7 +89,9 @@ class _Storage:
     its accesses (epoch, op, elements, write), oldest first, for the older racing pairs.
 
     The op arrays are agent-major, (agents, elements), with each agent's row kept as a view:
-    recording an access is then a 1-D scatter, a third of the cost of a strided 2-D one."""
+    recording an access is then a 1-D scatter, a third of the cost of a strided 2-D one. The
+    row views are made on an agent's first access (None before): a run allocates tens of
+    thousands of blocks, and 32 views each cost more than the block's arrays."""
 
     __slots__ = ("logs", "pruned_at", "r_op", "r_rows", "rmax", "shape", "w_op", "w_rows",
                  "wmax")
@@ -98,11 +100,11 @@ class _Storage:
         self.shape = shape
         self.w_op = np.full((MAX_AGENTS, numel), -1, dtype=np.int64)
         self.r_op = np.full((MAX_AGENTS, numel), -1, dtype=np.int64)
-        self.w_rows = list(self.w_op)
-        self.r_rows = list(self.r_op)
+        self.w_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
+        self.r_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
         self.wmax = [0] * MAX_AGENTS
         self.rmax = [0] * MAX_AGENTS
-        self.logs: list[list[tuple[int, int, np.ndarray, bool]]] = [[] for _ in range(MAX_AGENTS)]
+        self.logs: list[list[tuple[int, int, np.ndarray, bool]] | None] = [None] * MAX_AGENTS
         self.pruned_at = [LOG_PRUNE_EVERY] * MAX_AGENTS  # log length that triggers a prune
 
 
@@ -120,7 +122,12 @@ class AccessReq(NamedTuple):
     pinned: bool = False
 
 
-_Fields = tuple[int, int, str, np.ndarray, bool, bool]  # an AccessReq's fields, in order
+#: An :class:`AccessReq`'s fields, in order, as a plain tuple (what the detector keeps).
+AccessRow = tuple[int, int, str, np.ndarray, bool, bool]
+_Fields = AccessRow
+#: A :class:`NodeInfo`'s fields as a plain tuple, the op kind as its index in ``OP_KINDS``:
+#: (op, name, agent, agent_name, kind index, iteration, source, label, start_ns, end_ns).
+NodeRow = tuple[int, str, int, str, int, int, str, "str | None", "int | None", "int | None"]
 
 
 class NodeAccesses(Sequence[Sequence[AccessReq]]):
@@ -196,9 +203,15 @@ class NodeTable(Sequence[NodeInfo]):
 
     def append(self, info: NodeInfo) -> None:
         """Keep one node (the next node id)."""
-        self._rows.append((info.op, info.name, info.agent, info.agent_name,
-                           OP_KIND_INDEX[info.kind], info.iteration, info.source, info.label,
-                           info.start_ns, info.end_ns))
+        self._rows.append(_node_row(info))
+
+    def row(self, op: int) -> NodeRow:
+        """Node ``op`` as its plain :data:`NodeRow` (no record built)."""
+        return self._rows[op]
+
+    def rows_since(self, start: int) -> list[NodeRow]:
+        """The plain rows of nodes ``start`` onwards."""
+        return self._rows[start:]
 
     def agent(self, op: int) -> int:
         """The agent of node ``op``, without building its record."""
@@ -217,6 +230,11 @@ class NodeTable(Sequence[NodeInfo]):
         if isinstance(i, slice):
             return [_node_info(row) for row in self._rows[i]]
         return _node_info(self._rows[i])
+
+
+def _node_row(info: NodeInfo) -> NodeRow:
+    return (info.op, info.name, info.agent, info.agent_name, OP_KIND_INDEX[info.kind],
+            info.iteration, info.source, info.label, info.start_ns, info.end_ns)
 
 
 def _node_info(row: tuple) -> NodeInfo:
@@ -280,56 +298,78 @@ class HBDetector:
         nodes the host saw complete at run time before this node (a ``query()`` that returned
         True, the end of a poll loop): they order alike, and are kept apart in the graph.
         """
-        a = info.agent
+        self.feed(_node_row(info), tuple([tuple(a) for a in accesses]), joins, observed)
+
+    def feed(
+        self,
+        row: NodeRow,
+        accesses: tuple[AccessRow, ...] = (),
+        joins: Sequence[OpId] = (),
+        observed: Sequence[OpId] = (),
+    ) -> None:
+        """:meth:`on_op` without the records: ``row`` is the node as a :data:`NodeRow` and
+        ``accesses`` its declared accesses as plain :data:`AccessRow` tuples (kept as given).
+        The simulator's issue path calls this: one plain tuple per op, which the cyclic GC
+        stops tracking, instead of a record per op and per access."""
+        op = row[0]
+        a = row[2]
         vc = self._vc[a]
         n_agents = len(self.agent_names)
-        preds: list[int] = []
+        edges = self.edges
         if a != HOST_AGENT:
             if self._joined_host[a] != self._host_version:
                 _join(vc, self._vc[HOST_AGENT], n_agents)
                 self._joined_host[a] = self._host_version
             host_last = self._last[HOST_AGENT]
             if host_last is not None:
-                preds.append(host_last)
+                edges.append((host_last, op))
         node_vc = self.node_vc
         for j in joins:
             _join(vc, node_vc[j], n_agents)
-            preds.append(j)
+            edges.append((j, op))
         for j in observed:
             _join(vc, node_vc[j], n_agents)
-            self.observation_edges.append((j, info.op))
-        vc[a] += 1
-        epoch = vc[a]
-        op = info.op
-        if op != len(self.node_epoch):
+            self.observation_edges.append((j, op))
+        epoch = vc[a] + 1
+        vc[a] = epoch
+        node_epoch = self.node_epoch
+        if op != len(node_epoch):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
         last = self._last[a]
         if last is not None:
-            preds.append(last)
+            edges.append((last, op))
         self._last[a] = op
-        self.nodes.append(info)
-        self.node_accesses.append(accesses)
+        self.nodes._rows.append(row)
+        self.node_accesses._rows.append(accesses)
         node_vc.append(tuple(vc[:n_agents]))  # agents registered later read as 0
-        self.node_epoch.append(epoch)
-        if op + 1 >= len(self._epochs):
-            self._epochs = np.concatenate([self._epochs, np.zeros_like(self._epochs)])
-        self._epochs[op + 1] = epoch
-        if preds:
-            self.edges.extend([(p, op) for p in preds])
+        node_epoch.append(epoch)
+        epochs = self._epochs
+        if op + 1 >= len(epochs):
+            epochs = self._epochs = np.concatenate([epochs, np.zeros_like(epochs)])
+        epochs[op + 1] = epoch
         if a == HOST_AGENT:
             self._host_version += 1
         for acc in accesses:
-            self._check(info, acc, vc, n_agents)
+            if acc[3].size:
+                self._check(op, a, acc, vc, n_agents)
 
     def on_record(self, key: object, info: NodeInfo) -> None:
         """An event record: a node on the stream whose clock the event captures."""
-        self.on_op(info)
-        self._events[key] = (self.node_vc[info.op], info.op)
+        self.feed_record(key, _node_row(info))
 
     def on_wait(self, key: object, info: NodeInfo) -> None:
         """A stream wait: binds to the record that is latest now; no-op if never recorded."""
+        self.feed_wait(key, _node_row(info))
+
+    def feed_record(self, key: object, row: NodeRow) -> None:
+        """:meth:`on_record` of a :data:`NodeRow`."""
+        self.feed(row)
+        self._events[key] = (self.node_vc[row[0]], row[0])
+
+    def feed_wait(self, key: object, row: NodeRow) -> None:
+        """:meth:`on_wait` of a :data:`NodeRow`."""
         rec = self._events.get(key)
-        self.on_op(info, joins=() if rec is None else (rec[1],))
+        self.feed(row, (), () if rec is None else (rec[1],))
 
     def last_op(self, agent: int) -> OpId | None:
         """The latest node issued on ``agent`` (what a stream sync or wait_stream captures)."""
@@ -375,25 +415,30 @@ class HBDetector:
         return g
 
     # -- the check ------------------------------------------------------------------------
-    def _check(self, info: NodeInfo, acc: AccessReq, vc: list[int], n_agents: int) -> None:
-        e = acc.elements
-        if not e.size:
-            return
-        st = self._storages[acc.storage]
-        a = info.agent
-        write = acc.write
+    def _check(self, op: int, a: int, acc: AccessRow, vc: list[int], n_agents: int) -> None:
+        st = self._storages[acc[0]]
+        e = acc[3]
+        write = acc[4]
         if _exceeds(st.wmax, vc, n_agents):
-            self._report(info, acc, st.w_op, vc, n_agents, prior_write=True)
-        if write and _exceeds(st.rmax, vc, n_agents):
-            self._report(info, acc, st.r_op, vc, n_agents, prior_write=False)
+            self._report(op, acc, st.w_op, vc, n_agents, prior_write=True)
         if write:
-            st.w_rows[a][e] = info.op
+            if _exceeds(st.rmax, vc, n_agents):
+                self._report(op, acc, st.r_op, vc, n_agents, prior_write=False)
+            row = st.w_rows[a]
+            if row is None:
+                row = st.w_rows[a] = st.w_op[a]
+            row[e] = op
             st.wmax[a] = vc[a]
         else:
-            st.r_rows[a][e] = info.op
+            row = st.r_rows[a]
+            if row is None:
+                row = st.r_rows[a] = st.r_op[a]
+            row[e] = op
             st.rmax[a] = vc[a]
         log = st.logs[a]
-        log.append((vc[a], info.op, e, write))
+        if log is None:
+            log = st.logs[a] = []
+        log.append((vc[a], op, e, write))
         if len(log) >= st.pruned_at[a]:
             self._prune(st, a, n_agents)
 
@@ -412,14 +457,14 @@ class HBDetector:
 
     def _report(
         self,
-        info: NodeInfo,
-        acc: AccessReq,
+        op: int,
+        acc: AccessRow,
         ops: np.ndarray,
         vc: list[int],
         n_agents: int,
         prior_write: bool,
     ) -> None:
-        e = acc.elements
+        storage, buffer_id, buffer, e, write, pinned = acc
         latest = ops[:n_agents].take(e, axis=1)  # (agents, n): each one's latest op, or -1
         clk = self._epochs[latest + 1]  # that access's clock (0 where there was none)
         unordered = clk > np.array(vc[:n_agents])[:, None]  # own row never exceeds own clock
@@ -434,16 +479,15 @@ class HBDetector:
             else:
                 found.add(element)
         latest_ops = set(pairs)
-        st = self._storages[acc.storage]
+        st = self._storages[storage]
         new_elements = set(e.tolist())
         for agent in set(cols.tolist()):
-            self._older_pairs(st.logs[agent], vc[agent], info.op, new_elements, prior_write,
+            self._older_pairs(st.logs[agent] or [], vc[agent], op, new_elements, prior_write,
                               pairs)
         for p in sorted(pairs):
             elems = tuple(sorted(pairs[p]))
-            self._race_rows.append((p, info.op, acc.storage, acc.buffer_id, acc.buffer,
-                                    acc.write, acc.pinned, elems, prior_write,
-                                    p not in latest_ops))
+            self._race_rows.append((p, op, storage, buffer_id, buffer, write, pinned, elems,
+                                    prior_write, p not in latest_ops))
 
     def _older_pairs(self, log: list[tuple[int, int, np.ndarray, bool]], known: int, op: int,
                      new_elements: set[int], prior_write: bool,

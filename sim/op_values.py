@@ -11,7 +11,7 @@ import numpy as np
 import simpy
 import torch
 
-from overlap_harness.model.detector import AccessReq
+from overlap_harness.model.detector import AccessRow
 from overlap_harness.model.device import Buffer, OpFn, Sel, torch_sel
 from overlap_harness.model.trace import OpId
 
@@ -56,7 +56,7 @@ class OpValues(simpy.Event):
 
     def __init__(self, dev: SimDevice, op: OpId, name: str, iteration: int, fn: OpFn,
                  reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
-                 observe: str | None, rq: list[AccessReq], wq: list[AccessReq]) -> None:
+                 observe: str | None, rq: tuple[AccessRow, ...], wq: tuple[AccessRow, ...]) -> None:
         super().__init__(dev.env)
         self._ok = True  # the subclass contract simpy's own Timeout follows
         self._value = None

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import random
 import sys
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +45,9 @@ import torch
 from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import (
     HOST_AGENT,
-    AccessReq,
+    AccessRow,
     HBDetector,
-    NodeInfo,
+    NodeRow,
     collector_paused,
 )
 from overlap_harness.model.device import (
@@ -77,6 +78,12 @@ from overlap_harness.model.trace import (
     QuerySite,
 )
 from overlap_harness.sim.op_values import OpValues, may_repeat, repeats
+
+# op kinds as the detector's rows keep them (their index in OP_KINDS)
+_KERNEL, _COPY, _RECORD, _WAIT, _HOST_SYNC, _HOST_READ, _HOST_WRITE, _FREE, _QUERY, _HOST_WORK = (
+    OP_KIND_INDEX[kind] for kind in (OpKind.KERNEL, OpKind.COPY, OpKind.RECORD, OpKind.WAIT,
+                                     OpKind.HOST_SYNC, OpKind.HOST_READ, OpKind.HOST_WRITE,
+                                     OpKind.FREE, OpKind.QUERY, OpKind.HOST_WORK))
 
 GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
 
@@ -162,10 +169,10 @@ class SimDevice(Device):
         self._blocks: list[_Block] = []
         self._pool = BlockPool()
         self.query_sites: list[QuerySite] = []
-        # timeline entries not yet read, as plain tuples (the op kind as its index in OpKind),
-        # untracked by the cyclic GC (model.detector.NodeTable says why); :attr:`timeline`
-        # builds their records when read
-        self._timeline_rows: list[tuple] = []
+        # each node's host issue time, by op; with the detector's node rows (plain tuples the
+        # cyclic GC does not track, model.detector.NodeTable says why) :attr:`timeline` builds
+        # the records when read
+        self._issue = array("q")
         self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
         self._dups: dict[tuple[str, str], str] = {}
@@ -186,27 +193,35 @@ class SimDevice(Device):
     def _next_op(self) -> OpId:
         return OpId(len(self.det.node_epoch))  # a plain list: len() without a method call
 
-    def _info(self, name: str, agent: int, agent_name: str, kind: OpKind, start: int,
-              end: int, label: SyncLabel | None, source: str) -> NodeInfo:
-        # interned: a run keeps one source string per op, and a protocol has a few hundred lines
-        return NodeInfo(self._next_op(), name, agent, agent_name, kind, self.iteration,
-                        sys.intern(source), None if label is None else str(label), start, end)
+    def _node(self, name: str, agent: int, agent_name: str, kind: int, start: int, end: int,
+              label: SyncLabel | None, source: str, issue: int,
+              accesses: tuple[AccessRow, ...] = (), joins: Sequence[OpId] = (),
+              observed: Sequence[OpId] = ()) -> OpId:
+        """Feed one node to the detector as a plain row (``kind``: its index in ``OP_KINDS``)
+        and log its issue time; the timeline record is built from the two when read."""
+        row = self._row(name, agent, agent_name, kind, start, end, label, source)
+        self.det.feed(row, accesses, joins, observed)
+        self._issue.append(issue)
+        return row[0]
 
-    def _log(self, n: NodeInfo, issue: int) -> None:
-        self._timeline_rows.append((n.op, n.name, n.agent_name, OP_KIND_INDEX[n.kind], issue,
-                                    n.start_ns or 0, n.end_ns or 0, n.label, n.iteration,
-                                    n.source))
+    def _row(self, name: str, agent: int, agent_name: str, kind: int, start: int, end: int,
+             label: SyncLabel | None, source: str) -> NodeRow:
+        """The next node as the detector's plain :data:`NodeRow`."""
+        # interned: a run keeps one source string per op, and a protocol has a few hundred lines
+        return (OpId(len(self._issue)), name, agent, agent_name, kind, self.iteration,
+                sys.intern(source), None if label is None else str(label), start, end)
 
     @property
     def timeline(self) -> list[OpRecord]:
         """Every op issued so far, in issue order (records built when read)."""
         built = self._timeline
-        rows = self._timeline_rows
-        if rows:
+        issue = self._issue
+        if len(built) < len(issue):
             with collector_paused():
-                built.extend([OpRecord(op, name, agent, OP_KINDS[kind], *rest)
-                              for op, name, agent, kind, *rest in rows])
-            rows.clear()  # built: the rows are not kept twice
+                built.extend([OpRecord(op, name, agent_name, OP_KINDS[kind], issue[op],
+                                       start or 0, end or 0, label, iteration, source)
+                              for op, name, _agent, agent_name, kind, iteration, source, label,
+                              start, end in self.det.nodes.rows_since(len(built))])
         return built
 
     def _advance_values(self) -> None:
@@ -215,11 +230,12 @@ class SimDevice(Device):
         while env.peek() <= self.host_ns:
             env.step()
 
-    def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> list[AccessReq]:
-        return [AccessReq(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
-                for b, s in pairs]
+    def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> tuple[AccessRow, ...]:
+        """The accesses as the detector keeps them: plain tuples in :class:`AccessReq` order."""
+        return tuple([(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
+                      for b, s in pairs])
 
-    def _track_init(self, name: str, reads: Sequence[AccessReq], writes: Sequence[AccessReq],
+    def _track_init(self, name: str, reads: Sequence[AccessRow], writes: Sequence[AccessRow],
                     write_sels: Sequence[tuple[Buffer, Sel]]) -> None:
         """Values the device, not the program, decides. A read of elements the buffer's
         current owner never wrote (issue order) sees allocator-defined contents
@@ -227,48 +243,47 @@ class SimDevice(Device):
         winner is last-in-order on the CPU but undefined on CUDA. ``write_sels`` are the
         ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat."""
         blocks = self._blocks
-        for r in reads:
-            block = blocks[r.storage]
-            if not block.all_written and r.elements.size \
-                    and not block.written[r.elements].all():
-                key = (name, r.buffer)
+        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
+            block = blocks[storage]
+            if not block.all_written and e.size and not block.written[e].all():
+                key = (name, buffer)
                 if key not in self._uninit:
                     self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
-                                        f"elements of {r.buffer}"
+                                        f"elements of {buffer}"
         for w, (_b, sel) in zip(writes, write_sels, strict=True):
-            block = blocks[w.storage]
-            e = w.elements
+            block = blocks[w[0]]
+            e = w[3]
             if not block.all_written:
                 block.written[e] = True
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
             if may_repeat(sel) and repeats(e):
-                key = (name, w.buffer)
+                key = (name, w[2])
                 if key not in self._dups:
                     self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
-                                      f"{w.buffer} twice in one op (order device-defined)"
+                                      f"{w[2]} twice in one op (order device-defined)"
 
-    def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessReq]) -> None:
+    def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessRow]) -> None:
         """At a read's simulated time: elements no write of this owner has landed on yet
         hold allocator-defined contents, even where a write was issued earlier (a race
         brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
         blocks = self._blocks
-        for r in reads:
-            block = blocks[r.storage]
-            if not block.all_landed and r.elements.size \
-                    and not block.landed[r.elements].all():
-                key = (name, r.buffer, "landed")
-                if key not in self._uninit and (name, r.buffer) not in self._uninit:
-                    self._uninit[key] = f"{name}@{iteration} reads elements of {r.buffer} " \
+        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
+            block = blocks[storage]
+            if not block.all_landed and e.size and not block.landed[e].all():
+                key = (name, buffer, "landed")
+                if key not in self._uninit and (name, buffer) not in self._uninit:
+                    self._uninit[key] = f"{name}@{iteration} reads elements of {buffer} " \
                                         "before any write of them landed"
 
-    def _land(self, writes: Sequence[AccessReq]) -> None:
+    def _land(self, writes: Sequence[AccessRow]) -> None:
         blocks = self._blocks
         for w in writes:
-            block = blocks[w.storage]
+            block = blocks[w[0]]
             if not block.all_landed:
-                block.landed[w.elements] = True
-                if w.elements.size >= block.landed.size:
+                e = w[3]
+                block.landed[e] = True
+                if e.size >= block.landed.size:
                     block.all_landed = bool(block.landed.all())
 
     # -- resources ------------------------------------------------------------------------
@@ -323,10 +338,8 @@ class SimDevice(Device):
         pending = pending_ops(block.recorded, block.key[3], self.det.last_op)
         block.recorded = set()
         self._pool.give(FreedBlock(block.key, block, block.id, pending))
-        n = self._info(f"free:{buf.name}", HOST_AGENT, HOST, OpKind.FREE, self.host_ns,
-                       self.host_ns, None, caller_source())
-        self.det.on_op(n)
-        self._log(n, self.host_ns)
+        self._node(f"free:{buf.name}", HOST_AGENT, HOST, _FREE, self.host_ns, self.host_ns,
+                   None, caller_source(), self.host_ns)
 
     def _do_record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None) -> None:
         self._blocks[buf.storage].recorded.add(self._state(stream).agent)
@@ -335,7 +348,7 @@ class SimDevice(Device):
     def launch(self, stream: Stream, name: str, fn: OpFn, reads: Sequence[AccessSpec] = (),
                writes: Sequence[AccessSpec] = (), cost_us: float = 0.0,
                observe: str | None = None) -> None:
-        self._enqueue(stream, name, OpKind.KERNEL, fn, norm_accesses(reads),
+        self._enqueue(stream, name, _KERNEL, fn, norm_accesses(reads),
                       norm_accesses(writes), cost_us, observe, caller_source())
 
     def copy(self, stream: Stream, src: AccessSpec, dst: AccessSpec, *, non_blocking: bool,
@@ -343,12 +356,12 @@ class SimDevice(Device):
         (s_buf, s_sel), = norm_accesses([src])
         d_pair = norm_accesses([dst])
         fn = (lambda v: v) if s_sel is None else (lambda v: v[torch_sel(s_sel, "cpu")])
-        op = self._enqueue(stream, name, OpKind.COPY, fn, [(s_buf, s_sel)], d_pair, cost_us,
+        op = self._enqueue(stream, name, _COPY, fn, [(s_buf, s_sel)], d_pair, cost_us,
                            None, caller_source())
         if not non_blocking and self.sync_enabled(label):
-            self._host_wait(f"{name}.sync", [op], self.det.nodes[op].end_ns or 0, label)
+            self._host_wait(f"{name}.sync", [op], self.det.nodes.row(op)[9] or 0, label)
 
-    def _enqueue(self, stream: Stream, name: str, kind: OpKind, fn: OpFn,
+    def _enqueue(self, stream: Stream, name: str, kind: int, fn: OpFn,
                  reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
                  cost_us: float, observe: str | None, source: str) -> OpId:
         st = self._sstate[stream.id]
@@ -359,45 +372,34 @@ class SimDevice(Device):
             start += self._delays.get((name, self.iteration), 0)
         end = start + self._dur(cost_us)
         st.free_at = end
-        n = self._info(name, st.agent, st.name, kind, start, end, None, source)
         rq, wq = self._reqs(reads, False), self._reqs(writes, True)
         self._track_init(name, rq, wq, writes)
-        self.det.on_op(n, rq + wq)
-        self._log(n, issue)
-        self._schedule_values(n, fn, reads, writes, observe, rq, wq)
-        if self.serial:
-            self._host_wait(f"{name}.serial_sync", [n.op], end, None)
-        return n.op
-
-    def _schedule_values(self, n: NodeInfo, fn: OpFn, reads: list[tuple[Buffer, Sel]],
-                         writes: list[tuple[Buffer, Sel]], observe: str | None,
-                         rq: list[AccessReq], wq: list[AccessReq]) -> None:
-        op = OpValues(self, n.op, n.name, self.iteration, fn, reads, writes, observe, rq, wq)
+        op = self._node(name, st.agent, st.name, kind, start, end, None, source, issue, rq + wq)
+        values = OpValues(self, op, name, self.iteration, fn, reads, writes, observe, rq, wq)
         if self._issue_order:  # the function runs and its writes land now: issue order
-            op.run()
+            values.run()
             if writes:
-                op.land()
-            return
-        op.schedule(n.start_ns or 0, n.end_ns or 0)
+                values.land()
+        else:
+            values.schedule(start, end)
+        if self.serial:
+            self._host_wait(f"{name}.serial_sync", [op], end, None)
+        return op
 
     def host_work(self, name: str, cost_us: float) -> None:
         start = self.host_ns
         self.host_ns += self._dur(cost_us)
-        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WORK, start, self.host_ns, None,
-                       caller_source())
-        self.det.on_op(n)
-        self._log(n, start)
+        self._node(name, HOST_AGENT, HOST, _HOST_WORK, start, self.host_ns, None, caller_source(),
+                   start)
 
     def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
         self._check_host_access(buf, name)
         self._advance_values()
-        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_READ, self.host_ns, self.host_ns,
-                       None, caller_source())
         rq = self._reqs([(buf, sel)], False)
         self._track_init(name, rq, [], [])
         self._check_landed(name, self.iteration, rq)
-        self.det.on_op(n, rq)
-        self._log(n, self.host_ns)
+        self._node(name, HOST_AGENT, HOST, _HOST_READ, self.host_ns, self.host_ns, None,
+                   caller_source(), self.host_ns, rq)
         view = self._views[buf.id]
         return (view if sel is None else view[torch_sel(sel, "cpu")]).clone()
 
@@ -405,13 +407,11 @@ class SimDevice(Device):
         if buf.pinned or not name.startswith("init:"):
             self._check_host_access(buf, name)
         self._advance_values()
-        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_WRITE, self.host_ns, self.host_ns,
-                       None, caller_source())
         wq = self._reqs([(buf, sel)], True)
         self._track_init(name, [], wq, [(buf, sel)])
         self._land(wq)
-        self.det.on_op(n, wq)
-        self._log(n, self.host_ns)
+        self._node(name, HOST_AGENT, HOST, _HOST_WRITE, self.host_ns, self.host_ns, None,
+                   caller_source(), self.host_ns, wq)
         view = self._views[buf.id]
         v = torch.as_tensor(value, dtype=buf.dtype)
         if sel is None:
@@ -428,18 +428,13 @@ class SimDevice(Device):
                 "pinned buffer first")
 
     # -- sync -----------------------------------------------------------------------------
-    def _stream_node(self, stream: Stream, name: str, kind: OpKind, label: SyncLabel | None,
-                     at: int) -> NodeInfo:
-        st = self._state(stream)
-        return self._info(name, st.agent, st.name, kind, at, at, label, caller_source())
-
     def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None:
         st = self._state(stream)
         self.host_ns += self._launch_ns
         at = max(self.host_ns, st.free_at)
-        n = self._stream_node(stream, f"record:{event.name}", OpKind.RECORD, label, at)
-        self.det.on_record(event.id, n)
-        self._log(n, self.host_ns)
+        self.det.feed_record(event.id, self._row(f"record:{event.name}", st.agent, st.name,
+                                                 _RECORD, at, at, label, caller_source()))
+        self._issue.append(self.host_ns)
         self._event_done[event.id] = at
 
     def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None:
@@ -449,9 +444,9 @@ class SimDevice(Device):
         if done is not None:
             st.free_at = max(st.free_at, done)
         at = max(self.host_ns, st.free_at)
-        n = self._stream_node(stream, f"wait:{event.name}", OpKind.WAIT, label, at)
-        self.det.on_wait(event.id, n)
-        self._log(n, self.host_ns)
+        self.det.feed_wait(event.id, self._row(f"wait:{event.name}", st.agent, st.name, _WAIT,
+                                               at, at, label, caller_source()))
+        self._issue.append(self.host_ns)
 
     def _do_wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None) -> None:
         tmp = self.event(f"{other.name}->{waiter.name}")
@@ -475,10 +470,8 @@ class SimDevice(Device):
     def _host_wait(self, name: str, ops: list[OpId], done: int, label: SyncLabel | None) -> None:
         start = self.host_ns
         self.host_ns = max(self.host_ns, done)
-        n = self._info(name, HOST_AGENT, HOST, OpKind.HOST_SYNC, start, self.host_ns, label,
-                       caller_source())
-        self.det.on_op(n, joins=ops)
-        self._log(n, start)
+        self._node(name, HOST_AGENT, HOST, _HOST_SYNC, start, self.host_ns, label,
+                   caller_source(), start, joins=ops)
 
     def _do_query(self, event: Event, label: SyncLabel | None, site: tuple[str, int, int],
                   forced: bool | None) -> bool:
@@ -491,11 +484,10 @@ class SimDevice(Device):
         if outcome and record is not None and done is not None:
             self.host_ns = max(self.host_ns, done)  # the timing in which it was True
             observed.append(record)
-        n = self._info(f"query:{event.name}", HOST_AGENT, HOST, OpKind.QUERY, start,
-                       self.host_ns, label, caller_source())
-        self.det.on_op(n, observed=observed)
-        self._log(n, start)
-        self.query_sites.append(QuerySite(*site, outcome, forced is not None, n.source))
+        op = self._node(f"query:{event.name}", HOST_AGENT, HOST, _QUERY, start, self.host_ns,
+                        label, caller_source(), start, observed=observed)
+        self.query_sites.append(QuerySite(*site, outcome, forced is not None,
+                                          self.det.nodes.row(op)[6]))
         return outcome
 
     def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
@@ -505,10 +497,8 @@ class SimDevice(Device):
             return
         start = self.host_ns
         self.host_ns = max(self.host_ns, done)
-        n = self._info(f"poll:{event.name}", HOST_AGENT, HOST, OpKind.HOST_SYNC, start,
-                       self.host_ns, label, caller_source())
-        self.det.on_op(n, observed=[record])
-        self._log(n, start)
+        self._node(f"poll:{event.name}", HOST_AGENT, HOST, _HOST_SYNC, start, self.host_ns,
+                   label, caller_source(), start, observed=[record])
 
     # -- results --------------------------------------------------------------------------
     def finish(self) -> DeviceRun:
