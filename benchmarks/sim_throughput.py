@@ -46,47 +46,87 @@ def build_and_run(n_ops: int, seed: int) -> tuple[int, int, float]:
     return issued, races, wall
 
 
+def build_program(n_ops: int, seed: int) -> tuple[list[list[np.ndarray]], list[tuple]]:
+    """The random program, drawn before anything is timed: the index pools and the steps.
+
+    The draws are those the loop of earlier versions made while it issued (same generator,
+    same order), so the program, and with it the race digest, is unchanged; drawing it first
+    keeps ``random.Random`` out of what is timed. A step is ``("wait_stream", waiter,
+    other)``, ``("kernel", stream, buffer, read pool index, write pool index, cost_us)`` or
+    ``("tail", synchronize, fence)`` (the end of an iteration; streams by index: schedule,
+    forward, d2h)."""
+    rng = random.Random(seed)
+    pools = [[np.array(rng.sample(range(4096), rng.randint(1, 64))) for _ in range(64)]
+             for _ in range(4)]
+    steps: list[tuple] = []
+    issued = 0
+    while issued < n_ops:
+        # one overlap iteration: S prepares, F runs behind a fence, D copies out, and S is
+        # fenced behind F again (5% of iterations drop a fence: some races to report)
+        for stream, n in ((0, 3), (1, 6)):
+            if stream == 1 and rng.random() > 0.05:
+                steps.append(("wait_stream", 1, 0))
+                issued += 2
+            for _ in range(n):
+                b = rng.randrange(4)
+                r = rng.randrange(64)
+                w = rng.randrange(64)
+                steps.append(("kernel", stream, b, r, w, rng.randint(1, 50)))
+                issued += 1
+        issued += 3  # record, wait, copy
+        sync = rng.random() < 0.1
+        issued += 2 * sync
+        fence = rng.random() > 0.05
+        issued += 2 * fence
+        steps.append(("tail", sync, fence))
+    return pools, steps
+
+
 def measure(n_ops: int, seed: int) -> tuple[int, int, float, float, str]:
     """Issue ``n_ops`` device ops and let them land; returns (ops issued, races found, wall
-    seconds, CPU seconds, a digest of every racing pair: kind, buffer, elements, both ops)."""
-    rng = random.Random(seed)
+    seconds, CPU seconds, a digest of every racing pair: kind, buffer, elements, both ops).
+    What is timed is the simulator: issuing the drawn program, then ``finish``."""
+    pools, steps = build_program(n_ops, seed)
     dev = SimDevice(host_launch_us=2.0, seed=seed)
     streams = [dev.stream(n) for n in ("schedule", "forward", "d2h")]
     bufs = [dev.buffer(f"b{i}", (4096,), torch.int64, fill=0) for i in range(4)]
     pin = dev.buffer("pin", (64,), torch.int64, pinned=True, fill=0)
     ev = dev.event("ready")
-    pools = [[np.array(rng.sample(range(4096), rng.randint(1, 64))) for _ in range(64)]
-             for _ in range(4)]
     zero = torch.zeros(64, dtype=torch.int64)
-    t0, c0 = time.perf_counter(), time.process_time()
-    issued = 0
+    # each kernel's function and accesses, made here like the steps: the user's side
+    kernels = []
+    for step in steps:
+        if step[0] == "kernel":
+            _kind, stream, b, r, w, cost = step
+            out = zero[: len(pools[b][w])]
+            kernels.append((streams[stream], lambda v, out=out: out,
+                            [(bufs[b], pools[b][r])], [(bufs[b], pools[b][w])], cost))
     sched, fwd, d2h = streams
-    while issued < n_ops:
-        # one overlap iteration: S prepares, F runs behind a fence, D copies out, and S is
-        # fenced behind F again (5% of iterations drop a fence: some races to report)
-        for stream, n in ((sched, 3), (fwd, 6)):
-            if stream is fwd and rng.random() > 0.05:
-                dev.wait_stream(fwd, sched)
+    issued = 0
+    kernel_at = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for step in steps:
+        kind = step[0]
+        if kind == "kernel":
+            stream, fn, reads, writes, cost = kernels[kernel_at]
+            kernel_at += 1
+            dev.launch(stream, "k", fn, reads=reads, writes=writes, cost_us=cost)
+            issued += 1
+        elif kind == "wait_stream":
+            dev.wait_stream(streams[step[1]], streams[step[2]])
+            issued += 2
+        else:
+            dev.record(ev, fwd)
+            dev.wait_event(d2h, ev)
+            dev.copy(d2h, (bufs[0], slice(0, 64)), pin, non_blocking=True, cost_us=5)
+            issued += 3
+            if step[1]:
+                dev.synchronize(d2h)
+                dev.host_read(pin, [0])
                 issued += 2
-            for _ in range(n):
-                b = rng.randrange(4)
-                r = pools[b][rng.randrange(64)]
-                w = pools[b][rng.randrange(64)]
-                out = zero[: len(w)]
-                dev.launch(stream, "k", lambda v, out=out: out, reads=[(bufs[b], r)],
-                           writes=[(bufs[b], w)], cost_us=rng.randint(1, 50))
-                issued += 1
-        dev.record(ev, fwd)
-        dev.wait_event(d2h, ev)
-        dev.copy(d2h, (bufs[0], slice(0, 64)), pin, non_blocking=True, cost_us=5)
-        issued += 3
-        if rng.random() < 0.1:
-            dev.synchronize(d2h)
-            dev.host_read(pin, [0])
-            issued += 2
-        if rng.random() > 0.05:
-            dev.wait_stream(sched, fwd)
-            issued += 2
+            if step[2]:
+                dev.wait_stream(sched, fwd)
+                issued += 2
     run = dev.finish()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     digest = hashlib.sha256(repr(sorted(
@@ -143,7 +183,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.baseline is not None:
-        if not (args.baseline / "sim" / "device.py").is_file():
+        if not (args.baseline / "sim" / "sim_device.py").is_file():
             sys.exit(f"sim_throughput: --baseline {args.baseline}: no sim/sim_device.py there")
         compare(args.baseline, args.ops, args.seed, args.rounds)
         return
