@@ -133,6 +133,40 @@ def fit_sizes(points: Sequence[SizePoint]) -> SizeFit:
     return SizeFit(my - slope * mx, slope)
 
 
+#: Host time keys of the timing group (``model.op_list.cost_key``), each optional.
+TIMING_CALL_KEYS = ("kernel", "copy_h2d", "copy_d2h", "copy_d2d", "record", "wait_event",
+                    "wait_stream", "query", "host_read", "host_write", "record_stream",
+                    "host_work")
+#: Single figures of the timing group (µs; ``kernel_extra``, ``start_gap`` and ``start_lag``
+#: may be negative: a ``_sleep`` can end early, a kernel can start before its call returns).
+TIMING_FIGURES = ("kernel_extra", "sync_idle", "sync_wake", "start_gap", "start_lag")
+
+
+@dataclass(frozen=True, slots=True)
+class TimingGroup:
+    """What the timing replay (``gpu_check.timing_replay``) pays on this device: raw
+    torch.cuda calls issued from a prebuilt list, read off replays of the calibration
+    workloads (``model.op_list.timing_costs``).
+
+    Args:
+        call_us: host time of each call kind (:data:`TIMING_CALL_KEYS`; host work: beyond
+            its cost).
+        figures: :data:`TIMING_FIGURES`: a kernel's GPU time beyond its ``_sleep`` cost, the
+            span of a host sync with nothing to wait for, the host's wake-up after one that
+            waited, the GPU gap between an op and the queued op after it on its stream, the
+            GPU start of an op on an idle stream after its call returned.
+        kernel_extra_by_op_us: ``kernel_extra`` by ``kernel:NAME``.
+        copy_us: a copy's GPU time by direction (``h2d``, ``d2h``, ``d2d``).
+        fitted_on: what it was fitted on (workloads, replays).
+    """
+
+    call_us: dict[str, Figure]
+    figures: dict[str, Figure]
+    kernel_extra_by_op_us: dict[str, Figure]
+    copy_us: dict[str, Figure]
+    fitted_on: str
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """A whole profile file (see the module docstring for the two groups)."""
@@ -147,6 +181,7 @@ class Profile:
     harness_issue_by_op_us: dict[str, Figure] = field(default_factory=dict)
     harness_extra_by_op_us: dict[str, Figure] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default=())
+    timing: TimingGroup | None = None
 
     @property
     def device(self) -> str:
@@ -168,7 +203,12 @@ class ProfileCosts:
         mode: which group of the profile these came from.
         sync_span_us: the shortest a host sync blocks, its work done or not.
         op_issue_us / op_extra_us: the same by ``kind:name`` of a kernel or copy, where the
-            profile measured that op (replay mode); they override the kind's figure.
+            profile measured that op; they override the kind's figure.
+        copy_us: a copy's whole GPU time by direction (``h2d``, ``d2h``, ``d2d``), replacing
+            its modelled cost (the timing group: real copies of the buffers' size).
+        sync_wake_us: host time from the end of the work a sync waited for to its return.
+        start_gap_us: GPU time before each kernel or copy starts, after its issue or its
+            stream's previous op (charged as a start delay).
     """
 
     timing: Timing
@@ -179,6 +219,9 @@ class ProfileCosts:
     op_issue_us: dict[str, float] = field(default_factory=dict)
     op_extra_us: dict[str, float] = field(default_factory=dict)
     sync_span_us: float = 0.0
+    copy_us: dict[str, float] = field(default_factory=dict)
+    sync_wake_us: float = 0.0
+    start_gap_us: float = 0.0
 
 
 #: The call kinds ``sim.profiled.ProfiledSimDevice`` charges a host cost for.
@@ -189,7 +232,7 @@ SIM_KINDS = ("kernel", "copy_h2d", "copy_d2h", "copy_d2d", "record", "wait_event
 
 # -- reading and writing ----------------------------------------------------------------------
 
-def _figure(raw: Any, key: str, problems: list[str]) -> Figure | None:
+def _figure(raw: Any, key: str, problems: list[str], signed: bool = False) -> Figure | None:
     if not isinstance(raw, Mapping):
         problems.append(f"{key}: expected a table with median, p10, p90, n, got {raw!r}")
         return None
@@ -200,8 +243,10 @@ def _figure(raw: Any, key: str, problems: list[str]) -> Figure | None:
     vals = {}
     for k in ("median", "p10", "p90"):
         v = raw[k]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-            problems.append(f"{key}.{k}: expected a finite number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or (v < 0 and not signed):
+            problems.append(f"{key}.{k}: expected a finite number{'' if signed else ' >= 0'}, "
+                            f"got {v!r}")
             return None
         vals[k] = float(v)
     n = raw["n"]
@@ -273,6 +318,7 @@ def profile_from_dict(doc: Any, source: str = "<profile>") -> Profile:
             raw = {}
         by_op[name] = {k: f for k, v in raw.items()
                        if (f := _figure(v, f"harness.{name}.{k}", problems)) is not None}
+    timing = _timing_group(doc.get("timing"), problems) if "timing" in doc else None
     notes = doc.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
         problems.append("notes: expected a list of strings")
@@ -282,7 +328,43 @@ def profile_from_dict(doc: Any, source: str = "<profile>") -> Profile:
         raise ProfileError(f"{source}: {problems[0]}{more}")
     assert gap is not None
     return Profile(meta, float(rate), issue, gap, durations, h_issue, h_extra,
-                   by_op["issue_by_op_us"], by_op["extra_by_op_us"], tuple(notes))
+                   by_op["issue_by_op_us"], by_op["extra_by_op_us"], tuple(notes), timing)
+
+
+def _figure_table(raw: Any, key: str, problems: list[str], keys: Sequence[str] | None = None,
+                  signed: bool = False) -> dict[str, Figure]:
+    """A table of figures; with ``keys``, only those keys (each optional)."""
+    if not isinstance(raw, Mapping):
+        problems.append(f"{key}: expected a table of figures")
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if keys is not None and k not in keys:
+            problems.append(f"{key}.{k}: unknown key; expected one of {'|'.join(keys)}")
+        elif (f := _figure(v, f"{key}.{k}", problems, signed)) is not None:
+            out[k] = f
+    return out
+
+
+def _timing_group(raw: Any, problems: list[str]) -> TimingGroup | None:
+    if not isinstance(raw, Mapping):
+        problems.append("timing: expected a table")
+        return None
+    figures = _figure_table(raw.get("figures"), "timing.figures", problems, TIMING_FIGURES,
+                            signed=True)
+    missing = [k for k in TIMING_FIGURES if k not in figures]
+    if missing and isinstance(raw.get("figures"), Mapping):
+        problems.append(f"timing.figures: missing {', '.join(missing)}")
+    fitted = raw.get("fitted_on")
+    if not isinstance(fitted, str):
+        problems.append(f"timing.fitted_on: expected a string, got {fitted!r}")
+    return TimingGroup(
+        _figure_table(raw.get("call_us"), "timing.call_us", problems, TIMING_CALL_KEYS),
+        figures,
+        _figure_table(raw.get("kernel_extra_by_op_us", {}), "timing.kernel_extra_by_op_us",
+                      problems, signed=True),
+        _figure_table(raw.get("copy_us"), "timing.copy_us", problems, ("h2d", "d2h", "d2d")),
+        str(fitted))
 
 
 def _series(raw: Any, problems: list[str]) -> dict[str, tuple[SizePoint, ...]]:
@@ -349,7 +431,12 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
                     "issue_by_op_us": figs(profile.harness_issue_by_op_us),
                     "extra_by_op_us": figs(profile.harness_extra_by_op_us)},
         "notes": list(profile.notes),
-    }
+    } | ({} if profile.timing is None else {"timing": {
+        "fitted_on": profile.timing.fitted_on,
+        "call_us": figs(profile.timing.call_us),
+        "figures": figs(profile.timing.figures),
+        "kernel_extra_by_op_us": figs(profile.timing.kernel_extra_by_op_us),
+        "copy_us": figs(profile.timing.copy_us)}})
 
 
 def dump_profile(profile: Profile, path: str | Path) -> None:
@@ -379,6 +466,8 @@ def costs_from_profile(profile: Profile, base: Timing = DEFAULT_TIMING,
     which the replay reproduces with ``_sleep`` (so the Timing's durations stay).
     """
     s = {k: f.median for k, f in profile.system_issue_us.items()}
+    if mode == Mode.SYSTEM and profile.timing is not None:
+        return _timing_costs(profile.timing, base)
     if mode == Mode.SYSTEM:
         issue = {
             "kernel": s["kernel_launch"], "copy_h2d": s["h2d_pinned"],
@@ -409,3 +498,24 @@ def costs_from_profile(profile: Profile, base: Timing = DEFAULT_TIMING,
                         {k: f.median for k, f in profile.harness_issue_by_op_us.items()},
                         {k: f.median for k, f in profile.harness_extra_by_op_us.items()},
                         h["sync_span"])
+
+
+def _timing_costs(group: TimingGroup, base: Timing) -> ProfileCosts:
+    """SYSTEM costs from a timing group: what the timing replay pays (raw torch.cuda calls
+    from a prebuilt list). The scenario's Timing stays (kernels are ``_sleep`` of their cost
+    and host work is busy time; a copy's time is measured by direction instead)."""
+    call = {k: f.median for k, f in group.call_us.items()}
+    fig = {k: f.median for k, f in group.figures.items()}
+    issue = {kind: call.get(key, 0.0) for kind, key in (
+        ("kernel", "kernel"), ("copy_h2d", "copy_h2d"), ("copy_d2h", "copy_d2h"),
+        ("copy_d2d", "copy_d2d"), ("record", "record"), ("wait_event", "wait_event"),
+        ("wait_stream", "wait_stream"), ("query", "query"), ("host_read", "host_read"),
+        ("host_write", "host_write"), ("record_stream", "record_stream"),
+        ("host_work", "host_work"))}
+    issue |= {"synchronize": 0.0, "alloc": 0.0, "free": 0.0}
+    timing = dataclasses.replace(base, host_launch=issue["kernel"])
+    return ProfileCosts(timing, issue, {"kernel": fig["kernel_extra"], "copy": 0.0}, 0.0,
+                        Mode.SYSTEM, {},
+                        {k: f.median for k, f in group.kernel_extra_by_op_us.items()},
+                        fig["sync_idle"], {k: f.median for k, f in group.copy_us.items()},
+                        fig["sync_wake"], fig["start_gap"])

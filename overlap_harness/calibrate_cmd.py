@@ -191,13 +191,19 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
         notes.append(f"torch.profiler: cudaLaunchKernel CPU time median {launch:.1f} us "
                      f"(the driver's share of kernel_launch {issue['kernel_launch'].median:.1f}"
                      " us)")
+    from overlap_harness.timing_check import fit_timing_group  # deferred: imports the sim
+
+    timing = fit_timing_group(calibration_paths, cal.cycles_per_us, runs)
+    log("timing call us: " + profiling.by_kind(timing.call_us))
+    log("timing figures us: " + profiling.by_kind(timing.figures | timing.copy_us))
     pairs, run_ids = measure_harness(calibration_paths, cal, runs)
     notes.append(f"measured in {time.perf_counter() - t0:.0f} s wall, "
                  f"{time.process_time() - c0:.0f} s CPU")
     meta = {**profiling.environment(),
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "command": command}
-    bare = Profile(meta, cal.cycles_per_us, issue, gap, durations, {}, {}, notes=tuple(notes))
+    bare = Profile(meta, cal.cycles_per_us, issue, gap, durations, {}, {}, notes=tuple(notes),
+                   timing=timing)
     profile = with_harness(bare, pairs, f"harness fitted on {', '.join(calibration_paths)} "
                                         f"({runs} replays a run)")
     log("harness issue us: " + profiling.by_kind(profile.harness_issue_us))
@@ -232,6 +238,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--refit", metavar="TIMELINES", default=None,
                    help="with --profile and --out: fit the harness group again on saved "
                         "calibration timelines (CPU); the system group is kept")
+    c.add_argument("--timing-suite", nargs="+", default=None, metavar="PATH",
+                   help="with --out: after measuring, replay these scenarios (the bundled "
+                        "suite: scenarios) as prebuilt op lists and write the timing "
+                        "measurement and its comparison with the new profile to --report-out")
+    c.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help="timing replays of each suite run (default 5)")
+    c.add_argument("--timing-compare", metavar="MEASUREMENT", default=None,
+                   help="a timing measurement (.json, from --timing-suite) to predict with "
+                        "--profile (CPU)")
     add_profile_argument(c)
     c.add_argument("--report-out", metavar="DIR", default=None,
                    help="folder for the comparison page, JSON and plot (default: the "
@@ -246,9 +261,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     Raises:
         HarnessError: bad usage (one line): neither or both of --out and --compare.
     """
+    if args.timing_compare:
+        if not args.profile:
+            raise HarnessError("calibrate --timing-compare needs --profile FILE")
+        from overlap_harness.timing_check import compare  # deferred: plots
+
+        doc, _ = compare(args.timing_compare, args.profile, args.paths, args.report_out)
+        return 0 if doc["summary"]["targets_met"] else 1
     if bool(args.out) == bool(args.compare):
-        raise HarnessError("calibrate: give --out FILE (measure, on a GPU) or --compare "
-                           "REPORT.json --profile FILE (CPU), not both or neither")
+        raise HarnessError("calibrate: give --out FILE (measure, on a GPU), --compare "
+                           "REPORT.json --profile FILE or --timing-compare MEASUREMENT.json "
+                           "--profile FILE (CPU)")
     if args.refit:
         if not args.profile:
             raise HarnessError("calibrate --refit needs --profile FILE (the system group)")
@@ -280,7 +303,36 @@ def run_calibrate(args: argparse.Namespace) -> int:
         write_timelines(pairs, Path(args.timelines), run_ids)
     load_profile(out)  # what was written reads back
     print(f"wrote {out}", file=sys.stderr)
+    if args.timing_suite:
+        return timing_suite(args, profile, out)
     return 0
+
+
+def timing_suite(args: argparse.Namespace, profile: Profile, profile_path: Path) -> int:
+    """``--timing-suite``: replay the suite as op lists on this GPU, write the measurement
+    (``<date>-<device>-timing.json``) and its comparison with the new profile."""
+    # deferred: imports the sim and torch.cuda
+    from overlap_harness.timing_check import compare, measure_suite
+
+    if args.repeats < 2:
+        raise HarnessError(f"--repeats: expected at least 2 (the spread), got {args.repeats}")
+    t0, c0 = time.perf_counter(), time.process_time()
+    meta = {**{k: profile.meta[k] for k in ("device", "driver", "torch", "cuda", "python")},
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(["overlap-harness", "calibrate",
+                                 *(getattr(args, "argv", None) or sys.argv[2:])])}
+    doc = measure_suite(args.timing_suite, profile.sleep_cycles_per_us, args.repeats, meta,
+                        log=lambda s: print(s, flush=True))
+    doc["elapsed"] = {"wall_s": round(time.perf_counter() - t0, 1),
+                      "cpu_s": round(time.process_time() - c0, 1)}
+    out = Path(args.report_out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    name = profile_path.stem
+    path = out / f"{doc['date'][:10]}-{name}-timing.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path} ({doc['elapsed']['wall_s']} s wall)", file=sys.stderr)
+    result, _ = compare(path, profile_path, args.timing_suite, out)
+    return 0 if result["summary"]["targets_met"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

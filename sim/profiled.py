@@ -52,6 +52,7 @@ class ProfiledSimDevice(SimDevice):
         self._issue_ns = {k: us_to_ns(v) for k, v in costs.host_issue_us.items()}
         self._return_ns = us_to_ns(costs.sync_return_us)
         self._span_ns = us_to_ns(costs.sync_span_us)
+        self._wake_ns = us_to_ns(costs.sync_wake_us)
 
     def _pay(self, kind: str, label: SyncLabel | None = None) -> None:
         """Advance the host clock by the issue cost of ``kind`` (unless the sync is removed)."""
@@ -72,7 +73,10 @@ class ProfiledSimDevice(SimDevice):
 
     def _host_wait(self, name: str, ops: list, done: int, label: SyncLabel | None) -> None:
         # The one private hook used: every host sync (synchronize, a blocking copy's wait)
-        # blocks at least the sync's own cost, even when its work is already done.
+        # blocks at least the sync's own cost, even when its work is already done, and one
+        # that waited returns the host's wake-up time after the work's end.
+        if done > self.host_ns:
+            done += self._wake_ns
         super()._host_wait(name, ops, max(done, self.host_ns + self._span_ns), label)
 
     # -- resources ------------------------------------------------------------------------
@@ -105,8 +109,9 @@ class ProfiledSimDevice(SimDevice):
         direction = "copy_d2h" if dst_buf.pinned else "copy_h2d" if src_buf.pinned \
             else "copy_d2d"
         self._pay_op(direction, "copy", name)
-        super().copy(stream, src, dst, non_blocking=non_blocking,
-                     cost_us=cost_us + self._extra_us("copy", name),
+        measured = self.costs.copy_us.get(direction.removeprefix("copy_"))
+        duration = cost_us + self._extra_us("copy", name) if measured is None else measured
+        super().copy(stream, src, dst, non_blocking=non_blocking, cost_us=duration,
                      label=label, name=name)
         if not non_blocking and (label is None or SyncLabel(label) not in self.removed):
             self._returned()
@@ -156,9 +161,21 @@ class ProfiledSimDevice(SimDevice):
 
 def simulate_profiled(scenario: Scenario, removed: Iterable[str], costs: ProfileCosts,
                       delays: Mapping[tuple[str, int], float] | None = None,
-                      ) -> tuple[Any, ProfiledSimDevice]:
+                      values: str = "timed") -> tuple[Any, ProfiledSimDevice]:
     """One overlapped run of ``scenario`` (no jitter) on a :class:`ProfiledSimDevice`;
     returns (outcome, device). The scenario's Timing should be ``costs.timing``."""
     dev = ProfiledSimDevice(removed, costs=costs, jitter=0.0, seed=scenario.check.seed,
-                            delays=delays)
+                            delays=delays, values=values)
     return run_protocol(dev, scenario), dev
+
+
+def start_gap_delays(ops: Iterable[tuple[str, int]], gap_us: float,
+                     delays: Mapping[tuple[str, int], float] | None = None,
+                     ) -> dict[tuple[str, int], float]:
+    """``delays`` with the profile's GPU start gap added for every (op name, iteration) of
+    ``ops`` (the kernels and copies of the run): the simulator's documented way to start an
+    op later than its stream and inputs allow."""
+    out = dict(delays or {})
+    for key in set(ops):
+        out[key] = out.get(key, 0.0) + gap_us
+    return out

@@ -1,0 +1,272 @@
+"""The timing replay: a run's op list issued as prebound raw ``torch.cuda`` calls.
+
+The value replay (``gpu-check``'s trials, :mod:`gpu_check.cuda_device`) issues every op through
+the harness's device API: 100-450 µs of Python per op, where SGLang's scheduler pays a few µs
+of launch, and that host time decides when ops end (docs/calibration.md). This replay measures
+*timing* instead: the run's calls (:class:`model.op_list.ReplayCall`, captured from the
+simulator) are bound once to zero-argument callables (:func:`bind_calls`), then issued in a
+tight loop that only stamps the host clock after each call (:func:`issue`): no recorder, no
+gates, no staging. A kernel is ``torch.cuda._sleep`` of its cost on its stream, a copy a real
+``copy_`` of its byte size between pinned host and device memory, a host work a busy-wait of
+its cost, a host read a read of pinned memory; events, waits, syncs and queries are the calls
+themselves.
+
+GPU start and end of every kernel and copy come from torch.profiler's CUDA activity (CUPTI:
+per-stream timestamps, no call added to the list), mapped back to the list by stream and
+order (:func:`gpu_spans_from_trace`). The streams are told apart by one marker kernel per
+stream before the replays, and the GPU clock is put on ``perf_counter_ns``'s by the markers'
+``cudaLaunchKernel`` runtime records, which the same trace holds (the midpoint of each
+record against the midpoint of the host stamps around the call; without runtime records,
+the marker's GPU start against its call's return).
+
+The calls are built against an ``api`` object (:class:`TorchApi` on a GPU), so the binding is
+tested on the CPU with a fake one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from overlap_harness.model.op_list import ReplayCall, gpu_counts, gpu_streams
+
+Call = Callable[[], Any]
+Spans = dict[str, list[tuple[int, int]]]
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC")
+
+
+class TorchApi:
+    """What :func:`bind_calls` needs from torch.cuda (the real GPU)."""
+
+    def __init__(self) -> None:
+        import torch  # deferred: a CPU test passes a fake api and needs no torch.cuda
+
+        self.torch = torch
+        self.set_stream = torch.cuda.set_stream
+        self.sleep = torch.cuda._sleep
+        self.synchronize = torch.cuda.synchronize
+        self.clock = time.perf_counter_ns
+
+    def stream(self) -> Any:
+        """A new stream."""
+        return self.torch.cuda.Stream()
+
+    def event(self) -> Any:
+        """A new event (no timing: the replay times with the profiler)."""
+        return self.torch.cuda.Event()
+
+    def device_bytes(self, nbytes: int) -> Any:
+        """A device tensor of ``nbytes`` bytes."""
+        return self.torch.zeros(max(1, nbytes), dtype=self.torch.uint8, device="cuda")
+
+    def pinned_bytes(self, nbytes: int) -> Any:
+        """A pinned host tensor of ``nbytes`` bytes."""
+        return self.torch.zeros(max(1, nbytes), dtype=self.torch.uint8).pin_memory()
+
+
+def _busy_wait(clock: Callable[[], int], ns: int) -> None:
+    """Keep the host busy for ``ns`` ns (host work: the scheduler's own Python)."""
+    end = clock() + ns
+    while clock() < end:
+        pass
+
+
+def _poll(query: Callable[[], bool]) -> None:
+    while not query():
+        pass
+
+
+def _on(set_stream: Callable[[Any], None], stream: Any, fn: Call) -> Call:
+    def call() -> Any:
+        set_stream(stream)
+        return fn()
+    return call
+
+
+class Bound:
+    """A run's op list bound to one api: the streams by name and the callables in order."""
+
+    def __init__(self, calls: Sequence[ReplayCall], api: Any, cycles_per_us: float) -> None:
+        self.calls = list(calls)
+        self.api = api
+        self.streams = {name: api.stream() for name in gpu_streams(calls)}
+        self.events: dict[str, Any] = {}
+        self._device: dict[int, Any] = {}
+        self._pinned: dict[int, Any] = {}
+        self.program = [self._bind(c, cycles_per_us) for c in calls]
+
+    def _event(self, key: str) -> Any:
+        if key not in self.events:
+            self.events[key] = self.api.event()
+        return self.events[key]
+
+    def _dev(self, nbytes: int) -> Any:
+        if nbytes not in self._device:
+            self._device[nbytes] = self.api.device_bytes(nbytes)
+        return self._device[nbytes]
+
+    def _pin(self, nbytes: int) -> Any:
+        if nbytes not in self._pinned:
+            self._pinned[nbytes] = self.api.pinned_bytes(nbytes)
+        return self._pinned[nbytes]
+
+    def _bind(self, c: ReplayCall, cycles_per_us: float) -> Call:
+        api, stream = self.api, self.streams.get(c.stream)
+        if c.kind == "kernel":
+            cycles = max(0, round(c.cost_us * cycles_per_us))
+            return _on(api.set_stream, stream, functools.partial(api.sleep, cycles))
+        if c.kind == "copy":
+            src, dst = {"h2d": (self._pin, self._dev), "d2h": (self._dev, self._pin),
+                        "d2d": (self._dev, self._dev)}[c.direction]
+            source = src(c.nbytes)
+            target = dst(c.nbytes) if c.direction != "d2d" else api.device_bytes(c.nbytes)
+            copy = functools.partial(target.copy_, source, non_blocking=not c.blocking)
+            return _on(api.set_stream, stream, copy)
+        if c.kind == "record":
+            return functools.partial(self._event(c.event).record, stream)
+        if c.kind == "wait_event":
+            return functools.partial(stream.wait_event, self._event(c.event))
+        if c.kind == "wait_stream":
+            return functools.partial(stream.wait_stream, self.streams[c.other])
+        if c.kind == "record_stream":
+            return functools.partial(self._dev(8).record_stream, stream)
+        if c.kind == "synchronize":
+            if c.other == "stream":
+                return stream.synchronize
+            if c.other == "event":
+                return self._event(c.event).synchronize
+            return api.synchronize
+        if c.kind == "query":
+            return self._event(c.event).query
+        if c.kind == "poll":
+            return functools.partial(_poll, self._event(c.event).query)
+        if c.kind == "host_work":
+            return functools.partial(_busy_wait, api.clock, round(c.cost_us * 1000))
+        if c.kind == "host_read":
+            return self._pin(c.nbytes).tolist
+        if c.kind == "host_write":
+            return functools.partial(self._pin(c.nbytes).fill_, 1)
+        raise ValueError(f"op list: unknown call kind {c.kind!r} ({c.name})")
+
+
+def bind_calls(calls: Sequence[ReplayCall], api: Any, cycles_per_us: float) -> Bound:
+    """Every call of ``calls`` as a prebound zero-argument callable on ``api`` (module
+    docstring); resources (streams, events, tensors) are made here, before any timing."""
+    return Bound(calls, api, cycles_per_us)
+
+
+def issue(program: Sequence[Call], clock: Callable[[], int]) -> list[int]:
+    """Run ``program`` in a tight loop; the host clock before the first call and after each."""
+    stamps = [clock()]
+    stamp = stamps.append
+    for fn in program:
+        fn()
+        stamp(clock())
+    return stamps
+
+
+def markers(bound: Bound) -> list[tuple[int, int]]:
+    """One ``_sleep(0)`` kernel per stream, in :func:`gpu_streams` order, each alone on the
+    GPU; the host stamps around each launch (their trace records align the clocks)."""
+    api, out = bound.api, []
+    for stream in bound.streams.values():
+        api.set_stream(stream)
+        before = api.clock()
+        api.sleep(0)
+        out.append((before, api.clock()))
+        api.synchronize()
+    return out
+
+
+# -- the profiler trace -> GPU spans (pure) -------------------------------------------------
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
+
+
+def gpu_spans_from_trace(trace: Mapping[str, Any], streams: Sequence[str],
+                         marks: Sequence[tuple[int, int]], counts: Mapping[str, int],
+                         repeats: int) -> list[Spans]:
+    """Per replay, per stream, the (start, end) of each kernel and copy on the host clock.
+
+    ``trace`` is a Chrome trace as torch.profiler exports it; ``streams`` the stream names in
+    marker order, ``marks`` the host stamps around each marker launch, ``counts`` the kernels
+    and copies per stream of one replay (:func:`model.op_list.gpu_counts`).
+
+    Raises:
+        ValueError: the trace lacks the markers or holds another number of GPU records.
+    """
+    events = trace.get("traceEvents", [])
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e),
+                 key=lambda e: e["ts"])
+    launches = sorted((e for e in events if e.get("name") in LAUNCH_NAMES and "dur" in e),
+                      key=lambda e: e["ts"])
+    if len(gpu) < len(streams):
+        raise ValueError(f"the trace has {len(gpu)} GPU records; expected at least "
+                         f"{len(streams)} markers first")
+    ids = {}
+    offsets = []
+    for index, name in enumerate(streams):
+        ids[gpu[index]["args"]["stream"]] = name
+        before, after = marks[index]
+        if len(launches) >= len(streams):
+            record = launches[index]
+            offsets.append((_ns(record["ts"]) + _ns(record["ts"] + record["dur"])) / 2
+                           - (before + after) / 2)
+        else:  # no runtime records: the marker starts when its launch call returns
+            offsets.append(_ns(gpu[index]["ts"]) - after)
+    if len(ids) != len(streams):
+        raise ValueError("two marker kernels ran on one stream: cannot tell streams apart")
+    offset = statistics.median(offsets)
+    per_stream: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in gpu[len(streams):]:
+        name = ids.get(e["args"]["stream"])
+        if name is None:
+            raise ValueError(f"a GPU record on unknown stream {e['args']['stream']}: {e['name']}")
+        start = _ns(e["ts"]) - offset
+        per_stream[name].append((round(start), round(start + _ns(e["dur"]))))
+    out: list[Spans] = [{} for _ in range(repeats)]
+    for name, spans in per_stream.items():
+        want = counts.get(name, 0) * repeats
+        if len(spans) != want:
+            raise ValueError(f"stream {name}: {len(spans)} GPU records, expected {want}")
+        each = counts[name]
+        for rep in range(repeats):
+            out[rep][name] = spans[rep * each:(rep + 1) * each]
+    return out
+
+
+# -- one run, measured (GPU) ------------------------------------------------------------------
+
+def replay_run(calls: Sequence[ReplayCall], cycles_per_us: float, repeats: int,
+               warmup: int = 1) -> list[tuple[list[int], Spans]]:
+    """Issue ``calls`` ``warmup + repeats`` times (the GPU synchronized between), the measured
+    ones under torch.profiler; per measured replay its host stamps and GPU spans."""
+    from torch.profiler import ProfilerActivity, profile  # deferred: GPU-only, heavy
+
+    api = TorchApi()
+    bound = bind_calls(calls, api, cycles_per_us)
+    for _ in range(warmup):
+        issue(bound.program, api.clock)
+        api.synchronize()
+    stamps = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        marks = markers(bound)
+        for _ in range(repeats):
+            stamps.append(issue(bound.program, api.clock))
+            api.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text(encoding="utf-8"))
+    api.set_stream(api.torch.cuda.default_stream())
+    spans = gpu_spans_from_trace(trace, list(bound.streams), marks, gpu_counts(calls), repeats)
+    return list(zip(stamps, spans, strict=True))

@@ -1,0 +1,284 @@
+"""The timing check: the bundled suite replayed as prebuilt op lists, predicted against measured.
+
+Three steps, the first two on a GPU:
+
+- :func:`fit_timing_group`: replay the calibration workloads (``profiles/calibration/``, none
+  of them in the suite) with :mod:`gpu_check.timing_replay` and read the profile's ``timing``
+  group off them (:func:`model.op_list.timing_costs`);
+- :func:`measure_suite`: replay every run of the suite ``repeats`` times the same way and keep,
+  per replay, the metrics :func:`model.metrics.compute_metrics` computes on its measured
+  timeline (the simulator's definitions, the same code);
+- :func:`compare` (CPU): predict every run with a profile's SYSTEM costs on
+  ``sim.profiled.ProfiledSimDevice`` and set the prediction beside the median of the
+  replays, with the replays' own spread (the noise floor) and the bundled default model
+  (``before``); page, JSON and plot (:mod:`overlap_harness.profile_check`'s summary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from overlap_harness.model.config import Expect
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.op_list import (
+    ReplayCall,
+    TimingSamples,
+    measured_timeline,
+    timing_costs,
+)
+from overlap_harness.model.profile import (
+    Figure,
+    Mode,
+    Profile,
+    TimingGroup,
+    costs_from_profile,
+    load_profile,
+)
+from overlap_harness.profile_check import METRICS, rel_err, summarize, summary_line
+from overlap_harness.reports.calibration_plot import write_plot
+from overlap_harness.runner import simulate
+from overlap_harness.scenarios.expand import RunSpec, expand
+from overlap_harness.scenarios.loader import load_paths
+from overlap_harness.sim.op_capture import capture_op_list
+from overlap_harness.sim.profiled import simulate_profiled, start_gap_delays
+
+MEASUREMENT_KIND = "timing-measurement"
+CHECK_KIND = "timing-check"
+Replay = tuple[Sequence[ReplayCall], Sequence[int], Mapping[str, Sequence[tuple[int, int]]]]
+
+
+def suite_specs(paths: Sequence[str]) -> list[RunSpec]:
+    """Every run of the scenarios at ``paths`` that runs (runs expected to be refused left
+    out: they issue nothing)."""
+    return [s for sc in load_paths(paths) for s in expand(sc) if s.expect != Expect.ERROR]
+
+
+def op_list(spec: RunSpec) -> list[ReplayCall]:
+    """The run's op list, captured from the simulator."""
+    scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    return capture_op_list(scenario, spec.removed)[0]
+
+
+def run_kind(spec: RunSpec) -> str:
+    """``racy`` or ``race_free`` (the plot's markers)."""
+    return "racy" if spec.expect == Expect.RACE else "race_free"
+
+
+def metrics_of(replay: Replay) -> dict[str, int]:
+    """The metrics of one measured replay."""
+    m = compute_metrics(measured_timeline(*replay))
+    return {k: getattr(m, k) for k in METRICS}
+
+
+# -- GPU steps ---------------------------------------------------------------------------------
+
+def _replays(spec: RunSpec, cycles_per_us: float, repeats: int) -> list[Replay]:
+    # deferred: needs torch.cuda; the CPU steps of this module import no GPU code
+    from overlap_harness.gpu_check.timing_replay import replay_run
+
+    calls = op_list(spec)
+    return [(calls, stamps, spans) for stamps, spans in replay_run(calls, cycles_per_us,
+                                                                    repeats)]
+
+
+def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
+    """The timing group's figures from pooled samples (kinds without samples left out)."""
+    def fig(values: Sequence[float]) -> Figure:
+        return Figure.of(values) if values else Figure(0.0, 0.0, 0.0, 1)
+
+    pooled = [x for v in samples.kernel_extra_us.values() for x in v]
+    figures = {"kernel_extra": fig(pooled), "sync_idle": fig(samples.sync_idle_us),
+               "sync_wake": fig(samples.sync_wake_us), "start_gap": fig(samples.start_gap_us),
+               "start_lag": fig(samples.start_lag_us)}
+    return TimingGroup({k: Figure.of(v) for k, v in samples.call_us.items() if v}, figures,
+                       {k: Figure.of(v) for k, v in samples.kernel_extra_us.items() if v},
+                       {k: Figure.of(v) for k, v in samples.copy_us.items() if v}, fitted_on)
+
+
+def fit_timing_group(paths: Sequence[str], cycles_per_us: float, repeats: int = 3,
+                     ) -> TimingGroup:
+    """The timing group, from timing replays of the calibration workloads at ``paths``."""
+    replays: list[Replay] = []
+    for spec in suite_specs(paths):
+        replays += _replays(spec, cycles_per_us, repeats)
+    return group_from_samples(timing_costs(replays),
+                              f"timing replays of {', '.join(paths)} ({repeats} a run, "
+                              f"{len(replays)} in all)")
+
+
+def measure_suite(paths: Sequence[str], cycles_per_us: float, repeats: int,
+                  meta: Mapping[str, str], log: Callable[[str], None] = print,
+                  ) -> dict[str, Any]:
+    """Every run of the suite replayed ``repeats`` times: the measurement document."""
+    runs = []
+    specs = suite_specs(paths)
+    for index, spec in enumerate(specs):
+        replays = _replays(spec, cycles_per_us, repeats)
+        runs.append({"run_id": spec.run_id, "kind": run_kind(spec), "calls": len(replays[0][0]),
+                     "repeats": [metrics_of(r) for r in replays]})
+        if index % 20 == 0:
+            log(f"timing replay {index + 1}/{len(specs)} {spec.run_id}: {runs[-1]['repeats'][0]}")
+    return {"kind": MEASUREMENT_KIND, **meta, "paths": list(paths), "repeats": repeats,
+            "cycles_per_us": cycles_per_us, "runs": runs}
+
+
+# -- CPU: predicted against measured -----------------------------------------------------------
+
+def predict(spec: RunSpec, profile: Profile) -> dict[str, int]:
+    """The metrics of one run predicted with the profile's SYSTEM costs (its timing group's
+    start gap charged as a start delay of every kernel and copy)."""
+    scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    costs = costs_from_profile(profile, scenario.timing, Mode.SYSTEM)
+    scenario = dataclasses.replace(scenario, timing=costs.timing)
+    delays = None
+    if costs.start_gap_us:
+        calls = op_list(spec)
+        delays = start_gap_delays([(c.name, c.iteration) for c in calls if c.on_gpu],
+                                  costs.start_gap_us)
+    _, dev = simulate_profiled(scenario, spec.removed, costs, delays, values="issue_order")
+    m = compute_metrics(dev.finish().timeline)
+    return {k: getattr(m, k) for k in METRICS}
+
+
+def default_model(spec: RunSpec) -> dict[str, int]:
+    """The metrics the bundled default model (no profile) gives the run."""
+    scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    _, dev = simulate(scenario, spec.removed, jitter=0.0, values="issue_order")
+    m = compute_metrics(dev.finish().timeline)
+    return {k: getattr(m, k) for k in METRICS}
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """max |value / median - 1| over one run's replays (None when the median is 0)."""
+    mid = statistics.median(values)
+    return None if mid == 0 else round(max(abs(v / mid - 1) for v in values), 4)
+
+
+def compare_rows(measurement: Mapping[str, Any], profile: Profile,
+                 specs: Mapping[str, RunSpec]) -> list[dict[str, Any]]:
+    """One row per measured run: per metric predicted, measured (median of the replays),
+    relative error, the replays' spread, and the default model (``before``).
+
+    Raises:
+        HarnessError: a measured run is not among ``specs`` (wrong scenario paths).
+    """
+    rows = []
+    for run in measurement["runs"]:
+        spec = specs.get(run["run_id"])
+        if spec is None:
+            raise HarnessError(f"run {run['run_id']} of the measurement is not in the "
+                               "scenarios given; pass the paths it ran")
+        predicted, before = predict(spec, profile), default_model(spec)
+        metrics = {}
+        for k in METRICS:
+            values = [r[k] for r in run["repeats"]]
+            measured = round(statistics.median(values))
+            metrics[k] = {"predicted": predicted[k], "measured": measured,
+                          "rel_err": rel_err(predicted[k], measured),
+                          "spread": spread(values), "before": before[k],
+                          "before_rel_err": rel_err(before[k], measured)}
+        rows.append({"run_id": run["run_id"], "kind": run["kind"], "metrics": metrics})
+    return rows
+
+
+def noise_floor(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per metric, the median and worst spread of the runs' replays."""
+    out = {}
+    for k in METRICS:
+        values = [r["metrics"][k]["spread"] for r in rows if r["metrics"][k]["spread"] is not None]
+        out[k] = {"median": round(statistics.median(values), 4) if values else None,
+                  "max": round(max(values), 4) if values else None}
+    return out
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    """The page: measurement and profile, the summary line, the noise floor, one row per run."""
+    s, noise = doc["summary"], doc["noise_floor"]
+    lines = [
+        "# Timing replay: predicted against measured", "",
+        f"- measurement: `{doc['measurement']}` ({doc['measured_device']}, "
+        f"{doc['measured_date']}; {doc['repeats']} replays a run, from prebuilt op lists)",
+        f"- profile: `{doc['profile']}` (measured on {doc['profile_device']}, "
+        f"{doc['profile_date']}; timing group fitted on {doc['profile_fitted_on']})",
+        f"- command: `{doc['command']}`",
+        "- prediction: the profile's SYSTEM costs (its timing group) on "
+        "`sim.profiled.ProfiledSimDevice`; measured: the median of the replays; both through "
+        "`model.metrics.compute_metrics`",
+        f"- plot: `{doc['plot']}`", "",
+        "## Summary", "", f"**{summary_line(s)}**", "",
+        "| metric | runs | median abs err | worst abs err | within 10% | before (default "
+        "model) | replay spread median | replay spread worst |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in METRICS:
+        v, n = s[k], noise[k]
+        lines.append(f"| {k} | {v['runs']} | {_pct(v['median_abs_rel_err'])} "
+                     f"| {_pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
+                     f"| {_pct(v['before_median_abs_rel_err'])} | {_pct(n['median'])} "
+                     f"| {_pct(n['max'])} |")
+    lines += ["", "Replay spread: per run, max |replay / median of the run's replays - 1|; "
+              "the noise floor no prediction can be held closer than.", "",
+              "## Runs", "", "µs predicted / measured (relative error; replay spread).", "",
+              "| run | kind | iteration | host stall | forward idle |", "| --- " * 5 + "|"]
+    for r in doc["rows"]:
+        cells = []
+        for k in METRICS:
+            m = r["metrics"][k]
+            cells.append(f"{m['predicted'] / 1000:.1f} / {m['measured'] / 1000:.1f} "
+                         f"({_pct(m['rel_err'])}; {_pct(m['spread'])})")
+        lines.append(f"| {r['run_id']} | {r['kind']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def compare(measurement_path: str | Path, profile_path: str | Path, paths: Sequence[str],
+            out_dir: str | Path | None = None) -> tuple[dict[str, Any], Path]:
+    """Write ``<measurement>-vs-<profile>.json|md|png``; returns the document and its stem.
+
+    Raises:
+        HarnessError: the measurement cannot be read, or a run of it is not in ``paths``.
+        ProfileError: the profile is bad.
+    """
+    profile = load_profile(profile_path)
+    mp = Path(measurement_path)
+    try:
+        measurement = json.loads(mp.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"{mp}: cannot read the timing measurement: {exc}") from None
+    if not isinstance(measurement, dict) or measurement.get("kind") != MEASUREMENT_KIND:
+        raise HarnessError(f"{mp}: not a timing measurement (kind {MEASUREMENT_KIND!r})")
+    specs = {s.run_id: s for s in suite_specs(paths)}
+    rows = compare_rows(measurement, profile, specs)
+    out = Path(out_dir) if out_dir else mp.parent
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{mp.stem}-vs-{Path(profile_path).stem}"
+    plot = write_plot(rows, stem.with_suffix(".png"),
+                      f"{measurement.get('device', '?')} timing replay vs predicted with "
+                      f"{Path(profile_path).name}")
+    doc = {"kind": CHECK_KIND, "measurement": mp.name,
+           "measured_device": measurement.get("device"),
+           "measured_date": measurement.get("date"), "repeats": measurement.get("repeats"),
+           "profile": Path(profile_path).name, "profile_device": profile.device,
+           "profile_date": profile.meta["date"],
+           "profile_fitted_on": profile.timing.fitted_on if profile.timing else "-",
+           "command": f"overlap-harness calibrate --timing-compare {mp.as_posix()} --profile "
+                      f"{Path(profile_path).as_posix()} {' '.join(paths)}",
+           "plot": plot.name, "summary": summarize(rows), "noise_floor": noise_floor(rows),
+           "rows": rows}
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(render_markdown(doc), encoding="utf-8")
+    print(summary_line(doc["summary"]))
+    print(f"wrote {stem}.json, .md and .png", file=sys.stderr)
+    return doc, stem
