@@ -77,7 +77,7 @@ from overlap_harness.model.trace import (
     OpRecord,
     QuerySite,
 )
-from overlap_harness.sim.op_values import OpValues, may_repeat, repeats
+from overlap_harness.sim.op_values import OpValues, may_repeat, numpy_view, repeats
 
 # op kinds as the detector's rows keep them (their index in OP_KINDS)
 _KERNEL, _COPY, _RECORD, _WAIT, _HOST_SYNC, _HOST_READ, _HOST_WRITE, _FREE, _QUERY, _HOST_WORK = (
@@ -166,6 +166,9 @@ class SimDevice(Device):
         self._event_done: list[int | None] = []
         self._buffers: list[Buffer] = []
         self._views: list[torch.Tensor] = []  # by buffer id: its block's memory in its shape
+        # the same memory as a numpy array (None for a dtype numpy lacks, bfloat16): writes land
+        # through it, a quarter of the cost of torch indexing (op_values.OpValues.land)
+        self._np_views: list[np.ndarray | None] = []
         self._blocks: list[_Block] = []
         self._pool = BlockPool()
         self.query_sites: list[QuerySite] = []
@@ -236,12 +239,13 @@ class SimDevice(Device):
                       for b, s in pairs])
 
     def _track_init(self, name: str, reads: Sequence[AccessRow], writes: Sequence[AccessRow],
-                    write_sels: Sequence[tuple[Buffer, Sel]]) -> None:
+                    write_sels: Sequence[tuple[Buffer, Sel]]) -> bool:
         """Values the device, not the program, decides. A read of elements the buffer's
         current owner never wrote (issue order) sees allocator-defined contents
         (``torch.empty``); a write whose index set repeats an element is a scatter whose
         winner is last-in-order on the CPU but undefined on CUDA. ``write_sels`` are the
-        ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat."""
+        ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat.
+        Returns whether one does (its values then land through torch, as they always did)."""
         blocks = self._blocks
         for storage, _buffer_id, buffer, e, _write, _pinned in reads:
             block = blocks[storage]
@@ -250,6 +254,7 @@ class SimDevice(Device):
                 if key not in self._uninit:
                     self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
                                         f"elements of {buffer}"
+        repeated = False
         for w, (_b, sel) in zip(writes, write_sels, strict=True):
             block = blocks[w[0]]
             e = w[3]
@@ -258,10 +263,12 @@ class SimDevice(Device):
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
             if may_repeat(sel) and repeats(e):
+                repeated = True
                 key = (name, w[2])
                 if key not in self._dups:
                     self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
                                       f"{w[2]} twice in one op (order device-defined)"
+        return repeated
 
     def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessRow]) -> None:
         """At a read's simulated time: elements no write of this owner has landed on yet
@@ -322,7 +329,9 @@ class SimDevice(Device):
         ids = np.arange(numel, dtype=np.int64).reshape(shape)
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
         self._buffers.append(buf)
-        self._views.append(block.data.view(shape))
+        view = block.data.view(shape)
+        self._views.append(view)
+        self._np_views.append(numpy_view(view))
         if fill is not None:
             if stream is None:
                 self.host_write(buf, None, fill, name=f"init:{name}")
@@ -373,9 +382,10 @@ class SimDevice(Device):
         end = start + self._dur(cost_us)
         st.free_at = end
         rq, wq = self._reqs(reads, False), self._reqs(writes, True)
-        self._track_init(name, rq, wq, writes)
+        repeated = self._track_init(name, rq, wq, writes)
         op = self._node(name, st.agent, st.name, kind, start, end, None, source, issue, rq + wq)
-        values = OpValues(self, op, name, self.iteration, fn, reads, writes, observe, rq, wq)
+        values = OpValues(self, op, name, self.iteration, fn, reads, writes, observe, rq, wq,
+                          repeated)
         if self._issue_order:  # the function runs and its writes land now: issue order
             values.run()
             if writes:
