@@ -20,13 +20,16 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from overlap_harness import __version__, calibrate_cmd, check_cmd
 from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.model.errors import HarnessError, ScenarioError
 from overlap_harness.replay.limits import SANITIZER_BUDGET_S
 from overlap_harness.reports import DEFAULT_OUT, tables
+
+if TYPE_CHECKING:  # for a type hint only: the command line starts without the writers
+    from overlap_harness.reports.plot_jobs import PlotJobs
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -199,13 +202,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     scenarios = [calibrate_cmd.apply_profile(sc, args.profile) for sc in scenarios]
     _check_memory(scenarios, args.ignore_memory_estimate)
 
+    plots = None
+    if not args.no_reports:
+        # deferred: the report writers, only when reports are written (no matplotlib: only
+        # the plot workers, forked here to draw while the runs simulate, import it)
+        from overlap_harness.reports.writer import start_plots
+
+        plots = start_plots(args.out)
+    try:
+        return _run_and_report(args, scenarios, plots, human)
+    finally:
+        if plots is not None:
+            plots.close()
+
+
+def _run_and_report(args: argparse.Namespace, scenarios: Sequence[Any],
+                    plots: PlotJobs | None, human: TextIO) -> int:
+    """The runs of ``run``/``report`` and what they print and write (``plots``: the started
+    plot workers, None with ``--no-reports``)."""
     # deferred: imports torch; the command line starts (and fails on bad input) without it
     from overlap_harness.reports.jsonout import to_json
     from overlap_harness.reports.junit import write_junit
     from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
 
     progress = _Progress(not args.quiet)
-    results = run_scenarios(scenarios, progress=progress, watch=progress.watch)
+    results = run_scenarios(scenarios, progress=progress, watch=progress.watch,
+                            on_result=None if plots is None else plots.offer)
     print(results_table(results), file=human)
     for r in results:
         if not r.ok:
@@ -220,11 +242,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(results, args.junit)
     rows = _print_necessity(scenarios, human) if args.necessity else []
-    if not args.no_reports:
-        # deferred: imports torch; the command line starts (and fails on bad input) without it
+    if plots is not None:
+        # deferred: the report writers (imported already by _cmd_run when reports are on)
         from overlap_harness.reports.writer import write_all
 
-        path = write_all(results, args.out, rows, progress=_Progress(not args.quiet))
+        path = write_all(results, args.out, rows, progress=_Progress(not args.quiet),
+                         plots=plots)
         print(f"\nreports: {path}", file=human)
     failed = sum(not r.ok for r in results)
     print(f"\n{len(results) - failed} passed, {failed} failed", file=human)

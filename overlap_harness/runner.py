@@ -260,12 +260,15 @@ def run_scenarios(
     scenarios: Iterable[Scenario],
     progress: Callable[[int, int, str], None] | None = None,
     watch: Watch | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
 ) -> list[CaseResult]:
     """Expand every scenario into its runs and run them all, reporting progress (per run,
-    and through ``watch`` per iteration inside each run)."""
+    and through ``watch`` per iteration inside each run). ``on_result`` is handed each
+    result as its run ends (the plot workers start drawing while later runs simulate)."""
     work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
     gc.freeze()  # what the imports made lives as long as the process: out of every collection
-    return _map_specs(work, [s for sc in scenarios for s in expand(sc)], progress)
+    return _map_specs(work, [s for sc in scenarios for s in expand(sc)], progress,
+                      on_result=on_result)
 
 
 def _ignore_interrupts() -> None:
@@ -274,8 +277,10 @@ def _ignore_interrupts() -> None:
 
 
 def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
-               progress: Callable[[int, int, str], None] | None, jobs: int = 1) -> list[Any]:
-    """``fn`` over ``specs`` in order (in a ``jobs``-process pool when > 1), with progress."""
+               progress: Callable[[int, int, str], None] | None, jobs: int = 1,
+               on_result: Callable[[Any], None] | None = None) -> list[Any]:
+    """``fn`` over ``specs`` in order (in a ``jobs``-process pool when > 1), with progress;
+    ``on_result`` sees each result as it comes."""
     out: list[Any] = []
     pool = None
     if jobs > 1:  # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
@@ -286,6 +291,8 @@ def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
             if progress is not None:
                 progress(i, len(specs), spec.run_id)
             out.append(next(results))
+            if on_result is not None:
+                on_result(out[-1])
     except BaseException:
         if pool is not None:
             pool.terminate()

@@ -23,7 +23,7 @@ from typing import Any
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import OpKind, OpRecord
-from overlap_harness.reports.timeline import event_arrows, lane_order
+from overlap_harness.reports.lanes import event_arrows, lane_order
 
 _INSTANT = (OpKind.RECORD, OpKind.WAIT, OpKind.HOST_READ, OpKind.HOST_WRITE, OpKind.QUERY,
             OpKind.ALLOC, OpKind.FREE)

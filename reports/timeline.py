@@ -23,9 +23,8 @@ from matplotlib.figure import Figure
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
+from overlap_harness.reports.lanes import event_arrows, lane_order
 
-#: Lanes first in this order, then any other agent in order of first appearance.
-LANE_ORDER = ("host", "schedule", "forward", "d2h")
 RACE_COLOR = "#d62728"
 #: Face colour, edge colour and hatch by kind; zero-length kinds are drawn as markers.
 STYLE: dict[OpKind, tuple[str, str, str]] = {
@@ -44,29 +43,6 @@ MARKERS: dict[OpKind, tuple[str, str]] = {
     OpKind.FREE: ("|", "#888888"),
 }
 MAX_RACES_DRAWN = 200
-
-
-def lane_order(timeline: Sequence[OpRecord]) -> list[str]:
-    """Agents of ``timeline``: host, schedule, forward, d2h (those present), then the rest."""
-    seen = list(dict.fromkeys(t.agent for t in timeline))
-    return [a for a in LANE_ORDER if a in seen] + [a for a in seen if a not in LANE_ORDER]
-
-
-def event_arrows(timeline: Sequence[OpRecord]) -> list[tuple[OpRecord, OpRecord]]:
-    """(record, wait) pairs: each ``wait:X`` with the latest ``record:X`` issued before it.
-
-    A wait with no earlier record (a no-op wait) gets no arrow.
-    """
-    latest: dict[str, OpRecord] = {}
-    pairs = []
-    for t in sorted(timeline, key=lambda t: t.op):
-        if t.kind == OpKind.RECORD and t.name.startswith("record:"):
-            latest[t.name[len("record:"):]] = t
-        elif t.kind == OpKind.WAIT and t.name.startswith("wait:"):
-            rec = latest.get(t.name[len("wait:"):])
-            if rec is not None:
-                pairs.append((rec, t))
-    return pairs
 
 
 def iteration_starts(timeline: Sequence[OpRecord]) -> dict[int, int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.model.results import CaseResult
-from overlap_harness.reports import writer
+from overlap_harness.reports import plot_jobs, writer
 from overlap_harness.reports.junit import to_junit
 from overlap_harness.reports.perfetto import to_trace, write_trace
 from overlap_harness.reports.sarif import to_sarif
@@ -200,10 +200,10 @@ def test_write_all_names_small_outputs_plainly(tmp_path, name) -> None:
 def test_an_unchanged_plot_is_kept_and_a_changed_one_redrawn(tmp_path, monkeypatch) -> None:
     case = make_case(tmp_path, mutation="no_publish_wait")
     first = writer.write_plots([case], tmp_path / "plots")
-    drawn: list[int] = []
-    real = writer._plot_one
-    monkeypatch.setattr(writer, "_plot_one", lambda i, d: drawn.append(i) or real(i, d))
+    drawn: list[str] = []
+    real = plot_jobs.draw_png
+    monkeypatch.setattr(plot_jobs, "draw_png", lambda c, p: drawn.append(c.run_id) or real(c, p))
     assert writer.write_plots([case], tmp_path / "plots") == first and drawn == []
     changed = dataclasses.replace(case, races=case.races[:1])
     writer.write_plots([changed], tmp_path / "plots")
-    assert drawn == [0]
+    assert drawn == [case.run_id]

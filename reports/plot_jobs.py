@@ -1,0 +1,165 @@
+"""Timeline PNGs drawn by background workers, started before the suite simulates.
+
+Plots were most of a suite's report time: about 0.2 CPU seconds each, 54 of them in the
+bundled suite, drawn only once every run had simulated (issue 17 item 2). Here a pool of
+worker processes is forked before the first run, each importing matplotlib and drawing one
+small figure while the first runs simulate; a racy, faulty or failing case is handed over the
+moment its run ends, so the plots are drawn on the other cores while later runs simulate. The
+workers run at a lower priority (``os.nice``), so the simulation, which everything else waits
+for, keeps its core.
+
+A plot whose inputs (the case's timeline, races, verdict and the plotting code) are those of
+the PNG already in the folder is kept, not drawn again: its key sits beside it in
+``plots/.keys.json``. The process that owns the pool never imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import pickle
+import re
+import signal
+from collections.abc import Callable, Sequence
+from multiprocessing.pool import AsyncResult, Pool
+from pathlib import Path
+from types import TracebackType
+
+from overlap_harness.model.results import CaseResult
+from overlap_harness.reports.summary import needs_plot
+
+#: The source of the drawing code: part of every plot's key (read as a file, not imported).
+TIMELINE_SOURCE = Path(__file__).with_name("timeline.py")
+_PLOT_CODE = hashlib.sha1(TIMELINE_SOURCE.read_bytes()).hexdigest()
+WORKER_NICENESS = 3
+"""How much lower the plot workers' priority is than the simulating process's."""
+MAX_WORKERS = 4
+
+
+def safe_name(run_id: str) -> str:
+    """A file-system-safe stem for a run id (``scenario/mutation-hash``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+
+
+def plot_key(case: CaseResult) -> str:
+    """A digest of everything a case's plot shows, and of the code that draws it."""
+    shown = (case.name, case.expect, case.verdict, case.ok, case.error, case.removed,
+             case.timeline, case.races)
+    return hashlib.sha1(pickle.dumps(shown) + _PLOT_CODE.encode()).hexdigest()
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity where the OS says, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def draw_png(case: CaseResult, path: str) -> str:
+    """Draw ``case``'s timeline and save it as the PNG ``path``; returns ``path``."""
+    # deferred: matplotlib (about 0.5 CPU s to import) only where plots are drawn
+    from overlap_harness.reports.timeline import plot_timeline, save_plot
+
+    stem = Path(path)
+    return str(save_plot(plot_timeline(case), stem.with_suffix(""), formats=("png",))[0])
+
+
+def _start_worker() -> None:
+    """Pool initializer: lower this worker's priority, leave Ctrl-C to the parent, and pay
+    matplotlib's import and first draw (font loading) while the parent simulates."""
+    # deferred: matplotlib, in the worker only; the parent never imports it
+    from overlap_harness.reports.timeline import plt
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # not permitted: the workers share the CPU equally
+        os.nice(WORKER_NICENESS)
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.text(0.5, 0.5, "warm-up", fontsize=7)
+    ax.set_title("warm-up", fontsize=10)
+    fig.savefig(io.BytesIO(), format="png", dpi=100)
+    plt.close(fig)
+
+
+class PlotJobs:
+    """The PNG timelines of one report folder: offered case by case, collected at the end.
+
+    ``workers`` processes are forked at construction (0: every plot is drawn in this process
+    when :meth:`finish` is called). Use as a context manager, or call :meth:`close`, so no
+    worker outlives an error.
+    """
+
+    def __init__(self, plot_dir: Path, workers: int = 0) -> None:
+        self.plot_dir = plot_dir
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        self._keys_path = plot_dir / ".keys.json"
+        try:
+            self._old_keys: dict[str, str] = json.loads(self._keys_path.read_text())
+        except (OSError, ValueError):
+            self._old_keys = {}
+        self._keys_path.unlink(missing_ok=True)  # a crash while drawing must not leave stale keys
+        self._keys: dict[str, str] = {}
+        self._paths: dict[str, Path] = {}
+        self._waiting: list[tuple[CaseResult, AsyncResult | None]] = []
+        self._pool: Pool | None = None
+        if workers > 0 and "fork" in multiprocessing.get_all_start_methods():
+            # fork: the workers inherit every module already imported (torch included), so
+            # starting one costs milliseconds; each case is pickled to it (tens of kB)
+            self._pool = multiprocessing.get_context("fork").Pool(workers, _start_worker)
+
+    def offer(self, case: CaseResult) -> None:
+        """Plot ``case`` if it needs one (racy, faulty or failing) and its PNG is not already
+        in the folder with the same key; in a worker when there is a pool."""
+        if not needs_plot(case):
+            return
+        key = plot_key(case)
+        path = self.plot_dir / f"{safe_name(case.run_id)}.png"
+        self._keys[case.run_id] = key
+        self._paths[case.run_id] = path
+        if self._old_keys.get(case.run_id) == key and path.exists():
+            return
+        job = None if self._pool is None else self._pool.apply_async(draw_png, (case, str(path)))
+        self._waiting.append((case, job))
+
+    def finish(self, progress: Callable[[int, int, str], None] | None = None
+               ) -> dict[str, Path]:
+        """Wait for (or draw) every plot offered; write the keys; run id -> PNG path."""
+        waiting, self._waiting = self._waiting, []
+        for i, (case, job) in enumerate(waiting):
+            if progress is not None:
+                progress(i, len(waiting), f"plot {case.name}")
+            if job is None:
+                draw_png(case, str(self._paths[case.run_id]))
+            else:
+                job.get()
+        if progress is not None:
+            progress(len(waiting), len(waiting), "")
+        self.close()
+        self._keys_path.write_text(json.dumps(self._keys, indent=0, sort_keys=True))
+        return dict(self._paths)
+
+    def close(self) -> None:
+        """Stop the workers (at once if plots are still being drawn)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> PlotJobs:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+def plot_all(cases: Sequence[CaseResult], plot_dir: Path, workers: int = 0,
+             progress: Callable[[int, int, str], None] | None = None) -> dict[str, Path]:
+    """The PNG of each case that needs one, run id -> path (kept when unchanged)."""
+    with PlotJobs(plot_dir, workers) as jobs:
+        for case in cases:
+            jobs.offer(case)
+        return jobs.finish(progress)

@@ -1,0 +1,86 @@
+"""Plots drawn by background workers while a suite simulates (issue 17 item 2).
+
+The workers are forked before the first run and handed each case as its run ends; what they
+draw must be the PNG the same code draws in this process, only for the cases that need a
+plot, and the process that owns them must never import matplotlib.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from overlap_harness.reports import plot_jobs
+from overlap_harness.reports.plot_jobs import PlotJobs, plot_all
+from overlap_harness.runner import run_scenarios
+from overlap_harness.scenarios.loader import load_paths
+from tests.reports.conftest import make_case
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def racy_cases(tmp_path: Path, count: int) -> list:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    return [dataclasses.replace(case, run_id=f"synthetic_decode/no_publish_wait-{i}")
+            for i in range(count)]
+
+
+def test_workers_draw_the_png_this_process_draws(tmp_path) -> None:
+    cases = racy_cases(tmp_path, 3)
+    here = plot_all(cases, tmp_path / "here", workers=0)
+    with PlotJobs(tmp_path / "workers", workers=2) as jobs:
+        for case in cases:
+            jobs.offer(case)
+        there = jobs.finish()
+    assert list(here) == list(there) == [c.run_id for c in cases]
+    for run_id in here:
+        assert here[run_id].read_bytes() == there[run_id].read_bytes()
+        assert there[run_id].read_bytes().startswith(b"\x89PNG")
+
+
+def test_only_racy_faulty_or_failing_cases_get_a_plot(tmp_path) -> None:
+    base = make_case(tmp_path)  # race-free and ok: no plot
+    racy = make_case(tmp_path, mutation="no_publish_wait")
+    failing = dataclasses.replace(base, run_id="synthetic_decode/failing", ok=False)
+    plots = plot_all([base, racy, failing], tmp_path / "plots")
+    assert sorted(plots) == sorted([racy.run_id, failing.run_id])
+    assert not (tmp_path / "plots" / f"{plot_jobs.safe_name(base.run_id)}.png").exists()
+
+
+def test_a_pool_closed_before_finish_leaves_no_keys_and_no_workers(tmp_path) -> None:
+    jobs = PlotJobs(tmp_path / "plots", workers=2)
+    for case in racy_cases(tmp_path, 2):
+        jobs.offer(case)
+    jobs.close()  # what an error in the runs does (the command line's finally)
+    assert jobs._pool is None and not (tmp_path / "plots" / ".keys.json").exists()
+
+
+def test_the_process_owning_the_workers_never_imports_matplotlib(tmp_path) -> None:
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.reports.conftest import make_case
+        from overlap_harness.reports.writer import start_plots, write_all
+        tmp = Path({str(tmp_path)!r})
+        case = make_case(tmp, mutation="no_publish_wait")
+        jobs = start_plots(tmp / "out")
+        jobs.offer(case)
+        write_all([case], tmp / "out", gpu_dir=None, plots=jobs)
+        assert (tmp / "out" / "plots" / (case.run_id.replace("/", "_") + ".png")).exists()
+        print("matplotlib" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_each_result_is_handed_over_as_its_run_ends() -> None:
+    scenarios = load_paths([REPO / "scenarios" / "protocol" / "s01_stash_gather_fifo.toml"])
+    seen: list = []
+    results = run_scenarios(scenarios, on_result=seen.append)
+    assert len(results) > 1 and [r.run_id for r in seen] == [r.run_id for r in results]
