@@ -13,11 +13,10 @@ themselves.
 
 GPU start and end of every kernel and copy come from torch.profiler's CUDA activity (CUPTI:
 per-stream timestamps, no call added to the list), mapped back to the list by stream and
-order (:func:`gpu_spans_from_trace`). The streams are told apart by one marker kernel per
-stream before the replays, and the GPU clock is put on ``perf_counter_ns``'s by the markers'
-``cudaLaunchKernel`` runtime records, which the same trace holds (the midpoint of each
-record against the midpoint of the host stamps around the call; without runtime records,
-the marker's GPU start against its call's return).
+order (:func:`trace_records`). The streams are told apart by one marker kernel per stream
+before the replays, and the GPU clock is put on ``perf_counter_ns``'s by the runtime records
+(``cudaLaunchKernel``, ``cudaMemcpyAsync``) the same trace holds for each kernel and copy:
+each lies inside the host stamps around its call (:func:`clock_offset`).
 
 The calls are built against an ``api`` object (:class:`TorchApi` on a GPU), so the binding is
 tested on the CPU with a fake one.
@@ -40,7 +39,6 @@ from overlap_harness.model.op_list import ReplayCall, gpu_counts, gpu_streams
 Call = Callable[[], Any]
 Spans = dict[str, list[tuple[int, int]]]
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC")
 
 
 class TorchApi:
@@ -173,17 +171,14 @@ def issue(program: Sequence[Call], clock: Callable[[], int]) -> list[int]:
     return stamps
 
 
-def markers(bound: Bound) -> list[tuple[int, int]]:
+def markers(bound: Bound) -> None:
     """One ``_sleep(0)`` kernel per stream, in :func:`gpu_streams` order, each alone on the
-    GPU; the host stamps around each launch (their trace records align the clocks)."""
-    api, out = bound.api, []
+    GPU: the trace's first GPU records, which name its stream ids."""
+    api = bound.api
     for stream in bound.streams.values():
         api.set_stream(stream)
-        before = api.clock()
         api.sleep(0)
-        out.append((before, api.clock()))
         api.synchronize()
-    return out
 
 
 # -- the profiler trace -> GPU spans (pure) -------------------------------------------------
@@ -192,14 +187,20 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
-def gpu_spans_from_trace(trace: Mapping[str, Any], streams: Sequence[str],
-                         marks: Sequence[tuple[int, int]], counts: Mapping[str, int],
-                         repeats: int) -> list[Spans]:
-    """Per replay, per stream, the (start, end) of each kernel and copy on the host clock.
+#: One GPU record: (start, end) on the trace's clock and its runtime call's (start, end) there
+#: (the ``cudaLaunchKernel`` / ``cudaMemcpyAsync`` record of the same correlation id; None
+#: where the trace has none).
+Raw = tuple[int, int, tuple[int, int] | None]
 
-    ``trace`` is a Chrome trace as torch.profiler exports it; ``streams`` the stream names in
-    marker order, ``marks`` the host stamps around each marker launch, ``counts`` the kernels
-    and copies per stream of one replay (:func:`model.op_list.gpu_counts`).
+
+def trace_records(trace: Mapping[str, Any], streams: Sequence[str], counts: Mapping[str, int],
+                  repeats: int) -> list[dict[str, list[Raw]]]:
+    """Per replay, per stream, its kernels and copies as :data:`Raw` records, in order.
+
+    ``trace`` is a Chrome trace as torch.profiler exports it; its first GPU records are one
+    marker kernel per stream (:func:`markers`), in ``streams`` order, which tell the trace's
+    stream ids apart; ``counts`` the kernels and copies per stream of one replay
+    (:func:`model.op_list.gpu_counts`).
 
     Raises:
         ValueError: the trace lacks the markers or holds another number of GPU records.
@@ -207,41 +208,74 @@ def gpu_spans_from_trace(trace: Mapping[str, Any], streams: Sequence[str],
     events = trace.get("traceEvents", [])
     gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e),
                  key=lambda e: e["ts"])
-    launches = sorted((e for e in events if e.get("name") in LAUNCH_NAMES and "dur" in e),
-                      key=lambda e: e["ts"])
+    runtime = {e["args"]["correlation"]: (_ns(e["ts"]), _ns(e["ts"] + e["dur"]))
+               for e in events if e.get("cat") == "cuda_runtime" and "dur" in e
+               and "correlation" in e.get("args", {})}
     if len(gpu) < len(streams):
         raise ValueError(f"the trace has {len(gpu)} GPU records; expected at least "
                          f"{len(streams)} markers first")
-    ids = {}
-    offsets = []
-    for index, name in enumerate(streams):
-        ids[gpu[index]["args"]["stream"]] = name
-        before, after = marks[index]
-        if len(launches) >= len(streams):
-            record = launches[index]
-            offsets.append((_ns(record["ts"]) + _ns(record["ts"] + record["dur"])) / 2
-                           - (before + after) / 2)
-        else:  # no runtime records: the marker starts when its launch call returns
-            offsets.append(_ns(gpu[index]["ts"]) - after)
+    ids = {gpu[index]["args"]["stream"]: name for index, name in enumerate(streams)}
     if len(ids) != len(streams):
         raise ValueError("two marker kernels ran on one stream: cannot tell streams apart")
-    offset = statistics.median(offsets)
-    per_stream: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    per_stream: dict[str, list[Raw]] = defaultdict(list)
     for e in gpu[len(streams):]:
         name = ids.get(e["args"]["stream"])
         if name is None:
             raise ValueError(f"a GPU record on unknown stream {e['args']['stream']}: {e['name']}")
-        start = _ns(e["ts"]) - offset
-        per_stream[name].append((round(start), round(start + _ns(e["dur"]))))
-    out: list[Spans] = [{} for _ in range(repeats)]
-    for name, spans in per_stream.items():
-        want = counts.get(name, 0) * repeats
-        if len(spans) != want:
-            raise ValueError(f"stream {name}: {len(spans)} GPU records, expected {want}")
-        each = counts[name]
+        start = _ns(e["ts"])
+        per_stream[name].append((start, start + _ns(e["dur"]),
+                                 runtime.get(e["args"].get("correlation"))))
+    out: list[dict[str, list[Raw]]] = [{} for _ in range(repeats)]
+    for name, records in per_stream.items():
+        each = counts.get(name, 0)
+        if len(records) != each * repeats:
+            raise ValueError(f"stream {name}: {len(records)} GPU records, expected "
+                             f"{each * repeats}")
         for rep in range(repeats):
-            out[rep][name] = spans[rep * each:(rep + 1) * each]
+            out[rep][name] = records[rep * each:(rep + 1) * each]
     return out
+
+
+def clock_offset(calls: Sequence[ReplayCall], stamps: Sequence[int],
+                 records: Mapping[str, Sequence[Raw]]) -> float:
+    """The trace clock minus the host clock, from the runtime records of the replay's calls.
+
+    Each call's runtime record lies inside the host stamps around the call, so the offset is
+    at least ``record end - stamp after`` and at most ``record start - stamp before``; the
+    middle of the intersection of those bounds over all calls (when it is empty, as a late
+    stamp can make it, the median of each call's own middle). A trace without runtime records
+    takes the median op as starting when its call returned (coarser).
+    """
+    lows, highs = [], []
+    taken: dict[str, int] = defaultdict(int)
+    for index, c in enumerate(calls):
+        if not c.on_gpu:
+            continue
+        record = records[c.stream][taken[c.stream]][2]
+        taken[c.stream] += 1
+        if record is not None:
+            lows.append(record[1] - stamps[index + 1])
+            highs.append(record[0] - stamps[index])
+    if not lows:  # no runtime records: take each op as starting when its call returns
+        taken.clear()
+        starts = []
+        for index, c in enumerate(calls):
+            if c.on_gpu:
+                starts.append(records[c.stream][taken[c.stream]][0] - stamps[index + 1])
+                taken[c.stream] += 1
+        return statistics.median(starts) if starts else 0.0
+    low, high = max(lows), min(highs)
+    if low <= high:
+        return (low + high) / 2
+    return statistics.median((a + b) / 2 for a, b in zip(lows, highs, strict=True))
+
+
+def aligned_spans(calls: Sequence[ReplayCall], stamps: Sequence[int],
+                  records: Mapping[str, Sequence[Raw]]) -> Spans:
+    """The replay's GPU spans on the host clock (:func:`clock_offset`)."""
+    offset = clock_offset(calls, stamps, records)
+    return {name: [(round(a - offset), round(b - offset)) for a, b, _ in rs]
+            for name, rs in records.items()}
 
 
 # -- one run, measured (GPU) ------------------------------------------------------------------
@@ -259,7 +293,7 @@ def replay_run(calls: Sequence[ReplayCall], cycles_per_us: float, repeats: int,
         api.synchronize()
     stamps = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        marks = markers(bound)
+        markers(bound)
         for _ in range(repeats):
             stamps.append(issue(bound.program, api.clock))
             api.synchronize()
@@ -268,5 +302,5 @@ def replay_run(calls: Sequence[ReplayCall], cycles_per_us: float, repeats: int,
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text(encoding="utf-8"))
     api.set_stream(api.torch.cuda.default_stream())
-    spans = gpu_spans_from_trace(trace, list(bound.streams), marks, gpu_counts(calls), repeats)
-    return list(zip(stamps, spans, strict=True))
+    records = trace_records(trace, list(bound.streams), gpu_counts(calls), repeats)
+    return [(st, aligned_spans(calls, st, rec)) for st, rec in zip(stamps, records, strict=True)]

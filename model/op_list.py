@@ -19,10 +19,12 @@ nothing that touches a GPU:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from overlap_harness.model.trace import HOST, OpId, OpKind, OpRecord
 
@@ -253,3 +255,36 @@ def kind_extra(samples: Mapping[str, Sequence[float]]) -> list[float]:
 def median_or(values: Sequence[float], default: float = 0.0) -> float:
     """The median of ``values``; ``default`` when there are none."""
     return statistics.median(values) if values else default
+
+
+# -- saved replays (JSON) -----------------------------------------------------------------------
+
+Replay = tuple[Sequence[ReplayCall], Sequence[int], Mapping[str, Sequence[tuple[int, int]]]]
+
+
+def replays_to_data(runs: Sequence[tuple[str, Sequence[Replay]]]) -> list[dict[str, Any]]:
+    """Measured replays, by run id, as JSON-ready data (one op list per run)."""
+    out = []
+    for run_id, replays in runs:
+        calls = replays[0][0]
+        out.append({"run_id": run_id, "calls": [dataclasses.asdict(c) for c in calls],
+                    "replays": [{"stamps": list(st), "spans": {k: [list(x) for x in v]
+                                                               for k, v in sp.items()}}
+                                for _, st, sp in replays]})
+    return out
+
+
+def replays_from_data(data: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Replay]]]:
+    """:func:`replays_to_data` read back.
+
+    Raises:
+        KeyError, TypeError, ValueError: not such data.
+    """
+    out = []
+    for run in data:
+        calls = [ReplayCall(**c) for c in run["calls"]]
+        out.append((run["run_id"], [(calls, [int(x) for x in r["stamps"]],
+                                     {k: [(int(a), int(b)) for a, b in v]
+                                      for k, v in r["spans"].items()})
+                                    for r in run["replays"]]))
+    return out

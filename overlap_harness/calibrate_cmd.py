@@ -31,6 +31,7 @@ from typing import Any
 
 from overlap_harness.model.config import Scenario
 from overlap_harness.model.errors import HarnessError
+from overlap_harness.model.op_list import replays_from_data, replays_to_data
 from overlap_harness.model.profile import (
     Mode,
     Profile,
@@ -156,10 +157,11 @@ def read_timelines(path: Path) -> Pairs:
 
 
 def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
-                    log: Any = print) -> tuple[Profile, Pairs, list[str]]:
+                    log: Any = print) -> tuple[Profile, Pairs, list[str], list]:
     """Every figure of a profile, on the current CUDA device (see the module docstring).
 
-    Returns the profile, the calibration timelines it was fitted on and their run ids.
+    Returns the profile, the calibration timelines it was fitted on, their run ids, and the
+    calibration workloads' timing replays (``model.op_list.replays_to_data``).
 
     Raises:
         NoCudaError: no CUDA device.
@@ -193,7 +195,7 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
                      " us)")
     from overlap_harness.timing_check import fit_timing_group  # deferred: imports the sim
 
-    timing = fit_timing_group(calibration_paths, cal.cycles_per_us, runs)
+    timing, timing_runs = fit_timing_group(calibration_paths, cal.cycles_per_us, runs)
     log("timing call us: " + profiling.by_kind(timing.call_us))
     log("timing figures us: " + profiling.by_kind(timing.figures | timing.copy_us))
     pairs, run_ids = measure_harness(calibration_paths, cal, runs)
@@ -208,7 +210,7 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
                                         f"({runs} replays a run)")
     log("harness issue us: " + profiling.by_kind(profile.harness_issue_us))
     log("harness extra GPU us: " + profiling.by_kind(profile.harness_extra_us))
-    return profile, pairs, run_ids
+    return profile, pairs, run_ids, timing_runs
 
 
 # -- the subcommand -----------------------------------------------------------------------
@@ -244,6 +246,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "measurement and its comparison with the new profile to --report-out")
     c.add_argument("--repeats", type=int, default=5, metavar="N",
                    help="timing replays of each suite run (default 5)")
+    c.add_argument("--refit-timing", metavar="REPLAYS", default=None,
+                   help="with --profile and --out: fit the timing group again on saved timing "
+                        "replays of the calibration workloads (<profile>-timing-calibration"
+                        ".json.gz; CPU); the rest of the profile is kept")
     c.add_argument("--timing-compare", metavar="MEASUREMENT", default=None,
                    help="a timing measurement (.json, from --timing-suite) to predict with "
                         "--profile (CPU)")
@@ -272,6 +278,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise HarnessError("calibrate: give --out FILE (measure, on a GPU), --compare "
                            "REPORT.json --profile FILE or --timing-compare MEASUREMENT.json "
                            "--profile FILE (CPU)")
+    if args.refit_timing:
+        return refit_timing(args)
     if args.refit:
         if not args.profile:
             raise HarnessError("calibrate --refit needs --profile FILE (the system group)")
@@ -296,15 +304,49 @@ def run_calibrate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     given = getattr(args, "argv", None) or sys.argv[2:]  # main() sets argv; the CLI has sys.argv
     command = " ".join(["overlap-harness", "calibrate", *given])
-    profile, pairs, run_ids = measure_profile(args.calibration, args.runs, command,
-                                              log=lambda s: print(s, flush=True))
+    profile, pairs, run_ids, timing_runs = measure_profile(
+        args.calibration, args.runs, command, log=lambda s: print(s, flush=True))
     dump_profile(profile, out)
+    write_replays(timing_runs, out.with_name(f"{out.stem}-timing-calibration.json.gz"))
     if args.timelines:
         write_timelines(pairs, Path(args.timelines), run_ids)
     load_profile(out)  # what was written reads back
     print(f"wrote {out}", file=sys.stderr)
     if args.timing_suite:
         return timing_suite(args, profile, out)
+    return 0
+
+
+def write_replays(runs: list, path: Path) -> None:
+    """Timing replays by run id as gzipped JSON (``--refit-timing`` reads them)."""
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        json.dump(replays_to_data(runs), fh, separators=(",", ":"))
+
+
+def read_replays(path: Path) -> list:
+    """:func:`write_replays` read back.
+
+    Raises:
+        HarnessError: the file cannot be read or is not such a file (one line).
+    """
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return replays_from_data(json.load(fh))
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        raise HarnessError(f"{path}: not a timing replays file: {exc}") from None
+
+
+def refit_timing(args: argparse.Namespace) -> int:
+    """``--refit-timing``: the profile's timing group fitted again on saved replays (CPU)."""
+    from overlap_harness.timing_check import group_from_runs  # deferred: imports the sim
+
+    if not (args.profile and args.out):
+        raise HarnessError("calibrate --refit-timing needs --profile FILE and --out FILE")
+    base = load_profile(args.profile)
+    path = Path(args.refit_timing)
+    group = group_from_runs(read_replays(path), f"timing replays in {path.name}")
+    dump_profile(dataclasses.replace(base, timing=group), args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -321,8 +363,9 @@ def timing_suite(args: argparse.Namespace, profile: Profile, profile_path: Path)
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "command": " ".join(["overlap-harness", "calibrate",
                                  *(getattr(args, "argv", None) or sys.argv[2:])])}
+    raw: list = []
     doc = measure_suite(args.timing_suite, profile.sleep_cycles_per_us, args.repeats, meta,
-                        log=lambda s: print(s, flush=True))
+                        log=lambda s: print(s, flush=True), raw=raw)
     doc["elapsed"] = {"wall_s": round(time.perf_counter() - t0, 1),
                       "cpu_s": round(time.process_time() - c0, 1)}
     out = Path(args.report_out or ".")
@@ -330,6 +373,7 @@ def timing_suite(args: argparse.Namespace, profile: Profile, profile_path: Path)
     name = profile_path.stem
     path = out / f"{doc['date'][:10]}-{name}-timing.json"
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    write_replays(raw, path.with_name(f"{path.stem}-replays.json.gz"))
     print(f"wrote {path} ({doc['elapsed']['wall_s']} s wall)", file=sys.stderr)
     result, _ = compare(path, profile_path, args.timing_suite, out)
     return 0 if result["summary"]["targets_met"] else 1

@@ -28,6 +28,7 @@ from overlap_harness.model.config import Expect
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.metrics import compute_metrics
 from overlap_harness.model.op_list import (
+    Replay,
     ReplayCall,
     TimingSamples,
     measured_timeline,
@@ -51,7 +52,6 @@ from overlap_harness.sim.profiled import simulate_profiled, start_gap_delays
 
 MEASUREMENT_KIND = "timing-measurement"
 CHECK_KIND = "timing-check"
-Replay = tuple[Sequence[ReplayCall], Sequence[int], Mapping[str, Sequence[tuple[int, int]]]]
 
 
 def suite_specs(paths: Sequence[str]) -> list[RunSpec]:
@@ -103,24 +103,31 @@ def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
 
 
 def fit_timing_group(paths: Sequence[str], cycles_per_us: float, repeats: int = 3,
-                     ) -> TimingGroup:
-    """The timing group, from timing replays of the calibration workloads at ``paths``."""
-    replays: list[Replay] = []
-    for spec in suite_specs(paths):
-        replays += _replays(spec, cycles_per_us, repeats)
-    return group_from_samples(timing_costs(replays),
-                              f"timing replays of {', '.join(paths)} ({repeats} a run, "
-                              f"{len(replays)} in all)")
+                     ) -> tuple[TimingGroup, list[tuple[str, list[Replay]]]]:
+    """The timing group, from timing replays of the calibration workloads at ``paths``, and
+    those replays by run id (``calibrate --refit-timing`` fits them again on a CPU)."""
+    runs = [(spec.run_id, _replays(spec, cycles_per_us, repeats)) for spec in suite_specs(paths)]
+    return group_from_runs(runs, f"timing replays of {', '.join(paths)} ({repeats} a run)"), runs
+
+
+def group_from_runs(runs: Sequence[tuple[str, Sequence[Replay]]], fitted_on: str,
+                    ) -> TimingGroup:
+    """The timing group fitted on measured replays (:func:`group_from_samples`)."""
+    replays = [r for _, rs in runs for r in rs]
+    return group_from_samples(timing_costs(replays), f"{fitted_on}, {len(replays)} replays")
 
 
 def measure_suite(paths: Sequence[str], cycles_per_us: float, repeats: int,
                   meta: Mapping[str, str], log: Callable[[str], None] = print,
-                  ) -> dict[str, Any]:
-    """Every run of the suite replayed ``repeats`` times: the measurement document."""
+                  raw: list[tuple[str, list[Replay]]] | None = None) -> dict[str, Any]:
+    """Every run of the suite replayed ``repeats`` times: the measurement document; the
+    replays themselves are appended to ``raw`` when given."""
     runs = []
     specs = suite_specs(paths)
     for index, spec in enumerate(specs):
         replays = _replays(spec, cycles_per_us, repeats)
+        if raw is not None:
+            raw.append((spec.run_id, replays))
         runs.append({"run_id": spec.run_id, "kind": run_kind(spec), "calls": len(replays[0][0]),
                      "repeats": [metrics_of(r) for r in replays]})
         if index % 20 == 0:
