@@ -91,21 +91,34 @@ class _Storage:
     The op arrays are agent-major, (agents, elements), with each agent's row kept as a view:
     recording an access is then a 1-D scatter, a third of the cost of a strided 2-D one. The
     row views are made on an agent's first access (None before): a run allocates tens of
-    thousands of blocks, and 32 views each cost more than the block's arrays."""
+    thousands of blocks, and 32 views each cost more than the block's arrays. The arrays have
+    one row per agent registered so far (:meth:`grow` adds rows for streams created later),
+    not :data:`MAX_AGENTS`, and hold int32 op ids: the shadow memory of a large pool is then
+    8 bytes per element and agent, not 128 per element."""
 
-    __slots__ = ("logs", "pruned_at", "r_op", "r_rows", "rmax", "shape", "w_op", "w_rows",
-                 "wmax")
+    __slots__ = ("agents", "logs", "pruned_at", "r_op", "r_rows", "rmax", "shape", "w_op",
+                 "w_rows", "wmax")
 
-    def __init__(self, numel: int, shape: tuple[int, ...]) -> None:
+    def __init__(self, numel: int, shape: tuple[int, ...], agents: int) -> None:
         self.shape = shape
-        self.w_op = np.full((MAX_AGENTS, numel), -1, dtype=np.int64)
-        self.r_op = np.full((MAX_AGENTS, numel), -1, dtype=np.int64)
+        self.agents = agents
+        self.w_op = np.full((agents, numel), -1, dtype=np.int32)
+        self.r_op = np.full((agents, numel), -1, dtype=np.int32)
         self.w_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
         self.r_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
         self.wmax = [0] * MAX_AGENTS
         self.rmax = [0] * MAX_AGENTS
         self.logs: list[list[tuple[int, int, np.ndarray, bool]] | None] = [None] * MAX_AGENTS
         self.pruned_at = [LOG_PRUNE_EVERY] * MAX_AGENTS  # log length that triggers a prune
+
+    def grow(self, agents: int) -> None:
+        """Rows for the agents registered since the arrays were made (no access yet: -1)."""
+        extra = np.full((agents - self.agents, self.w_op.shape[1]), -1, dtype=np.int32)
+        self.w_op = np.concatenate([self.w_op, extra])
+        self.r_op = np.concatenate([self.r_op, extra])
+        self.w_rows = [None] * MAX_AGENTS  # views of the old arrays
+        self.r_rows = [None] * MAX_AGENTS
+        self.agents = agents
 
 
 class AccessReq(NamedTuple):
@@ -281,7 +294,7 @@ class HBDetector:
 
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
         """Register a memory block before its first access."""
-        self._storages[storage] = _Storage(numel, shape)
+        self._storages[storage] = _Storage(numel, shape, len(self.agent_names))
 
     # -- the feed -------------------------------------------------------------------------
     def on_op(
@@ -417,6 +430,8 @@ class HBDetector:
     # -- the check ------------------------------------------------------------------------
     def _check(self, op: int, a: int, acc: AccessRow, vc: list[int], n_agents: int) -> None:
         st = self._storages[acc[0]]
+        if st.agents < n_agents:
+            st.grow(n_agents)
         e = acc[3]
         write = acc[4]
         if _exceeds(st.wmax, vc, n_agents):

@@ -31,6 +31,7 @@ timed run shows what a race does to the values.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from array import array
@@ -114,6 +115,10 @@ class _Block:
     all_written: bool = False
     all_landed: bool = False
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
+    # by buffer shape: the block's memory as a torch view and a numpy view (None: no numpy
+    # dtype); a reused block keeps them
+    views: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray | None]] = field(
+        default_factory=dict)
 
 
 class SimDevice(Device):
@@ -170,6 +175,7 @@ class SimDevice(Device):
         # through it, a quarter of the cost of torch indexing (op_values.OpValues.land)
         self._np_views: list[np.ndarray | None] = []
         self._blocks: list[_Block] = []
+        self._ids_by_shape: dict[tuple[int, ...], np.ndarray] = {}
         self._pool = BlockPool()
         self.query_sites: list[QuerySite] = []
         # each node's host issue time, by op; with the detector's node rows (plain tuples the
@@ -312,8 +318,8 @@ class SimDevice(Device):
 
     def buffer(self, name: str, shape: Sequence[int], dtype: torch.dtype, *, pinned: bool = False,
                fill: float | int | None = None, stream: Stream | None = None) -> Buffer:
-        shape = tuple(int(d) for d in shape)
-        numel = int(np.prod(shape)) if shape else 1
+        shape = tuple([int(d) for d in shape])
+        numel = math.prod(shape)
         agent = -1 if stream is None or pinned else self._state(stream).agent
         key = (numel, dtype, pinned, agent)
         freed = self._pool.take(key, self.det.host_knows)
@@ -326,18 +332,32 @@ class SimDevice(Device):
         block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
         block.landed = np.zeros(numel, dtype=bool)  # ... nor landed
         block.all_written = block.all_landed = False
-        ids = np.arange(numel, dtype=np.int64).reshape(shape)
-        buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id, ids=ids)
+        buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id,
+                     ids=self._element_ids(shape))
         self._buffers.append(buf)
-        view = block.data.view(shape)
-        self._views.append(view)
-        self._np_views.append(numpy_view(view))
+        # the block's memory in this shape, as torch and numpy see it; made once per shape
+        views = block.views.get(shape)
+        if views is None:
+            view = block.data if len(shape) == 1 else block.data.view(shape)
+            views = block.views[shape] = (view, numpy_view(view))
+        self._views.append(views[0])
+        self._np_views.append(views[1])
         if fill is not None:
             if stream is None:
                 self.host_write(buf, None, fill, name=f"init:{name}")
             else:
                 self.launch(stream, f"fill:{name}", lambda: fill, writes=[buf])
         return buf
+
+    def _element_ids(self, shape: tuple[int, ...]) -> np.ndarray:
+        """Flat element ids in ``shape`` (:attr:`Buffer.ids`), one read-only array per shape:
+        every buffer of a shape has the same ids, and a run allocates tens of thousands."""
+        ids = self._ids_by_shape.get(shape)
+        if ids is None:
+            ids = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+            ids.flags.writeable = False
+            self._ids_by_shape[shape] = ids
+        return ids
 
     def free(self, buf: Buffer) -> None:
         if buf.freed:
