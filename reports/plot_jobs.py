@@ -65,7 +65,8 @@ def draw_png(case: CaseResult, path: str) -> str:
     from overlap_harness.reports.timeline import plot_timeline, save_plot
 
     stem = Path(path)
-    return str(save_plot(plot_timeline(case), stem.with_suffix(""), formats=("png",))[0])
+    figure = plot_timeline(case, raster_legend=True)
+    return str(save_plot(figure, stem.with_suffix(""), formats=("png",), dpi=figure.dpi)[0])
 
 
 def _start_worker() -> None:

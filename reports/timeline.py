@@ -9,6 +9,8 @@ Agg backend (no display); figures are closed after saving so a suite does not le
 
 from __future__ import annotations
 
+import functools
+import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,8 +20,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
@@ -221,9 +227,6 @@ def _shift(timeline: Sequence[OpRecord]) -> list[OpRecord]:
 
 
 def _legend(fig: Figure) -> None:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     names = {OpKind.KERNEL: "kernel", OpKind.COPY: "copy", OpKind.HOST_WORK: "host work",
              OpKind.HOST_SYNC: "host blocked (sync)"}
     handles: list = [Patch(facecolor=f, edgecolor=e, hatch=h, label=names[k])
@@ -236,6 +239,37 @@ def _legend(fig: Figure) -> None:
     handles.append(Line2D([], [], color=RACE_COLOR, lw=1.6, marker="X", label="race"))
     fig.legend(handles=handles, loc="lower right", ncol=len(handles), fontsize=7,
                frameon=False)
+
+
+@functools.cache
+def _legend_pixels(width_in: float, height_in: float, dpi: float
+                   ) -> tuple[np.ndarray, int, int]:
+    """The legend drawn alone on a blank figure of this size: the RGBA pixels of its box
+    (with 2 px of margin) and the box's left and bottom offsets in pixels.
+
+    The legend is the same in every plot and drawing it was a fifth of a plot's time (issue
+    17 item 2), so a plot of a size already seen pastes these pixels instead. The blank
+    figure has the plot's own size, so the legend lands on the same sub-pixel position and
+    its hatch (tiled from the canvas corner) on the same phase: the pixels are those the
+    legend draws in place (tests/reports/test_plot_jobs.py compares them)."""
+    fig = Figure(figsize=(width_in, height_in), dpi=dpi)
+    FigureCanvasAgg(fig)
+    _legend(fig)
+    fig.canvas.draw()
+    box = fig.legends[0].get_window_extent()
+    pixels = np.asarray(fig.canvas.buffer_rgba())
+    height_px, width_px = pixels.shape[:2]
+    left, right = max(0, math.floor(box.x0) - 2), min(width_px, math.ceil(box.x1) + 2)
+    bottom, top = max(0, math.floor(box.y0) - 2), min(height_px, math.ceil(box.y1) + 2)
+    return pixels[height_px - top:height_px - bottom, left:right].copy(), left, bottom
+
+
+def _paste_legend(fig: Figure) -> None:
+    """The legend of :func:`_legend` as the pixels of :func:`_legend_pixels` (for a PNG
+    saved at the figure's dpi: an SVG keeps the vector legend)."""
+    width_in, height_in = (float(x) for x in fig.get_size_inches())
+    pixels, left, bottom = _legend_pixels(width_in, height_in, float(fig.dpi))
+    fig.figimage(pixels, xo=left, yo=bottom, zorder=5)  # zorder: the legend's own
 
 
 def case_title(case: CaseResult) -> str:
@@ -277,8 +311,11 @@ def _plot_failed_run(case: CaseResult, width: float) -> Figure:
 
 def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
                   gpu: Sequence[OpRecord] | None = None, gpu_label: str = "measured GPU run",
-                  width_in: float | None = None) -> Figure:
+                  width_in: float | None = None, raster_legend: bool = False) -> Figure:
     """Draw ``case``'s timeline (and ``gpu`` under it, same axis); returns the figure.
+
+    ``raster_legend``: paste the legend as pixels drawn once per figure size (the same
+    pixels, a fifth less time; for a PNG saved at the figure's dpi, never for an SVG).
 
     ``window=(first, last)`` zooms to those iterations. The width grows with the number of
     iterations shown (1.6 in each, 12 to 48 in) so 16 iterations keep their ops readable.
@@ -308,7 +345,7 @@ def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
     axes[-1][0].set_xlabel("time (\u00b5s)")
     if drawn < len(case.races):
         title += f" [{drawn} of {len(case.races)} races in view]"
-    _legend(fig)
+    (_paste_legend if raster_legend else _legend)(fig)
     title = wrap_title(title, width)
     fig.suptitle(title, fontsize=11, x=0.01, ha="left",
                  color=RACE_COLOR if case.races or not case.ok else "black")
@@ -331,7 +368,7 @@ def _fit_margins(fig: Figure, timeline: Sequence[OpRecord], gpu_tl: Sequence[OpR
 
 
 def save_plot(fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"),
-              dpi: int = 100) -> list[Path]:
+              dpi: float = 100) -> list[Path]:
     """Save ``fig`` as ``stem.<fmt>`` for each format, close it, return the paths.
 
     PNGs use zlib level 1: a timeline is flat colour, so the file grows by about a tenth and

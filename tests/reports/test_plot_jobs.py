@@ -13,8 +13,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+
 from overlap_harness.reports import plot_jobs
 from overlap_harness.reports.plot_jobs import PlotJobs, plot_all
+from overlap_harness.reports.timeline import plot_timeline
 from overlap_harness.runner import run_scenarios
 from overlap_harness.scenarios.loader import load_paths
 from tests.reports.conftest import make_case
@@ -84,3 +87,29 @@ def test_each_result_is_handed_over_as_its_run_ends() -> None:
     seen: list = []
     results = run_scenarios(scenarios, on_result=seen.append)
     assert len(results) > 1 and [r.run_id for r in seen] == [r.run_id for r in results]
+
+
+def rgba(figure) -> np.ndarray:
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba()).copy()
+
+
+def test_the_pasted_legend_is_the_legend_pixel_for_pixel(tmp_path) -> None:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    drawn = plot_timeline(case)
+    pasted = plot_timeline(case, raster_legend=True)
+    assert len(drawn.legends) == 1 and not pasted.legends and len(pasted.images) == 1
+    drawn_pixels, pasted_pixels = rgba(drawn), rgba(pasted)
+    assert drawn_pixels.shape == pasted_pixels.shape
+    assert (drawn_pixels == pasted_pixels).all()
+    no_legend = plot_timeline(case, raster_legend=True)
+    no_legend.images.clear()  # the twin: without the pasted pixels the picture differs
+    assert (rgba(no_legend) != drawn_pixels).any()
+
+
+def test_a_figure_of_another_size_gets_its_own_legend_pixels(tmp_path) -> None:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    for width_in in (12.345, 20.8):
+        drawn = plot_timeline(case, width_in=width_in)
+        pasted = plot_timeline(case, width_in=width_in, raster_legend=True)
+        assert (rgba(drawn) == rgba(pasted)).all()
