@@ -14,8 +14,10 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+from matplotlib.text import Annotation
 
-from overlap_harness.reports import plot_jobs
+from overlap_harness.reports import plot_jobs, timeline
 from overlap_harness.reports.plot_jobs import PlotJobs, plot_all
 from overlap_harness.reports.timeline import plot_timeline
 from overlap_harness.runner import run_scenarios
@@ -113,3 +115,25 @@ def test_a_figure_of_another_size_gets_its_own_legend_pixels(tmp_path) -> None:
         drawn = plot_timeline(case, width_in=width_in)
         pasted = plot_timeline(case, width_in=width_in, raster_legend=True)
         assert (rgba(drawn) == rgba(pasted)).all()
+
+
+def annotation_arrow(start: tuple[float, float], end: tuple[float, float]) -> Annotation:
+    """The race connector as it was drawn before: an annotation with empty text."""
+    return Annotation("", xy=end, xytext=start, zorder=6,
+                      arrowprops={"arrowstyle": "-|>", "color": timeline.RACE_COLOR,
+                                  "lw": 1.6, "connectionstyle": "arc3,rad=0.15"})
+
+
+@pytest.mark.parametrize("window", [None, (1, 1)])  # (1, 1): some heads outside the axes
+def test_race_connectors_are_the_annotation_arrows(tmp_path, monkeypatch, window) -> None:
+    case = make_case(tmp_path, iterations=4, mutation="no_publish_wait")
+    assert case.races
+    connectors = rgba(plot_timeline(case, window=window))
+    monkeypatch.setattr(timeline, "_RaceArrow", annotation_arrow)
+    annotations = rgba(plot_timeline(case, window=window))
+    assert (connectors == annotations).all()
+    without = plot_timeline(case, window=window)
+    for artist in list(without.axes[0].texts):
+        if isinstance(artist, Annotation) and not artist.get_text():
+            artist.remove()  # the twin: no connectors, another picture
+    assert (rgba(without) != annotations).any()
