@@ -25,6 +25,7 @@ tested on the CPU with a fake one.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import statistics
 import tempfile
@@ -292,11 +293,16 @@ def replay_run(calls: Sequence[ReplayCall], cycles_per_us: float, repeats: int,
         issue(bound.program, api.clock)
         api.synchronize()
     stamps = []
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        markers(bound)
-        for _ in range(repeats):
-            stamps.append(issue(bound.program, api.clock))
-            api.synchronize()
+    gc.collect()
+    gc.disable()  # a collection pause inside a replay is the harness's, not the system's
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            markers(bound)
+            for _ in range(repeats):
+                stamps.append(issue(bound.program, api.clock))
+                api.synchronize()
+    finally:
+        gc.enable()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))

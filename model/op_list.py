@@ -165,6 +165,10 @@ class TimingSamples:
     sync_wake_us: list[float]
     start_gap_us: list[float]
     start_lag_us: list[float]
+    wait_gap_us: list[float]
+    gap_by_op_us: dict[str, list[float]]
+    gap_by_transition_us: dict[str, list[float]]
+    after_wait: list[tuple[str, list[tuple[str, float]]]]
 
 
 def timing_costs(replays: Sequence[tuple[Sequence[ReplayCall], Sequence[int],
@@ -184,7 +188,18 @@ def timing_costs(replays: Sequence[tuple[Sequence[ReplayCall], Sequence[int],
     - ``start_gap_us``: a kernel's or copy's GPU start minus its stream's previous op's end,
       when it was issued before that end (queued) and no wait came between;
     - ``start_lag_us``: its GPU start minus its call's return, when its stream was idle then
-      and no wait came between.
+      and no wait came between;
+    - ``wait_gap_us``: for the first kernel or copy after a wait on its stream, its GPU start
+      minus the latest of: its call's return, its stream's previous end, the end of the work
+      waited for (a cross-stream wait costs the GPU more than a queued op's gap);
+    - ``gap_by_op_us["kind:NAME"]``: the start gap or wait gap of each op by its name (a copy
+      queued behind a kernel waits longer than a kernel behind a kernel);
+    - ``gap_by_transition_us["kernel->copy"]``: the start gap (queued, no wait) by the kinds
+      of the previous op on the stream and of this one;
+    - ``after_wait``: for each sync, poll or blocking copy that waited, its kind
+      (``"copy"`` or ``"sync"``) and the (cost key, host µs beyond a host work's cost) of the
+      :data:`RETURN_CALLS` calls after it: a host that slept in a wait is slower for a while
+      (:func:`return_costs` sets them against the calls' means).
     """
     calls_us: dict[str, list[float]] = defaultdict(list)
     extra: dict[str, list[float]] = defaultdict(list)
@@ -193,11 +208,16 @@ def timing_costs(replays: Sequence[tuple[Sequence[ReplayCall], Sequence[int],
     wake: list[float] = []
     gaps: list[float] = []
     lags: list[float] = []
+    wait_gaps: list[float] = []
+    by_op: dict[str, list[float]] = defaultdict(list)
+    after: list[tuple[str, list[tuple[str, float]]]] = []
+    by_transition: dict[str, list[float]] = defaultdict(list)
     for calls, stamps, spans in replays:
         taken: dict[str, int] = defaultdict(int)
         stream_end: dict[str, int] = {}  # the latest GPU end of the work issued on a stream
         event_end: dict[str, int] = {}  # ... captured by an event's latest record
-        waited: set[str] = set()  # streams with a wait since their last op
+        waited: dict[str, int] = {}  # streams with a wait since their last op: its work's end
+        last_kind: dict[str, str] = {}  # the kind of each stream's previous kernel or copy
         for index, c in enumerate(calls):
             begin, end = stamps[index], stamps[index + 1]
             span_us = (end - begin) / 1000
@@ -205,12 +225,18 @@ def timing_costs(replays: Sequence[tuple[Sequence[ReplayCall], Sequence[int],
                 start, stop = spans[c.stream][taken[c.stream]]
                 taken[c.stream] += 1
                 previous = stream_end.get(c.stream)
-                if c.stream not in waited:
-                    if previous is not None and previous > end:
-                        gaps.append((start - previous) / 1000)
-                    else:
-                        lags.append((start - end) / 1000)
-                waited.discard(c.stream)
+                if c.stream in waited:
+                    ready = max(end, previous or 0, waited.pop(c.stream))
+                    wait_gaps.append((start - ready) / 1000)
+                    by_op[f"{c.kind}:{c.name}"].append((start - ready) / 1000)
+                elif previous is not None and previous > end:
+                    gaps.append((start - previous) / 1000)
+                    by_op[f"{c.kind}:{c.name}"].append((start - previous) / 1000)
+                    by_transition[f"{last_kind[c.stream]}->{c.kind}"].append(
+                        (start - previous) / 1000)
+                else:
+                    lags.append((start - end) / 1000)
+                last_kind[c.stream] = c.kind
                 if c.kind == "kernel":
                     extra[f"kernel:{c.name}"].append((stop - start) / 1000 - c.cost_us)
                 else:
@@ -221,18 +247,49 @@ def timing_costs(replays: Sequence[tuple[Sequence[ReplayCall], Sequence[int],
             if c.kind == "record":
                 event_end[c.event] = stream_end.get(c.stream, 0)
             elif c.kind in ("wait_event", "wait_stream"):
-                waited.add(c.stream)
+                upstream = event_end.get(c.event, 0) if c.kind == "wait_event" \
+                    else stream_end.get(c.other, 0)
+                waited[c.stream] = max(waited.get(c.stream, 0), upstream)
             if c.stalls_host:
                 done = _waited_end(c, stream_end, event_end)
                 if done <= begin:
                     idle.append(span_us)
                 else:
                     wake.append(max(0.0, (end - done) / 1000))
+                    after.append(("copy" if c.kind == "copy" else "sync",
+                                  _next_calls(calls, stamps, index)))
             elif c.kind == "host_work":
                 calls_us["host_work"].append(max(0.0, span_us - c.cost_us))
             elif not c.on_gpu:
                 calls_us[cost_key(c)].append(span_us)
-    return TimingSamples(dict(calls_us), dict(extra), dict(copies), idle, wake, gaps, lags)
+    return TimingSamples(dict(calls_us), dict(extra), dict(copies), idle, wake, gaps, lags,
+                         wait_gaps, dict(by_op), dict(by_transition), after)
+
+
+#: How many calls after a host wait count towards its return cost.
+RETURN_CALLS = 5
+
+
+def _next_calls(calls: Sequence[ReplayCall], stamps: Sequence[int],
+                index: int) -> list[tuple[str, float]]:
+    out = []
+    for j in range(index + 1, min(len(calls), index + 1 + RETURN_CALLS)):
+        c = calls[j]
+        if c.stalls_host:
+            break
+        span = (stamps[j + 1] - stamps[j]) / 1000
+        out.append((cost_key(c), span - c.cost_us if c.kind == "host_work" else span))
+    return out
+
+
+def return_costs(after: Sequence[tuple[str, Sequence[tuple[str, float]]]],
+                 means: Mapping[str, float]) -> dict[str, list[float]]:
+    """Per kind of wait (``copy``, ``sync``), the host time of the calls after each wait
+    beyond those calls' means: the wait's return cost."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for kind, following in after:
+        out[kind].append(sum(span - means.get(key, 0.0) for key, span in following))
+    return dict(out)
 
 
 def _waited_end(call: ReplayCall, stream_end: Mapping[str, int],
@@ -247,9 +304,21 @@ def _waited_end(call: ReplayCall, stream_end: Mapping[str, int],
     return max(stream_end.values(), default=0)
 
 
-def kind_extra(samples: Mapping[str, Sequence[float]]) -> list[float]:
-    """Every kernel's extra time pooled (the figure for a kernel the calibration never ran)."""
-    return [x for v in samples.values() for x in v]
+def after_wait(calls: Sequence[ReplayCall]) -> list[tuple[bool, str]]:
+    """For each kernel and copy of ``calls`` (in order): is it the first on its stream after
+    a wait on that stream, and its transition (``"kernel->copy"``: the kind of the previous
+    kernel or copy on its stream, ``"none"`` for the first, and its own)?"""
+    waited: set[str] = set()
+    last: dict[str, str] = {}
+    out = []
+    for c in calls:
+        if c.kind in ("wait_event", "wait_stream"):
+            waited.add(c.stream)
+        elif c.on_gpu:
+            out.append((c.stream in waited, f"{last.get(c.stream, 'none')}->{c.kind}"))
+            waited.discard(c.stream)
+            last[c.stream] = c.kind
+    return out
 
 
 def median_or(values: Sequence[float], default: float = 0.0) -> float:

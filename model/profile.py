@@ -138,8 +138,10 @@ TIMING_CALL_KEYS = ("kernel", "copy_h2d", "copy_d2h", "copy_d2d", "record", "wai
                     "wait_stream", "query", "host_read", "host_write", "record_stream",
                     "host_work")
 #: Single figures of the timing group (µs; ``kernel_extra``, ``start_gap`` and ``start_lag``
-#: may be negative: a ``_sleep`` can end early, a kernel can start before its call returns).
-TIMING_FIGURES = ("kernel_extra", "sync_idle", "sync_wake", "start_gap", "start_lag")
+#: may be negative: a ``_sleep`` can end early, a kernel can start before its call returns);
+#: ``wait_gap`` (the start gap stands in), ``sync_return`` and ``copy_return`` (0) are optional.
+TIMING_FIGURES = ("kernel_extra", "sync_idle", "sync_wake", "start_gap", "start_lag",
+                  "wait_gap", "sync_return", "copy_return")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,15 @@ class TimingGroup:
         kernel_extra_by_op_us: ``kernel_extra`` by ``kernel:NAME``.
         copy_us: a copy's GPU time by direction (``h2d``, ``d2h``, ``d2d``).
         fitted_on: what it was fitted on (workloads, replays).
+        mean_us: the mean of each ``call_us`` key and of ``sync_wake``, ``start_gap`` and
+            ``wait_gap``: these are summed over a run (host time, waits, GPU gaps), and the
+            expected sum of skewed samples is their mean, not their median; the simulator
+            charges the mean where there is one.
+        gap_by_op_us: the mean start (or wait) gap by ``kind:NAME`` of a kernel or copy
+            (recorded, not charged: the transition's gap carries to ops the calibration
+            never ran, and predicted the H100 suite better).
+        gap_by_transition_us: the mean start gap by transition (``"kernel->copy"``: the
+            kinds of the previous op on the stream and of this one).
     """
 
     call_us: dict[str, Figure]
@@ -165,6 +176,9 @@ class TimingGroup:
     kernel_extra_by_op_us: dict[str, Figure]
     copy_us: dict[str, Figure]
     fitted_on: str
+    mean_us: dict[str, float] = field(default_factory=dict)
+    gap_by_op_us: dict[str, float] = field(default_factory=dict)
+    gap_by_transition_us: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +223,10 @@ class ProfileCosts:
         sync_wake_us: host time from the end of the work a sync waited for to its return.
         start_gap_us: GPU time before each kernel or copy starts, after its issue or its
             stream's previous op (charged as a start delay).
+        wait_gap_us: the same for the first kernel or copy after a wait on its stream.
+        copy_return_us: ``sync_return_us`` for a blocking copy (None: the same).
+        gap_by_transition_us: the start gap by transition (``"kernel->copy"``), for an op
+            without its own gap that does not follow a wait.
     """
 
     timing: Timing
@@ -222,6 +240,9 @@ class ProfileCosts:
     copy_us: dict[str, float] = field(default_factory=dict)
     sync_wake_us: float = 0.0
     start_gap_us: float = 0.0
+    wait_gap_us: float = 0.0
+    copy_return_us: float | None = None
+    gap_by_transition_us: dict[str, float] = field(default_factory=dict)
 
 
 #: The call kinds ``sim.profiled.ProfiledSimDevice`` charges a host cost for.
@@ -352,7 +373,7 @@ def _timing_group(raw: Any, problems: list[str]) -> TimingGroup | None:
         return None
     figures = _figure_table(raw.get("figures"), "timing.figures", problems, TIMING_FIGURES,
                             signed=True)
-    missing = [k for k in TIMING_FIGURES if k not in figures]
+    missing = [k for k in TIMING_FIGURES[:5] if k not in figures]
     if missing and isinstance(raw.get("figures"), Mapping):
         problems.append(f"timing.figures: missing {', '.join(missing)}")
     fitted = raw.get("fitted_on")
@@ -364,7 +385,39 @@ def _timing_group(raw: Any, problems: list[str]) -> TimingGroup | None:
         _figure_table(raw.get("kernel_extra_by_op_us", {}), "timing.kernel_extra_by_op_us",
                       problems, signed=True),
         _figure_table(raw.get("copy_us"), "timing.copy_us", problems, ("h2d", "d2h", "d2d")),
-        str(fitted))
+        str(fitted), _means(raw.get("mean_us", {}), problems),
+        _numbers(raw.get("gap_by_op_us", {}), "timing.gap_by_op_us", problems),
+        _numbers(raw.get("gap_by_transition_us", {}), "timing.gap_by_transition_us", problems))
+
+
+def _numbers(raw: Any, key: str, problems: list[str]) -> dict[str, float]:
+    if not isinstance(raw, Mapping):
+        problems.append(f"{key}: expected a table of numbers")
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            problems.append(f"{key}.{k}: expected a finite number, got {v!r}")
+        else:
+            out[str(k)] = float(v)
+    return out
+
+
+def _means(raw: Any, problems: list[str]) -> dict[str, float]:
+    keys = (*TIMING_CALL_KEYS, "sync_wake", "start_gap", "wait_gap", "sync_return",
+            "copy_return")
+    if not isinstance(raw, Mapping):
+        problems.append("timing.mean_us: expected a table of numbers")
+        return {}
+    out = {}
+    for k, v in raw.items():
+        if k not in keys:
+            problems.append(f"timing.mean_us.{k}: unknown key; expected one of {'|'.join(keys)}")
+        elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            problems.append(f"timing.mean_us.{k}: expected a finite number, got {v!r}")
+        else:
+            out[k] = float(v)
+    return out
 
 
 def _series(raw: Any, problems: list[str]) -> dict[str, tuple[SizePoint, ...]]:
@@ -436,7 +489,10 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         "call_us": figs(profile.timing.call_us),
         "figures": figs(profile.timing.figures),
         "kernel_extra_by_op_us": figs(profile.timing.kernel_extra_by_op_us),
-        "copy_us": figs(profile.timing.copy_us)}})
+        "copy_us": figs(profile.timing.copy_us),
+        "mean_us": dict(profile.timing.mean_us),
+        "gap_by_op_us": dict(profile.timing.gap_by_op_us),
+        "gap_by_transition_us": dict(profile.timing.gap_by_transition_us)}})
 
 
 def dump_profile(profile: Profile, path: str | Path) -> None:
@@ -504,8 +560,8 @@ def _timing_costs(group: TimingGroup, base: Timing) -> ProfileCosts:
     """SYSTEM costs from a timing group: what the timing replay pays (raw torch.cuda calls
     from a prebuilt list). The scenario's Timing stays (kernels are ``_sleep`` of their cost
     and host work is busy time; a copy's time is measured by direction instead)."""
-    call = {k: f.median for k, f in group.call_us.items()}
-    fig = {k: f.median for k, f in group.figures.items()}
+    call = {k: group.mean_us.get(k, f.median) for k, f in group.call_us.items()}
+    fig = {k: group.mean_us.get(k, f.median) for k, f in group.figures.items()}
     issue = {kind: call.get(key, 0.0) for kind, key in (
         ("kernel", "kernel"), ("copy_h2d", "copy_h2d"), ("copy_d2h", "copy_d2h"),
         ("copy_d2d", "copy_d2d"), ("record", "record"), ("wait_event", "wait_event"),
@@ -514,8 +570,12 @@ def _timing_costs(group: TimingGroup, base: Timing) -> ProfileCosts:
         ("host_work", "host_work"))}
     issue |= {"synchronize": 0.0, "alloc": 0.0, "free": 0.0}
     timing = dataclasses.replace(base, host_launch=issue["kernel"])
-    return ProfileCosts(timing, issue, {"kernel": fig["kernel_extra"], "copy": 0.0}, 0.0,
+    return ProfileCosts(timing, issue, {"kernel": fig["kernel_extra"], "copy": 0.0},
+                        fig.get("sync_return", 0.0),
                         Mode.SYSTEM, {},
                         {k: f.median for k, f in group.kernel_extra_by_op_us.items()},
                         fig["sync_idle"], {k: f.median for k, f in group.copy_us.items()},
-                        fig["sync_wake"], fig["start_gap"])
+                        fig["sync_wake"], fig["start_gap"],
+                        fig.get("wait_gap", fig["start_gap"]),
+                        fig.get("copy_return", fig.get("sync_return", 0.0)),
+                        dict(group.gap_by_transition_us))

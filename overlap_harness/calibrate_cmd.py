@@ -267,6 +267,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     Raises:
         HarnessError: bad usage (one line): neither or both of --out and --compare.
     """
+    if args.refit_timing:
+        return refit_timing(args)
     if args.timing_compare:
         if not args.profile:
             raise HarnessError("calibrate --timing-compare needs --profile FILE")
@@ -275,11 +277,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         doc, _ = compare(args.timing_compare, args.profile, args.paths, args.report_out)
         return 0 if doc["summary"]["targets_met"] else 1
     if bool(args.out) == bool(args.compare):
-        raise HarnessError("calibrate: give --out FILE (measure, on a GPU), --compare "
-                           "REPORT.json --profile FILE or --timing-compare MEASUREMENT.json "
-                           "--profile FILE (CPU)")
-    if args.refit_timing:
-        return refit_timing(args)
+        raise HarnessError("calibrate: give --out FILE (measure, on a GPU) or --compare "
+                           "REPORT.json --profile FILE (CPU), not both or neither (or "
+                           "--timing-compare MEASUREMENT.json --profile FILE)")
     if args.refit:
         if not args.profile:
             raise HarnessError("calibrate --refit needs --profile FILE (the system group)")

@@ -31,7 +31,9 @@ from overlap_harness.model.op_list import (
     Replay,
     ReplayCall,
     TimingSamples,
+    after_wait,
     measured_timeline,
+    return_costs,
     timing_costs,
 )
 from overlap_harness.model.profile import (
@@ -42,6 +44,7 @@ from overlap_harness.model.profile import (
     costs_from_profile,
     load_profile,
 )
+from overlap_harness.model.trace import OpRecord
 from overlap_harness.profile_check import METRICS, rel_err, summarize, summary_line
 from overlap_harness.reports.calibration_plot import write_plot
 from overlap_harness.runner import simulate
@@ -94,12 +97,24 @@ def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
         return Figure.of(values) if values else Figure(0.0, 0.0, 0.0, 1)
 
     pooled = [x for v in samples.kernel_extra_us.values() for x in v]
+    summed = {"sync_wake": samples.sync_wake_us, "start_gap": samples.start_gap_us,
+              "wait_gap": samples.wait_gap_us}
     figures = {"kernel_extra": fig(pooled), "sync_idle": fig(samples.sync_idle_us),
-               "sync_wake": fig(samples.sync_wake_us), "start_gap": fig(samples.start_gap_us),
-               "start_lag": fig(samples.start_lag_us)}
+               "start_lag": fig(samples.start_lag_us)} | {k: fig(v) for k, v in summed.items()}
+    call_means = {k: statistics.fmean(v) for k, v in samples.call_us.items() if v}
+    returns = return_costs(samples.after_wait, call_means)
+    for kind in ("sync", "copy"):
+        figures[f"{kind}_return"] = fig(returns.get(kind, []))
+        summed[f"{kind}_return"] = returns.get(kind, [])
+    means = {k: round(statistics.fmean(v), 4) for k, v in (samples.call_us | summed).items()
+             if v}
     return TimingGroup({k: Figure.of(v) for k, v in samples.call_us.items() if v}, figures,
                        {k: Figure.of(v) for k, v in samples.kernel_extra_us.items() if v},
-                       {k: Figure.of(v) for k, v in samples.copy_us.items() if v}, fitted_on)
+                       {k: Figure.of(v) for k, v in samples.copy_us.items() if v}, fitted_on,
+                       means, {k: round(statistics.fmean(v), 4)
+                               for k, v in samples.gap_by_op_us.items() if v},
+                       {k: round(statistics.fmean(v), 4)
+                        for k, v in samples.gap_by_transition_us.items() if v})
 
 
 def fit_timing_group(paths: Sequence[str], cycles_per_us: float, repeats: int = 3,
@@ -139,19 +154,28 @@ def measure_suite(paths: Sequence[str], cycles_per_us: float, repeats: int,
 # -- CPU: predicted against measured -----------------------------------------------------------
 
 def predict(spec: RunSpec, profile: Profile) -> dict[str, int]:
-    """The metrics of one run predicted with the profile's SYSTEM costs (its timing group's
-    start gap charged as a start delay of every kernel and copy)."""
+    """The metrics of one run predicted with the profile (:func:`predicted_timeline`)."""
+    m = compute_metrics(predicted_timeline(spec, profile))
+    return {k: getattr(m, k) for k in METRICS}
+
+
+def predicted_timeline(spec: RunSpec, profile: Profile) -> list[OpRecord]:
+    """The simulated timeline of one run with the profile's SYSTEM costs (its timing group's
+    GPU start gaps charged as start delays: the wait gap for the first kernel or copy after a
+    wait on its stream, the gap of its transition (``kernel->copy``...) for the others)."""
     scenario = dataclasses.replace(spec.scenario, protocol=spec.protocol)
     costs = costs_from_profile(profile, scenario.timing, Mode.SYSTEM)
     scenario = dataclasses.replace(scenario, timing=costs.timing)
-    delays = None
-    if costs.start_gap_us:
-        calls = op_list(spec)
-        delays = start_gap_delays([(c.name, c.iteration) for c in calls if c.on_gpu],
-                                  costs.start_gap_us)
-    _, dev = simulate_profiled(scenario, spec.removed, costs, delays, values="issue_order")
-    m = compute_metrics(dev.finish().timeline)
-    return {k: getattr(m, k) for k in METRICS}
+    delays: dict[tuple[str, int], float] = {}
+    calls = op_list(spec)
+    gpu, waits = [c for c in calls if c.on_gpu], after_wait(calls)
+    for c, (waited, transition) in zip(gpu, waits, strict=True):
+        gap = costs.wait_gap_us if waited else \
+            costs.gap_by_transition_us.get(transition, costs.start_gap_us)
+        delays = start_gap_delays([(c.name, c.iteration)], gap, delays)
+    _, dev = simulate_profiled(scenario, spec.removed, costs, delays or None,
+                               values="issue_order")
+    return dev.finish().timeline
 
 
 def default_model(spec: RunSpec) -> dict[str, int]:

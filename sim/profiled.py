@@ -53,6 +53,8 @@ class ProfiledSimDevice(SimDevice):
         self._return_ns = us_to_ns(costs.sync_return_us)
         self._span_ns = us_to_ns(costs.sync_span_us)
         self._wake_ns = us_to_ns(costs.sync_wake_us)
+        self._copy_return_ns = self._return_ns if costs.copy_return_us is None \
+            else us_to_ns(costs.copy_return_us)
 
     def _pay(self, kind: str, label: SyncLabel | None = None) -> None:
         """Advance the host clock by the issue cost of ``kind`` (unless the sync is removed)."""
@@ -114,7 +116,7 @@ class ProfiledSimDevice(SimDevice):
         super().copy(stream, src, dst, non_blocking=non_blocking, cost_us=duration,
                      label=label, name=name)
         if not non_blocking and (label is None or SyncLabel(label) not in self.removed):
-            self._returned()
+            self.host_ns += self._copy_return_ns
 
     def host_work(self, name: str, cost_us: float) -> None:
         self._pay("host_work")
@@ -172,10 +174,10 @@ def simulate_profiled(scenario: Scenario, removed: Iterable[str], costs: Profile
 def start_gap_delays(ops: Iterable[tuple[str, int]], gap_us: float,
                      delays: Mapping[tuple[str, int], float] | None = None,
                      ) -> dict[tuple[str, int], float]:
-    """``delays`` with the profile's GPU start gap added for every (op name, iteration) of
-    ``ops`` (the kernels and copies of the run): the simulator's documented way to start an
-    op later than its stream and inputs allow."""
+    """``delays`` with a GPU start gap for every (op name, iteration) of ``ops`` (kernels and
+    copies of the run): the simulator's documented way to start an op later than its stream
+    and inputs allow. A key already there keeps the larger of the two."""
     out = dict(delays or {})
     for key in set(ops):
-        out[key] = out.get(key, 0.0) + gap_us
+        out[key] = max(out.get(key, 0.0), gap_us)
     return out

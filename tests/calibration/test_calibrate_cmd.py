@@ -16,11 +16,17 @@ from tests.calibration.synthetic import profile_doc
 
 @pytest.mark.parametrize(("argv", "line"), [
     ([], "overlap-harness: calibrate: give --out FILE (measure, on a GPU) or --compare "
-         "REPORT.json --profile FILE (CPU), not both or neither"),
+         "REPORT.json --profile FILE (CPU), not both or neither (or --timing-compare "
+         "MEASUREMENT.json --profile FILE)"),
     (["--out", "a.json", "--compare", "r.json"],
      "overlap-harness: calibrate: give --out FILE (measure, on a GPU) or --compare "
-     "REPORT.json --profile FILE (CPU), not both or neither"),
+     "REPORT.json --profile FILE (CPU), not both or neither (or --timing-compare "
+         "MEASUREMENT.json --profile FILE)"),
     (["--compare", "r.json"], "overlap-harness: calibrate --compare needs --profile FILE"),
+    (["--timing-compare", "m.json"],
+     "overlap-harness: calibrate --timing-compare needs --profile FILE"),
+    (["--refit-timing", "r.json.gz"],
+     "overlap-harness: calibrate --refit-timing needs --profile FILE and --out FILE"),
 ])
 def test_usage_errors(argv, line, capsys):
     assert main(argv) == 2
