@@ -41,6 +41,8 @@ only if some agent wrote (or read) the block later than this node's clock knows.
 from __future__ import annotations
 
 import gc
+from array import array
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +67,7 @@ MAX_AGENTS = 16
 HOST_AGENT = 0
 LOG_PRUNE_EVERY = 64  # an agent's access log of a storage is pruned when it doubles past this
 MAX_OLDER_SCAN = 1024  # log entries walked back per racing agent (counted when cut short)
+DROP_HISTORY_EVERY = 4096  # nodes fed between drops of old history (history=False)
 
 
 @dataclass(slots=True)
@@ -257,9 +260,19 @@ def _node_info(row: tuple) -> NodeInfo:
 
 
 class HBDetector:
-    """Vector-clock happens-before detector; see the module docstring for the rules."""
+    """Vector-clock happens-before detector; see the module docstring for the rules.
 
-    def __init__(self) -> None:
+    ``history=False`` is the opt-in mode for long runs: a node's row, accesses and clock are
+    dropped once every agent's clock has passed it (it can never race again), every
+    :data:`DROP_HISTORY_EVERY` nodes; the rows of the nodes a race names are copied when it is
+    found, so :attr:`races` is the same. No edges are kept, and :meth:`graph` and
+    :meth:`happens_before` refuse. What stays per node is a few array entries (its epoch, and
+    a list slot for each table). The default keeps everything: the graph, the GPU replay's
+    gates (``node_accesses``) and the reports' timeline read every node."""
+
+    def __init__(self, history: bool = True) -> None:
+        # history=False: the opt-in mode for long runs (see the class docstring)
+        self.history = history
         self.agent_names: list[str] = [HOST]
         self._vc: list[list[int]] = [[0] * MAX_AGENTS]
         self._host_version = 0
@@ -269,8 +282,9 @@ class HBDetector:
         self._storages: dict[int, _Storage] = {}
         self.nodes = NodeTable()
         self.node_accesses = NodeAccesses()  # per node, as declared
-        self.node_vc: list[tuple[int, ...]] = []  # over the agents registered at the time
-        self.node_epoch: list[int] = []
+        # over the agents registered at the time (None: dropped, history=False)
+        self.node_vc: list[tuple[int, ...] | None] = []
+        self.node_epoch = array("q")  # each node's epoch (its agent's clock entry)
         # node_epoch as an array, shifted by one so that op -1 (no access) reads epoch 0
         self._epochs = np.zeros(1024, dtype=np.int64)
         self.edges: list[tuple[int, int]] = []  # program edges (and program order)
@@ -280,6 +294,11 @@ class HBDetector:
         self._race_rows: list[tuple] = []
         self._races: list[Race] = []
         self.older_scan_truncated = 0  # log walks cut at MAX_OLDER_SCAN entries
+        # history=False: per agent, its nodes whose rows are still kept, oldest first; the
+        # rows and accesses of the nodes a race names, copied when it is found
+        self._live: list[deque[int]] = [deque()]
+        self._kept: dict[int, tuple[NodeRow, tuple[AccessRow, ...]]] = {}
+        self._fed_since_drop = 0
 
     # -- agents and memory ----------------------------------------------------------------
     def add_agent(self, name: str) -> int:
@@ -290,6 +309,7 @@ class HBDetector:
         self._vc.append([0] * MAX_AGENTS)
         self._joined_host.append(-1)
         self._last.append(None)
+        self._live.append(deque())
         return len(self.agent_names) - 1
 
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
@@ -328,28 +348,35 @@ class HBDetector:
         a = row[2]
         vc = self._vc[a]
         n_agents = len(self.agent_names)
+        history = self.history
         edges = self.edges
         if a != HOST_AGENT:
             if self._joined_host[a] != self._host_version:
                 _join(vc, self._vc[HOST_AGENT], n_agents)
                 self._joined_host[a] = self._host_version
             host_last = self._last[HOST_AGENT]
-            if host_last is not None:
+            if host_last is not None and history:
                 edges.append((host_last, op))
         node_vc = self.node_vc
         for j in joins:
-            _join(vc, node_vc[j], n_agents)
-            edges.append((j, op))
+            joined = node_vc[j]
+            if joined is not None:  # None: dropped, every agent knows it (_drop_history)
+                _join(vc, joined, n_agents)
+            if history:
+                edges.append((j, op))
         for j in observed:
-            _join(vc, node_vc[j], n_agents)
-            self.observation_edges.append((j, op))
+            joined = node_vc[j]
+            if joined is not None:
+                _join(vc, joined, n_agents)
+            if history:
+                self.observation_edges.append((j, op))
         epoch = vc[a] + 1
         vc[a] = epoch
         node_epoch = self.node_epoch
         if op != len(node_epoch):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
         last = self._last[a]
-        if last is not None:
+        if last is not None and history:
             edges.append((last, op))
         self._last[a] = op
         self.nodes._rows.append(row)
@@ -365,6 +392,28 @@ class HBDetector:
         for acc in accesses:
             if acc[3].size:
                 self._check(op, a, acc, vc, n_agents)
+        if not history:
+            self._live[a].append(op)
+            self._fed_since_drop += 1
+            if self._fed_since_drop >= DROP_HISTORY_EVERY:
+                self._drop_history(n_agents)
+
+    def _drop_history(self, n_agents: int) -> None:
+        """history=False: drop the row, accesses and clock of every node that every agent's
+        clock has passed. Such a node happens before every node still to come (a stream that
+        has not run yet joins the host's clock first), so it can never race again, and
+        joining its clock changes nothing (any clock that knows it knows all it knew)."""
+        self._fed_since_drop = 0
+        vcs = [self._vc[x] for x in range(n_agents)
+               if x == HOST_AGENT or self._joined_host[x] != -1]  # streams that ran
+        rows, accesses, clocks = self.nodes._rows, self.node_accesses._rows, self.node_vc
+        node_epoch = self.node_epoch
+        for agent in range(n_agents):
+            live = self._live[agent]
+            floor = min(vc[agent] for vc in vcs)
+            while live and node_epoch[live[0]] <= floor:
+                op = live.popleft()
+                rows[op] = accesses[op] = clocks[op] = None
 
     def on_record(self, key: object, info: NodeInfo) -> None:
         """An event record: a node on the stream whose clock the event captures."""
@@ -379,6 +428,11 @@ class HBDetector:
         self.feed(row)
         self._events[key] = (self.node_vc[row[0]], row[0])
 
+    def forget_event(self, key: object) -> None:
+        """The event ``key`` is never waited on again (a ``wait_stream``'s own event): its
+        record is dropped, so a long run keeps none per wait."""
+        self._events.pop(key, None)
+
     def feed_wait(self, key: object, row: NodeRow) -> None:
         """:meth:`on_wait` of a :data:`NodeRow`."""
         rec = self._events.get(key)
@@ -391,7 +445,10 @@ class HBDetector:
     def host_knows(self, op: OpId) -> bool:
         """True when ``op`` happens before everything the host issues from now on (the
         allocator's reuse test, by program edges: :mod:`model.allocator`)."""
-        return self._vc[HOST_AGENT][self.nodes.agent(op)] >= self.node_epoch[op]
+        row = self.nodes._rows[op]
+        if row is None:  # dropped (history=False): every agent, the host too, knows it
+            return True
+        return self._vc[HOST_AGENT][row[2]] >= self.node_epoch[op]
 
     def event_op(self, key: object) -> OpId | None:
         """The record node an event currently captures, or None if never recorded."""
@@ -413,12 +470,14 @@ class HBDetector:
 
     def happens_before(self, u: int, v: int) -> bool:
         """True when node ``u`` happens before node ``v`` (u != v)."""
+        self._need_history("happens_before")
         clock = self.node_vc[v]
         agent = self.nodes.agent(u)  # an agent registered after v was issued: u is later
         return agent < len(clock) and clock[agent] >= self.node_epoch[u] and u != v
 
     def graph(self) -> nx.DiGraph:
         """The happens-before graph: nodes are ops (with their attributes), edges direct HB."""
+        self._need_history("graph")
         g = nx.DiGraph()
         for n in self.nodes:
             g.add_node(n.op, name=n.name, agent=n.agent_name, kind=str(n.kind),
@@ -426,6 +485,11 @@ class HBDetector:
         g.add_edges_from(self.edges, kind="program")
         g.add_edges_from(self.observation_edges, kind="observation")
         return g
+
+    def _need_history(self, what: str) -> None:
+        if not self.history:
+            raise DeviceUsageError(f"{what} needs every node: this detector keeps no history "
+                                   "(history=False drops what can no longer race)")
 
     # -- the check ------------------------------------------------------------------------
     def _check(self, op: int, a: int, acc: AccessRow, vc: list[int], n_agents: int) -> None:
@@ -499,6 +563,11 @@ class HBDetector:
         for agent in set(cols.tolist()):
             self._older_pairs(st.logs[agent] or [], vc[agent], op, new_elements, prior_write,
                               pairs)
+        if not self.history:  # the rows a race record needs outlive the history
+            kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
+            for node in (op, *pairs):
+                if node not in kept:
+                    kept[node] = (rows[node], accesses[node])
         for p in sorted(pairs):
             elems = tuple(sorted(pairs[p]))
             self._race_rows.append((p, op, storage, buffer_id, buffer, write, pinned, elems,
@@ -526,9 +595,14 @@ class HBDetector:
             index -= 1
             scanned += 1
 
+    def _node_record(self, op: int) -> NodeInfo:
+        kept = self._kept.get(op)
+        return self.nodes[op] if kept is None else _node_info(kept[0])
+
     def _buffer_of(self, op: int, storage: int) -> tuple[str, int]:
         """(name, buffer id) through which node ``op`` last accessed ``storage``."""
-        for fields in reversed(self.node_accesses.rows(op)):
+        kept = self._kept.get(op)
+        for fields in reversed(self.node_accesses.rows(op) if kept is None else kept[1]):
             if fields[0] == storage:
                 return fields[2], fields[1]
         raise KeyError(storage)  # a prior access the node never declared: a detector bug
@@ -541,10 +615,10 @@ class HBDetector:
         ``infos`` caches node records across the calls of one build."""
         p = infos.get(prior)
         if p is None:
-            p = infos[prior] = self.nodes[prior]
+            p = infos[prior] = self._node_record(prior)
         q = infos.get(op)
         if q is None:
-            q = infos[op] = self.nodes[op]
+            q = infos[op] = self._node_record(op)
         p_buf, p_buf_id = self._buffer_of(prior, storage)
         if p_buf_id != buffer_id:
             kind = RaceKind.REUSE

@@ -138,6 +138,9 @@ class SimDevice(Device):
         values: ``"timed"`` (reads at an op's simulated start, writes at its end) or
             ``"issue_order"`` (each op's function runs as it is issued; see the module
             docstring).
+        history: False for long runs: the detector drops what can no longer race
+            (:class:`model.detector.HBDetector`), so memory stays bounded; the races are the
+            same, but the run has no timeline and no graph.
     """
 
     def __init__(
@@ -151,13 +154,14 @@ class SimDevice(Device):
         delays: Mapping[tuple[str, int], float] | None = None,
         query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
         values: str = "timed",
+        history: bool = True,
     ) -> None:
         super().__init__(removed, query_outcomes)
         if values not in ("timed", "issue_order"):
             raise DeviceUsageError(f"values: expected timed|issue_order, got {values!r}")
         self._issue_order = values == "issue_order"
         self.env = simpy.Environment()
-        self.det = HBDetector()
+        self.det = HBDetector(history=history)
         self.host_ns = 0
         self.serial = serial
         self._launch_ns = us_to_ns(host_launch_us)
@@ -200,18 +204,24 @@ class SimDevice(Device):
         return self._sstate[stream.id]
 
     def _next_op(self) -> OpId:
-        return OpId(len(self.det.node_epoch))  # a plain list: len() without a method call
+        return OpId(len(self._issue))
+
+    @property
+    def op_count(self) -> int:
+        """Ops (nodes) issued so far."""
+        return len(self._issue)
 
     def _node(self, name: str, agent: int, agent_name: str, kind: int, start: int, end: int,
               label: SyncLabel | None, source: str, issue: int,
               accesses: tuple[AccessRow, ...] = (), joins: Sequence[OpId] = (),
-              observed: Sequence[OpId] = ()) -> OpId:
+              observed: Sequence[OpId] = ()) -> NodeRow:
         """Feed one node to the detector as a plain row (``kind``: its index in ``OP_KINDS``)
-        and log its issue time; the timeline record is built from the two when read."""
+        and log its issue time; the timeline record is built from the two when read. Returns
+        the row (without history the detector may drop its own copy at once)."""
         row = self._row(name, agent, agent_name, kind, start, end, label, source)
         self.det.feed(row, accesses, joins, observed)
         self._issue.append(issue)
-        return row[0]
+        return row
 
     def _row(self, name: str, agent: int, agent_name: str, kind: int, start: int, end: int,
              label: SyncLabel | None, source: str) -> NodeRow:
@@ -222,10 +232,11 @@ class SimDevice(Device):
 
     @property
     def timeline(self) -> list[OpRecord]:
-        """Every op issued so far, in issue order (records built when read)."""
+        """Every op issued so far, in issue order (records built when read); empty without
+        history."""
         built = self._timeline
         issue = self._issue
-        if len(built) < len(issue):
+        if len(built) < len(issue) and self.det.history:
             with collector_paused():
                 built.extend([OpRecord(op, name, agent_name, OP_KINDS[kind], issue[op],
                                        start or 0, end or 0, label, iteration, source)
@@ -388,7 +399,7 @@ class SimDevice(Device):
         op = self._enqueue(stream, name, _COPY, fn, [(s_buf, s_sel)], d_pair, cost_us,
                            None, caller_source())
         if not non_blocking and self.sync_enabled(label):
-            self._host_wait(f"{name}.sync", [op], self.det.nodes.row(op)[9] or 0, label)
+            self._host_wait(f"{name}.sync", [op], self._sstate[stream.id].free_at, label)
 
     def _enqueue(self, stream: Stream, name: str, kind: int, fn: OpFn,
                  reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
@@ -403,7 +414,8 @@ class SimDevice(Device):
         st.free_at = end
         rq, wq = self._reqs(reads, False), self._reqs(writes, True)
         repeated = self._track_init(name, rq, wq, writes)
-        op = self._node(name, st.agent, st.name, kind, start, end, None, source, issue, rq + wq)
+        op = self._node(name, st.agent, st.name, kind, start, end, None, source, issue,
+                        rq + wq)[0]
         values = OpValues(self, op, name, self.iteration, fn, reads, writes, observe, rq, wq,
                           repeated)
         if self._issue_order:  # the function runs and its writes land now: issue order
@@ -482,6 +494,8 @@ class SimDevice(Device):
         tmp = self.event(f"{other.name}->{waiter.name}")
         self._do_record(tmp, other, label)
         self._do_wait_event(waiter, tmp, label)
+        if not self.det.history:  # nothing waits on it again
+            self.det.forget_event(tmp.id)
 
     def _do_synchronize(self, target: Stream | Event | None, label: SyncLabel | None) -> None:
         if isinstance(target, Event):
@@ -514,10 +528,9 @@ class SimDevice(Device):
         if outcome and record is not None and done is not None:
             self.host_ns = max(self.host_ns, done)  # the timing in which it was True
             observed.append(record)
-        op = self._node(f"query:{event.name}", HOST_AGENT, HOST, _QUERY, start, self.host_ns,
-                        label, caller_source(), start, observed=observed)
-        self.query_sites.append(QuerySite(*site, outcome, forced is not None,
-                                          self.det.nodes.row(op)[6]))
+        row = self._node(f"query:{event.name}", HOST_AGENT, HOST, _QUERY, start, self.host_ns,
+                         label, caller_source(), start, observed=observed)
+        self.query_sites.append(QuerySite(*site, outcome, forced is not None, row[6]))
         return outcome
 
     def _do_poll(self, event: Event, label: SyncLabel | None) -> None:
