@@ -462,7 +462,7 @@ class HBDetector:
         built = self._races
         rows = self._race_rows
         if rows:
-            infos: dict[int, NodeInfo] = {}  # one record per node while building
+            infos: dict = {}  # one record per node (and per node access) while building
             with collector_paused():
                 built.extend([self._race(infos, *row) for row in rows])
             rows.clear()  # built: the rows are not kept twice
@@ -607,12 +607,12 @@ class HBDetector:
                 return fields[2], fields[1]
         raise KeyError(storage)  # a prior access the node never declared: a detector bug
 
-    def _race(self, infos: dict[int, NodeInfo], prior: int, op: int, storage: int,
+    def _race(self, infos: dict, prior: int, op: int, storage: int,
               buffer_id: int, buffer: str, write: bool, pinned: bool, elems: tuple[int, ...],
               prior_write: bool, older: bool) -> Race:
         """The record of one racing pair: node ``prior``'s access (a write when
         ``prior_write``) and node ``op``'s access of ``buffer`` (a write when ``write``).
-        ``infos`` caches node records across the calls of one build."""
+        ``infos`` caches node and access records across the calls of one build."""
         p = infos.get(prior)
         if p is None:
             p = infos[prior] = self._node_record(prior)
@@ -632,7 +632,13 @@ class HBDetector:
         q_mode = "write" if write else "read"
         manifest = _inverted(p, p_mode, q, q_mode)
         shape = self._storages[storage].shape
-        first, second = _access(p, p_mode, p_buf), _access(q, q_mode, buffer)
+        # one Access record per (node, mode, buffer) across a build: a node races many times
+        first = infos.get((prior, p_mode, p_buf))
+        if first is None:
+            first = infos[(prior, p_mode, p_buf)] = _access(p, p_mode, p_buf)
+        second = infos.get((op, q_mode, buffer))
+        if second is None:
+            second = infos[(op, q_mode, buffer)] = _access(q, q_mode, buffer)
         if kind == RaceKind.REUSE:
             return Race(kind, p_buf, shape, elems, first, second, manifest, buffer, older)
         return Race(kind, buffer, shape, elems, first, second, manifest, older=older)
