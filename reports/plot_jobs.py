@@ -73,16 +73,16 @@ def _start_worker() -> None:
     """Pool initializer: lower this worker's priority, leave Ctrl-C to the parent, and pay
     matplotlib's import and first draw (font loading) while the parent simulates."""
     # deferred: matplotlib, in the worker only; the parent never imports it
-    from overlap_harness.reports.timeline import plt
+    from overlap_harness.reports.timeline import _figure
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # not permitted: the workers share the CPU equally
         os.nice(WORKER_NICENESS)
-    fig, ax = plt.subplots(figsize=(2, 1))
+    fig = _figure(2, 1)
+    ax = fig.subplots()
     ax.text(0.5, 0.5, "warm-up", fontsize=7)
     ax.set_title("warm-up", fontsize=10)
     fig.savefig(io.BytesIO(), format="png", dpi=100)
-    plt.close(fig)
 
 
 class PlotJobs:
