@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     total_rec = sum(r[4] for r in rows)
     print(f"corpus: {len(rows)} programs, recording costs {total_rec / total_base:.1f}x their "
           f"own CPU time in all, {worst:.1f}x at worst (bar {BAR:g}x)")
+    total_ops = sum(r[1] for r in rows)
+    print(f"corpus: {total_ops} ops recorded and checked in {total_rec:.3f} s CPU: "
+          f"{total_ops / total_rec:,.0f} recorded ops/s (the program's own work included)")
     ops, cpu, wall = throughput(args.ops, args.repeat)
     print(f"throughput: {ops} ops recorded and checked in {cpu:.3f} s CPU ({wall:.3f} s wall): "
           f"{ops / cpu:,.0f} ops/s")

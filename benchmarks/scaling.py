@@ -4,7 +4,9 @@ Dimensions (issue 17, item 3):
 
 * iterations 10 -> 10,000: the synthetic 3-stream program of ``sim_throughput.py`` (kernels on
   random 1-64-element index sets of four 4096-element buffers, 5% of fences dropped, a D2H
-  copy per iteration, a host sync now and then), run for that many iterations;
+  copy per iteration, a host sync now and then), run for that many iterations; the same
+  again as ``no-history``, on ``SimDevice(history=False)`` (the detector drops what can no
+  longer race: bounded memory, the same races, no timeline or graph);
 * streams 3 -> 8: the same program with forward-like streams added (each waits the forward
   stream's event and runs two kernels), 200 iterations;
 * elements per access 1 -> 4,096: the same program with every index set that size, 200
@@ -13,6 +15,7 @@ Dimensions (issue 17, item 3):
   many requests prefilled and decoded for 3 iterations (the request pool has 4,096 rows, row 0
   the padding row, so the largest batch is 4,095).
 
+Ops are the nodes the device issued (every kernel, copy, record, wait, sync and host access).
 Each row runs in a fresh process, so its peak resident memory (``ru_maxrss``, imports
 included: about 0.3 GB of torch) is its own. Printed: ops, wall and CPU seconds, ops per wall
 second and per CPU second (the machine is shared: CPU time is the steadier figure), peak MB.
@@ -45,6 +48,7 @@ from overlap_harness.sim.sim_device import SimDevice  # noqa: E402  (after the p
 
 DIMENSIONS: dict[str, list[int]] = {
     "iterations": [10, 100, 1_000, 10_000],
+    "no-history": [10, 100, 1_000, 10_000],
     "streams": [3, 4, 6, 8],
     "elements": [1, 16, 256, 4_096],
     "batch": [8, 64, 512, 4_095],
@@ -52,16 +56,16 @@ DIMENSIONS: dict[str, list[int]] = {
 FIXED_ITERATIONS = 200
 
 
-def synthetic(iterations: int, streams: int = 3, elements: int = 0, seed: int = 0
-              ) -> tuple[int, int]:
+def synthetic(iterations: int, streams: int = 3, elements: int = 0, seed: int = 0,
+              history: bool = True) -> tuple[int, int]:
     """Run the synthetic overlap program; returns (ops issued, races found).
 
     ``elements`` = 0 draws each index set's size from 1..64; otherwise every set has exactly
-    that many elements (buffers are at least that long).
+    that many elements (buffers are at least that long). ``history`` is the device's.
     """
     rng = random.Random(seed)
     size = max(4096, elements)
-    dev = SimDevice(host_launch_us=2.0, seed=seed)
+    dev = SimDevice(host_launch_us=2.0, seed=seed, history=history)
     sched, fwd, d2h = (dev.stream(n) for n in ("schedule", "forward", "d2h"))
     extra = [dev.stream(f"aux{i}") for i in range(streams - 3)]
     bufs = [dev.buffer(f"b{i}", (size,), torch.int64, fill=0) for i in range(4)]
@@ -69,7 +73,6 @@ def synthetic(iterations: int, streams: int = 3, elements: int = 0, seed: int = 
     ready = dev.event("ready")
     pools = [[np.array(sorted(rng.sample(range(size), elements or rng.randint(1, 64))))
               for _ in range(64)] for _ in range(4)]
-    issued = 0
 
     def kernel(stream) -> None:
         b = rng.randrange(4)
@@ -83,31 +86,25 @@ def synthetic(iterations: int, streams: int = 3, elements: int = 0, seed: int = 
             kernel(sched)
         if rng.random() > 0.05:
             dev.wait_stream(fwd, sched)
-            issued += 1
         for _ in range(6):
             kernel(fwd)
         dev.record(ready, fwd)
-        issued += 9 + 1
         for aux in extra:
             dev.wait_event(aux, ready)
             kernel(aux)
             kernel(aux)
-            issued += 3
         dev.wait_event(d2h, ready)
         dev.copy(d2h, (bufs[0], slice(0, 64)), pin, non_blocking=True, cost_us=5)
-        issued += 2
         if rng.random() < 0.1:
             dev.synchronize(d2h)
             dev.host_read(pin, [0])
-            issued += 2
         if rng.random() > 0.05:
             dev.wait_stream(sched, fwd)
-            issued += 1
         for aux in extra:
             if rng.random() > 0.05:
                 dev.wait_stream(sched, aux)
-                issued += 1
-    return issued, len(dev.finish().races)
+    races = len(dev.finish().races)
+    return dev.op_count, races
 
 
 BATCH_TOML = """\
@@ -146,6 +143,8 @@ def measure(dimension: str, value: int) -> dict[str, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     if dimension == "iterations":
         ops, races = synthetic(value)
+    elif dimension == "no-history":
+        ops, races = synthetic(value, history=False)
     elif dimension == "streams":
         ops, races = synthetic(FIXED_ITERATIONS, streams=value)
     elif dimension == "elements":
