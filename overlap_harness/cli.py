@@ -198,18 +198,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _writable_file(args.json, "--json")
     if args.junit:
         _writable_file(args.junit, "--junit")
-    scenarios = load_paths(args.paths, runnable=True)  # bad input stops here, before anything runs
-    scenarios = [calibrate_cmd.apply_profile(sc, args.profile) for sc in scenarios]
-    _check_memory(scenarios, args.ignore_memory_estimate)
-
     plots = None
     if not args.no_reports:
-        # deferred: the report writers, only when reports are written (no matplotlib: only
-        # the plot workers, forked here to draw while the runs simulate, import it)
-        from overlap_harness.reports.writer import start_plots
+        # deferred: the plot workers, only when reports are written; forked before torch is
+        # imported (they import matplotlib meanwhile) to draw while the runs simulate
+        from overlap_harness.reports.plot_jobs import start_plots
 
-        plots = start_plots(args.out)
+        plots = start_plots(Path(args.out) / "plots")
     try:
+        scenarios = load_paths(args.paths, runnable=True)  # bad input stops here
+        scenarios = [calibrate_cmd.apply_profile(sc, args.profile) for sc in scenarios]
+        _check_memory(scenarios, args.ignore_memory_estimate)
         return _run_and_report(args, scenarios, plots, human)
     finally:
         if plots is not None:

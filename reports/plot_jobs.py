@@ -157,6 +157,14 @@ class PlotJobs:
         self.close()
 
 
+def start_plots(plot_dir: Path) -> PlotJobs:
+    """Plot workers for ``plot_dir``, one per CPU (at most :data:`MAX_WORKERS`), started
+    now, before the suite simulates: offer each case as its run ends, then pass the jobs to
+    :func:`overlap_harness.reports.writer.write_all`. Importing this module loads neither
+    torch nor matplotlib, so the workers can be forked before either."""
+    return PlotJobs(plot_dir, min(MAX_WORKERS, cpu_count()))
+
+
 def plot_all(cases: Sequence[CaseResult], plot_dir: Path, workers: int = 0,
              progress: Callable[[int, int, str], None] | None = None) -> dict[str, Path]:
     """The PNG of each case that needs one, run id -> path (kept when unchanged)."""

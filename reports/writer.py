@@ -12,9 +12,9 @@ reports are the user's files, not part of the ``reports`` package's sources.
 
 Plots are most of the time (a figure per racy run): :mod:`overlap_harness.reports.plot_jobs`
 draws them in forked workers, kept when unchanged. The command line starts those workers
-before the suite simulates and hands each case over as its run ends
-(:func:`start_plots`); otherwise :func:`write_all` starts them itself. Nothing here imports
-matplotlib: only the plot workers do.
+before the suite simulates and hands each case over as its run ends (``start_plots``
+there); otherwise :func:`write_all` starts them itself. Nothing here imports matplotlib:
+only the plot workers do.
 """
 
 from __future__ import annotations
@@ -61,12 +61,6 @@ def _workers(count: int) -> int:
     return min(MAX_WORKERS, cpu_count(), count)
 
 
-def start_plots(out_dir: str | Path = DEFAULT_OUT) -> PlotJobs:
-    """Plot workers for the folder ``out_dir``, started now (before the suite simulates):
-    offer each case as its run ends, then pass the jobs to :func:`write_all`."""
-    return PlotJobs(Path(out_dir) / "plots", _workers(MAX_WORKERS))
-
-
 def write_plots(cases: Sequence[CaseResult], plot_dir: Path,
                 progress: Callable[[int, int, str], None] | None = None) -> dict[str, Path]:
     """The PNG timeline of each case, run id -> path: kept when unchanged, else drawn (in
@@ -85,7 +79,8 @@ def write_all(
 ) -> Path:
     """Write all reports of ``results`` under ``out_dir``; returns the HTML summary's path.
 
-    ``plots``: the jobs of :func:`start_plots` for this folder, every case of ``results``
+    ``plots``: the jobs of :func:`~overlap_harness.reports.plot_jobs.start_plots` for
+    this folder's ``plots/``, every case of ``results``
     already offered; without them the plots are drawn here (:func:`write_plots`). The text
     reports are written while the plot workers draw."""
     out = Path(out_dir)
