@@ -3,17 +3,25 @@
     python benchmarks/suite_compare.py BEFORE_TREE AFTER_TREE [--rounds 2]
 
 Each round runs, in each tree and in turn, ``python -m overlap_harness run scenarios/ -q``
-with its default reports (into a fresh temporary folder) and with ``--no-reports``. Every run
-is a new process with an empty Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` in a fresh
-folder), so a one-off compile counts, as on a fresh machine. Printed per run: wall seconds
-and CPU seconds of the process and its children (the machine is shared: CPU is the steadier
-figure), and the exit status. A tree is a checkout, e.g. ``git worktree add --detach
-/tmp/before <commit>``; its own sources are put first on ``PYTHONPATH``.
+with its default reports (into a fresh temporary folder) and with ``--no-reports --json``.
+Every run is a new process with an empty Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` in a
+fresh folder), so a one-off compile counts, as on a fresh machine. Printed per run: wall
+seconds and CPU seconds of the process and its children (plot workers; the machine is
+shared: CPU is the steadier figure), and the exit status. A tree is a checkout, e.g. ``git
+worktree add --detach /tmp/before <commit>``; its own sources are put first on
+``PYTHONPATH``.
+
+After each pair of runs the outputs of the two trees are compared: the ``--json`` results
+byte for byte, and in the report folders every file of the same name, byte for byte
+(``.json.gz`` decompressed: gzip stores no time here, but compare what it holds). junit.xml
+holds each run's wall time, so it differs from run to run; the rest should not. A file
+only one tree writes is named.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import resource
 import subprocess
@@ -23,12 +31,13 @@ import time
 from pathlib import Path
 
 
-def run_suite(tree: Path, reports: bool) -> tuple[float, float, int]:
-    """(wall s, CPU s, exit status) of one cold suite run in ``tree``."""
+def run_suite(tree: Path, out: Path, reports: bool) -> tuple[float, float, int]:
+    """(wall s, CPU s, exit status) of one cold suite run in ``tree``, writing into ``out``
+    (the report folder, or the JSON results with ``reports=False``)."""
     with tempfile.TemporaryDirectory() as scratch:
         env = dict(os.environ, PYTHONPATH=str(tree), TORCHINDUCTOR_CACHE_DIR=scratch)
-        out = ["--out", str(Path(scratch) / "reports")] if reports else ["--no-reports"]
-        cmd = [sys.executable, "-m", "overlap_harness", "run", "scenarios/", "-q", *out]
+        where = ["--out", str(out)] if reports else ["--no-reports", "--json", str(out)]
+        cmd = [sys.executable, "-m", "overlap_harness", "run", "scenarios/", "-q", *where]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
         proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
@@ -39,6 +48,35 @@ def run_suite(tree: Path, reports: bool) -> tuple[float, float, int]:
     return wall, cpu, proc.returncode
 
 
+def _content(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
+def _name(path: Path, root: Path) -> str:
+    """A file's name in its folder, ``.gz`` dropped (a results file is gzipped by size)."""
+    return str(path.relative_to(root)).removesuffix(".gz")
+
+
+def compare_outputs(before: Path, after: Path) -> str:
+    """One line: how the two trees' outputs (a JSON file, or two report folders) compare."""
+    if before.is_file() or after.is_file():
+        same = before.is_file() and after.is_file() and _content(before) == _content(after)
+        return f"JSON results {'byte-identical' if same else 'DIFFER'}"
+    old = {_name(p, before): p for p in before.rglob("*") if p.is_file()}
+    new = {_name(p, after): p for p in after.rglob("*") if p.is_file()}
+    differ = sorted(n for n in old.keys() & new.keys() if _content(old[n]) != _content(new[n]))
+    lines = [f"{len(old.keys() & new.keys()) - len(differ)} of {len(old.keys() | new.keys())} "
+             "report files identical"]
+    if differ:
+        lines.append("differ: " + ", ".join(differ[:8]) + (" ..." if len(differ) > 8 else ""))
+    for label, names in (("only before", old.keys() - new.keys()),
+                         ("only after", new.keys() - old.keys())):
+        if names:
+            lines.append(f"{label}: " + ", ".join(sorted(names)[:8]))
+    return "; ".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("before", type=Path)
@@ -47,12 +85,19 @@ def main() -> None:
     args = ap.parse_args()
     print("| round | tree | reports | wall s | CPU s | exit |")
     print("|---:|---|---|---:|---:|---:|")
+    notes = []
     for rnd in range(1, args.rounds + 1):
         for reports in (True, False):
-            for name, tree in (("before", args.before), ("after", args.after)):
-                wall, cpu, code = run_suite(tree.resolve(), reports)
-                print(f"| {rnd} | {name} | {'default' if reports else '--no-reports'} "
-                      f"| {wall:.1f} | {cpu:.1f} | {code} |", flush=True)
+            with tempfile.TemporaryDirectory() as scratch:
+                outs = {}
+                for name, tree in (("before", args.before), ("after", args.after)):
+                    outs[name] = Path(scratch) / (name if reports else f"{name}.json")
+                    wall, cpu, code = run_suite(tree.resolve(), outs[name], reports)
+                    print(f"| {rnd} | {name} | {'default' if reports else '--no-reports'} "
+                          f"| {wall:.1f} | {cpu:.1f} | {code} |", flush=True)
+                notes.append(f"round {rnd}, {'default' if reports else '--no-reports'}: "
+                             + compare_outputs(outs["before"], outs["after"]))
+    print("\n" + "\n".join(notes))
 
 
 if __name__ == "__main__":
