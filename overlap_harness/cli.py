@@ -370,10 +370,16 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         argv += ["--deadline", f"{args.deadline:g}"]
     if args.sanitizer_budget != SANITIZER_BUDGET_S:
         argv += ["--sanitizer-budget", f"{args.sanitizer_budget:g}"]
-    return run_gpu_check(args.paths, trials=args.trials, baseline_trials=args.baseline_trials,
-                         sanitizer=args.with_torch_sanitizer, out=Path(args.out),
-                         jobs=args.jobs, deadline_s=args.deadline, argv=argv,
-                         gated=not args.no_gates, sanitizer_budget_s=args.sanitizer_budget)
+    status = run_gpu_check(args.paths, trials=args.trials,
+                           baseline_trials=args.baseline_trials,
+                           sanitizer=args.with_torch_sanitizer, out=Path(args.out),
+                           jobs=args.jobs, deadline_s=args.deadline, argv=argv,
+                           gated=not args.no_gates, sanitizer_budget_s=args.sanitizer_budget)
+    if args.profile:  # the timing replay, predicted with the profile (docs/calibration.md)
+        from overlap_harness.timing_check import timing_report  # deferred: the simulator
+
+        status = max(status, timing_report(args.paths, args.profile, args.out))
+    return status
 
 
 # -- the parser -----------------------------------------------------------------------------
@@ -480,6 +486,7 @@ def _add_gpu_check(sub: SubParsers) -> None:
     g.add_argument("--deadline", type=float, default=None, metavar="S",
                    help="start no new run after S seconds; report the runs done")
     _memory_flag(g)
+    calibrate_cmd.add_profile_argument(g)
     g.set_defaults(func=_cmd_gpu_check)
 
 

@@ -17,7 +17,10 @@ Three steps, the first two on a GPU:
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import gzip
 import json
+import re
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +36,7 @@ from overlap_harness.model.op_list import (
     TimingSamples,
     after_wait,
     measured_timeline,
+    replays_to_data,
     return_costs,
     timing_costs,
 )
@@ -313,3 +317,30 @@ def compare(measurement_path: str | Path, profile_path: str | Path, paths: Seque
     print(summary_line(doc["summary"]))
     print(f"wrote {stem}.json, .md and .png", file=sys.stderr)
     return doc, stem
+
+
+def timing_report(paths: Sequence[str], profile_path: str | Path, out: str | Path,
+                  repeats: int = 9, log: Callable[[str], None] = print) -> int:
+    """On a GPU: replay ``paths`` as op lists (``repeats`` a run), write the measurement
+    (``<date>-<device>-timing.json`` and its replays) and its comparison with the profile
+    into ``out``; 0 when the targets are met, 1 otherwise (``gpu-check --profile``)."""
+    # deferred: needs torch.cuda; the CPU steps of this module import no GPU code
+    from overlap_harness.gpu_check.calibration import calibrate
+    from overlap_harness.gpu_check.profiling import environment
+
+    rate = calibrate().cycles_per_us
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    meta = {**environment(), "date": now,
+            "command": f"overlap-harness gpu-check {' '.join(paths)} --profile {profile_path}"}
+    raw: list[tuple[str, list[Replay]]] = []
+    doc = measure_suite(paths, rate, repeats, meta, log, raw)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = re.search(r"\b[A-Z]\d{2,4}\b", meta["device"])  # "NVIDIA H100 80GB HBM3": h100
+    device = model.group(0).lower() if model else "gpu"
+    path = folder / f"{now[:10]}-{device}-timing.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    with gzip.open(path.with_name(f"{path.stem}-replays.json.gz"), "wt", encoding="utf-8") as fh:
+        json.dump(replays_to_data(raw), fh, separators=(",", ":"))
+    result, _ = compare(path, profile_path, paths, folder)
+    return 0 if result["summary"]["targets_met"] else 1
