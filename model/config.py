@@ -211,4 +211,5 @@ class Scenario:
     timing: Timing = _f(Timing(), "cost model")
     check: Check = _f(Check(), "expectation")
     mutation: tuple[Mutation, ...] = _f((), "extra runs with syncs removed")
+    profile: str = _f("", "a device profile (profiles/*.json from `calibrate`) whose measured costs the simulator charges, relative to this file's folder or absolute; --profile on the command line wins; not part of run ids (docs/calibration.md)")
     path: str = field(default="", metadata={"help": "file it came from (set by the loader)", "internal": True})

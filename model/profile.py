@@ -558,8 +558,11 @@ def costs_from_profile(profile: Profile, base: Timing = DEFAULT_TIMING,
 
 def _timing_costs(group: TimingGroup, base: Timing) -> ProfileCosts:
     """SYSTEM costs from a timing group: what the timing replay pays (raw torch.cuda calls
-    from a prebuilt list). The scenario's Timing stays (kernels are ``_sleep`` of their cost
-    and host work is busy time; a copy's time is measured by direction instead)."""
+    from a prebuilt list). The scenario's kernel and host-work costs stay (the replay runs
+    kernels as ``_sleep`` of their cost and host work as busy time); ``host_launch`` becomes
+    the kernel call's mean and ``d2h`` the measured D2H copy (what the plain simulator of
+    ``run`` / ``whatif`` / ``report --profile`` takes); ProfiledSimDevice charges the rest
+    per call kind."""
     call = {k: group.mean_us.get(k, f.median) for k, f in group.call_us.items()}
     fig = {k: group.mean_us.get(k, f.median) for k, f in group.figures.items()}
     issue = {kind: call.get(key, 0.0) for kind, key in (
@@ -569,7 +572,9 @@ def _timing_costs(group: TimingGroup, base: Timing) -> ProfileCosts:
         ("host_write", "host_write"), ("record_stream", "record_stream"),
         ("host_work", "host_work"))}
     issue |= {"synchronize": 0.0, "alloc": 0.0, "free": 0.0}
-    timing = dataclasses.replace(base, host_launch=issue["kernel"])
+    copy = {k: f.median for k, f in group.copy_us.items()}
+    timing = dataclasses.replace(base, host_launch=issue["kernel"],
+                                 d2h=copy.get("d2h", base.d2h))
     return ProfileCosts(timing, issue, {"kernel": fig["kernel_extra"], "copy": 0.0},
                         fig.get("sync_return", 0.0),
                         Mode.SYSTEM, {},

@@ -60,11 +60,14 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
 def apply_profile(scenario: Scenario, profile: Profile | str | Path | None,
                   mode: Mode = Mode.SYSTEM) -> Scenario:
     """``scenario`` with the profile's Timing (:func:`model.profile.costs_from_profile`);
-    unchanged without a profile. A path is loaded first.
+    unchanged without a profile. A path is loaded first. Without ``profile``, the one the
+    scenario names (its ``profile`` key, relative to the scenario file's folder) is used.
 
     Raises:
         ProfileError: the profile file is bad (one line).
     """
+    if profile is None and scenario.profile:
+        profile = Path(scenario.path).parent / scenario.profile
     if profile is None:
         return scenario
     if not isinstance(profile, Profile):

@@ -142,6 +142,10 @@ def _load_file(file: Path, shown: str, lines: list[str], runnable: bool) -> Scen
     values = _keys(raw, Scenario, "", out)
     values.setdefault("name", file.stem)
     scenario = Scenario(**values, path=shown)
+    if scenario.profile and not (file.parent / scenario.profile).is_file():
+        out.add("profile", f"{show(scenario.profile)}: no such profile file (looked for "
+                           f"{file.parent / scenario.profile}); run `overlap-harness "
+                           "calibrate` on a GPU to make one, or give --profile")
     check_scenario(scenario, out)
     if runnable:
         check_runnable(scenario, out)
