@@ -53,8 +53,8 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--profile FILE`` to a subcommand's parser (``args.profile``: a path or None)."""
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="a device profile (profiles/*.json, written by `calibrate`): "
-                             "the simulator charges its measured costs instead of the "
-                             "scenario's [timing] host_launch, schedule_kernel and d2h")
+                             "the simulator takes its measured host launch and copy costs "
+                             "(docs/calibration.md); a scenario's own profile key otherwise")
 
 
 def apply_profile(scenario: Scenario, profile: Profile | str | Path | None,
