@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -65,8 +66,51 @@ def write_plots(cases: Sequence[CaseResult], plot_dir: Path,
                 progress: Callable[[int, int, str], None] | None = None) -> dict[str, Path]:
     """The PNG timeline of each case, run id -> path: kept when unchanged, else drawn (in
     forked workers from :data:`PARALLEL_FROM` plots on)."""
-    workers = _workers(len(cases)) if len(cases) >= PARALLEL_FROM else 0
-    return plot_all(cases, plot_dir, workers if workers >= 2 else 0, progress)
+    return plot_all(cases, plot_dir, _plot_workers(len(cases)), progress)
+
+
+def _plot_workers(count: int) -> int:
+    """Workers for ``count`` plots drawn after the runs: none under :data:`PARALLEL_FROM`
+    plots or when only one would start (this process draws them then)."""
+    workers = _workers(count) if count >= PARALLEL_FROM else 0
+    return workers if workers >= 2 else 0
+
+
+def _write_side_reports(results: Sequence[CaseResult], out: Path) -> None:
+    """The reports no other file refers to: each run's configuration, the Perfetto trace,
+    JUnit and SARIF."""
+    for r in results:
+        if r.config:
+            (out / "scenarios" / f"{safe_name(r.run_id)}.json").write_text(
+                json.dumps(r.config, indent=1, default=str) + "\n")
+    write_trace(results, out / "trace.json")
+    write_junit(results, out / "junit.xml")
+    write_sarif(results, out / "results.sarif")
+
+
+def _start_side_reports(results: Sequence[CaseResult], out: Path
+                        ) -> multiprocessing.process.BaseProcess | None:
+    """:func:`_write_side_reports` in a forked process (it inherits the results: nothing is
+    pickled), so they are written beside results.json and the plots, on another core once
+    the runs are done (issue 17 item 2); without fork, here, and None."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        _write_side_reports(results, out)
+        return None
+    side = multiprocessing.get_context("fork").Process(
+        target=_write_side_reports, args=(results, out), name="overlap-harness side reports")
+    side.start()
+    return side
+
+
+def _join_side_reports(side: multiprocessing.process.BaseProcess | None) -> None:
+    """Wait for the side reports; a failure there is an error here (its traceback is on
+    stderr already)."""
+    if side is None:
+        return
+    side.join()
+    if side.exitcode != 0:
+        raise RuntimeError(f"writing the trace, JUnit, SARIF and scenario reports failed "
+                           f"(exit status {side.exitcode}; traceback above)")
 
 
 def write_all(
@@ -81,24 +125,26 @@ def write_all(
 
     ``plots``: the jobs of :func:`~overlap_harness.reports.plot_jobs.start_plots` for
     this folder's ``plots/``, every case of ``results``
-    already offered; without them the plots are drawn here (:func:`write_plots`). The text
-    reports are written while the plot workers draw."""
+    already offered; without them they are drawn here (:func:`write_plots`). The text
+    reports are written while the plot workers draw: results.json here, the rest in a
+    forked process."""
     out = Path(out_dir)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     (out / "scenarios").mkdir(exist_ok=True)
     if plots is None:
-        plots = PlotJobs(out / "plots", _workers(sum(map(needs_plot, results))))
+        plots = PlotJobs(out / "plots", _plot_workers(sum(map(needs_plot, results))))
         for r in results:
             plots.offer(r)
-    for r in results:
-        if r.config:
-            (out / "scenarios" / f"{safe_name(r.run_id)}.json").write_text(
-                json.dumps(r.config, indent=1, default=str) + "\n")
-    write_trace(results, out / "trace.json")
-    write_junit(results, out / "junit.xml")
-    write_sarif(results, out / "results.sarif")
-    write_text(out / "results.json", to_json(results, with_timeline=True))
-    pngs = plots.finish(progress)
+    side = _start_side_reports(results, out)
+    try:
+        write_text(out / "results.json", to_json(results, with_timeline=True))
+        pngs = plots.finish(progress)
+    except BaseException:  # Ctrl-C or an error here: stop the side process, say this one
+        if side is not None:
+            side.terminate()
+            side.join()
+        raise
+    _join_side_reports(side)
     gpu = latest_gpu_report(gpu_dir) if gpu_dir is not None else None
     rel = {k: str(v.relative_to(out)) for k, v in pngs.items()}
     (out / "summary.md").write_text(to_markdown(results, rel, necessity_rows, gpu))

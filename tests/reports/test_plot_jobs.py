@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from matplotlib.text import Annotation
 
-from overlap_harness.reports import plot_jobs, timeline
+from overlap_harness.reports import plot_jobs, timeline, writer
 from overlap_harness.reports.plot_jobs import PlotJobs, plot_all
 from overlap_harness.reports.timeline import plot_timeline
 from overlap_harness.runner import run_scenarios
@@ -138,3 +138,21 @@ def test_race_connectors_are_the_annotation_arrows(tmp_path, monkeypatch, window
         if isinstance(artist, Annotation) and not artist.get_text():
             artist.remove()  # the twin: no connectors, another picture
     assert (rgba(without) != annotations).any()
+
+
+def test_the_side_reports_are_written_beside_results_json(tmp_path) -> None:
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    writer.write_all([case], tmp_path / "out", gpu_dir=None)
+    for name in ("trace.json", "junit.xml", "results.sarif", "results.json", "summary.html",
+                 f"scenarios/{plot_jobs.safe_name(case.run_id)}.json"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+
+
+def test_a_failing_side_report_fails_the_writer(tmp_path, monkeypatch) -> None:
+    def broken(cases, path) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writer, "write_sarif", broken)  # the forked process inherits it
+    case = make_case(tmp_path, mutation="no_publish_wait")
+    with pytest.raises(RuntimeError, match="SARIF and scenario reports failed"):
+        writer.write_all([case], tmp_path / "out", gpu_dir=None)
