@@ -72,3 +72,29 @@ def test_numpy_view_shares_memory_and_is_none_without_a_numpy_dtype() -> None:
     view[1] = 5
     assert t.tolist() == [0, 5, 0, 0]
     assert numpy_view(torch.zeros(4, dtype=torch.bfloat16)) is None
+
+
+@pytest.mark.parametrize("dtype", [I64, torch.float32, torch.bool, torch.bfloat16])
+def test_a_read_snapshot_is_a_private_copy_of_the_whole_buffer(dtype) -> None:
+    """What the op's function receives: the buffer's value at the op's start, as a tensor of
+    its dtype and shape that the function may change without touching the buffer (numpy
+    copies for numpy dtypes, ``clone`` for bfloat16)."""
+    dev = SimDevice()
+    s = dev.stream("s")
+    buf = dev.buffer("b", (2, 3), dtype, stream=s)
+    start = torch.arange(6).to(dtype).reshape(2, 3)
+    dev.launch(s, "init", lambda: start, writes=[buf])
+    seen = []
+
+    def fn(value: torch.Tensor) -> torch.Tensor:
+        seen.append((value.dtype, value.shape, value.is_contiguous(), value.clone()))
+        value.zero_()  # the function's own copy
+        return value[0, :1]
+
+    dev.launch(s, "k", fn, reads=[buf], writes=[(buf, (1, slice(2, 3)))])
+    dev.finish()
+    assert seen[0][:3] == (dtype, torch.Size([2, 3]), True)
+    assert torch.equal(seen[0][3], start)
+    want = start.clone()
+    want[1, 2] = 0  # only the declared write landed
+    assert torch.equal(dev.value(buf), want)
