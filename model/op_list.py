@@ -20,7 +20,6 @@ nothing that touches a GPU:
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -319,11 +318,6 @@ def after_wait(calls: Sequence[ReplayCall]) -> list[tuple[bool, str]]:
             waited.discard(c.stream)
             last[c.stream] = c.kind
     return out
-
-
-def median_or(values: Sequence[float], default: float = 0.0) -> float:
-    """The median of ``values``; ``default`` when there are none."""
-    return statistics.median(values) if values else default
 
 
 # -- saved replays (JSON) -----------------------------------------------------------------------
