@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from overlap_harness.calibrate_cmd import apply_profile
+from overlap_harness.calibrate_cmd import apply_profile, main
 from overlap_harness.model.config import Timing
 from overlap_harness.model.op_list import ReplayCall, after_wait, return_costs, timing_costs
 from overlap_harness.model.profile import (
@@ -23,7 +23,7 @@ from overlap_harness.model.profile import (
 from overlap_harness.model.trace import OpKind
 from overlap_harness.scenarios.loader import ScenarioError, load_scenario
 from overlap_harness.sim.profiled import ProfiledSimDevice
-from overlap_harness.timing_check import group_from_samples
+from overlap_harness.timing_check import group_from_samples, predict, run_kind, suite_specs
 from tests.calibration.synthetic import fig, profile_doc
 
 
@@ -157,3 +157,31 @@ def test_a_missing_profile_is_a_scenario_error(tmp_path):
     with pytest.raises(ScenarioError) as err:
         load_scenario(_scenario_file(tmp_path, 'profile = "gone.json"'))
     assert "profile" in str(err.value) and "no such profile file" in str(err.value)
+
+
+def _measurement(profile_path, scale: float) -> dict:
+    """A timing measurement of the calibration workloads whose replays are the profile's own
+    predictions times ``scale`` (three identical replays a run)."""
+    profile = load_profile(profile_path)
+    runs = []
+    for spec in suite_specs(["profiles/calibration"]):
+        predicted = predict(spec, profile)
+        runs.append({"run_id": spec.run_id, "kind": run_kind(spec), "calls": 1,
+                     "repeats": [{k: round(v * scale) for k, v in predicted.items()}] * 3})
+    return {"kind": "timing-measurement", "device": "Synthetic GPU", "date": "2026-11-23",
+            "repeats": 3, "runs": runs}
+
+
+@pytest.mark.parametrize(("scale", "status"), [(1.0, 0), (1.5, 1)])
+def test_timing_compare_holds_a_profile_to_a_measurement(scale, status, tmp_path):
+    profile = tmp_path / "synthetic.json"
+    profile.write_text(json.dumps(timing_doc()))
+    measurement = tmp_path / "m-timing.json"
+    measurement.write_text(json.dumps(_measurement(profile, scale)))
+    assert main(["--timing-compare", str(measurement), "--profile", str(profile),
+                 "profiles/calibration"]) == status
+    doc = json.loads((tmp_path / "m-timing-vs-synthetic.json").read_text())
+    errors = [r["metrics"]["iteration_ns"]["rel_err"] for r in doc["rows"]]
+    assert len(errors) == 5 and all(abs(e - (1 / scale - 1)) < 1e-3 for e in errors)
+    assert doc["noise_floor"]["iteration_ns"]["max"] == 0.0  # identical replays
+    assert (tmp_path / "m-timing-vs-synthetic.png").is_file()
