@@ -192,6 +192,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from overlap_harness.scenarios.loader import load_paths
 
     human = _human(args)
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        raise UsageError(f"-j/--jobs: expected at least 1 process, got {args.jobs}")
     if not args.no_reports:
         _writable_folder(args.out, "--out")
     if args.json and args.json != "-":
@@ -226,7 +228,8 @@ def _run_and_report(args: argparse.Namespace, scenarios: Sequence[Any],
 
     progress = _Progress(not args.quiet)
     results = run_scenarios(scenarios, progress=progress, watch=progress.watch,
-                            on_result=None if plots is None else plots.offer)
+                            on_result=None if plots is None else plots.offer,
+                            jobs=_run_jobs(args))
     print(results_table(results), file=human)
     for r in results:
         if not r.ok:
@@ -256,6 +259,14 @@ def _run_and_report(args: argparse.Namespace, scenarios: Sequence[Any],
         print("\n".join(unused), file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def _run_jobs(args: argparse.Namespace) -> int:
+    """Processes for the runs: ``-j N``, else one per CPU (at most 8)."""
+    if getattr(args, "jobs", None) is not None:
+        return args.jobs
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return min(8, len(cpus) if cpus else os.cpu_count() or 1)
 
 
 def _print_necessity(scenarios, human: TextIO) -> list[list[str]]:
@@ -393,6 +404,12 @@ def _command(sub: SubParsers, name: str, help_text: str) -> argparse.ArgumentPar
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def _jobs_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                        help="run the scenarios in N processes (default: one per CPU, at "
+                             "most 8; 1: in this process, with progress inside each run)")
+
+
 def _memory_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-memory-estimate", action="store_true",
                         help="run a scenario even when its estimated peak memory exceeds "
@@ -414,6 +431,7 @@ def _add_run(sub: SubParsers) -> None:
                         f"junit.xml, results.sarif, results.json (default ./{DEFAULT_OUT})")
     r.add_argument("--no-reports", action="store_true", help="print the table only")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _jobs_flag(r)
     _memory_flag(r)
     r.set_defaults(func=_cmd_run)
 
@@ -426,6 +444,7 @@ def _add_report(sub: SubParsers) -> None:
     rp.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                     help=f"output folder (default ./{DEFAULT_OUT})")
     rp.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    _jobs_flag(rp)
     _memory_flag(rp)
     rp.set_defaults(func=_cmd_report)
 

@@ -261,14 +261,22 @@ def run_scenarios(
     progress: Callable[[int, int, str], None] | None = None,
     watch: Watch | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
+    jobs: int = 1,
 ) -> list[CaseResult]:
     """Expand every scenario into its runs and run them all, reporting progress (per run,
     and through ``watch`` per iteration inside each run). ``on_result`` is handed each
-    result as its run ends (the plot workers start drawing while later runs simulate)."""
-    work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
+    result as its run ends (the plot workers start drawing while later runs simulate).
+
+    ``jobs > 1``: the runs are shared among that many processes forked from this one (each
+    run is a function of its spec alone, so the results, in spec order, are those of one
+    process); ``watch`` then sees nothing, since it cannot cross into them."""
+    specs = [s for sc in scenarios for s in expand(sc)]
     gc.freeze()  # what the imports made lives as long as the process: out of every collection
-    return _map_specs(work, [s for sc in scenarios for s in expand(sc)], progress,
-                      on_result=on_result)
+    if jobs > 1 and len(specs) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        return _map_specs(run_spec, specs, progress, min(jobs, len(specs)),
+                          on_result=on_result, start="fork")
+    work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
+    return _map_specs(work, specs, progress, on_result=on_result)
 
 
 def _ignore_interrupts() -> None:
@@ -278,15 +286,16 @@ def _ignore_interrupts() -> None:
 
 def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
                progress: Callable[[int, int, str], None] | None, jobs: int = 1,
-               on_result: Callable[[Any], None] | None = None) -> list[Any]:
-    """``fn`` over ``specs`` in order (in a ``jobs``-process pool when > 1), with progress;
-    ``on_result`` sees each result as it comes."""
+               on_result: Callable[[Any], None] | None = None,
+               start: str = "spawn") -> list[Any]:
+    """``fn`` over ``specs`` in order (in a ``jobs``-process pool of the ``start`` method
+    when > 1), with progress; ``on_result`` sees each result as it comes."""
     out: list[Any] = []
     pool = None
     if jobs > 1:  # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
-        pool = multiprocessing.get_context("spawn").Pool(jobs, _ignore_interrupts)
+        pool = multiprocessing.get_context(start).Pool(jobs, _ignore_interrupts)
     try:
-        results = pool.imap(fn, specs) if pool is not None else map(fn, specs)
+        results = pool.imap(fn, specs) if pool is not None else map(fn, specs)  # in order
         for i, spec in enumerate(specs):
             if progress is not None:
                 progress(i, len(specs), spec.run_id)
