@@ -54,6 +54,10 @@ class TorchApi:
         self.synchronize = torch.cuda.synchronize
         self.clock = time.perf_counter_ns
 
+    def default_stream(self) -> None:
+        """Issue on the default stream again (after a replay)."""
+        self.set_stream(self.torch.cuda.default_stream())
+
     def stream(self) -> Any:
         """A new stream."""
         return self.torch.cuda.Stream()
@@ -194,24 +198,21 @@ def _ns(us: float) -> int:
 Raw = tuple[int, int, tuple[int, int] | None]
 
 
-def trace_records(trace: Mapping[str, Any], streams: Sequence[str], counts: Mapping[str, int],
-                  repeats: int) -> list[dict[str, list[Raw]]]:
-    """Per replay, per stream, its kernels and copies as :data:`Raw` records, in order.
-
-    ``trace`` is a Chrome trace as torch.profiler exports it; its first GPU records are one
-    marker kernel per stream (:func:`markers`), in ``streams`` order, which tell the trace's
-    stream ids apart; ``counts`` the kernels and copies per stream of one replay
-    (:func:`model.op_list.gpu_counts`).
-
-    Raises:
-        ValueError: the trace lacks the markers or holds another number of GPU records.
-    """
+def _trace_parts(trace: Mapping[str, Any],
+                 ) -> tuple[list[Mapping[str, Any]], dict[Any, tuple[int, int]]]:
+    """The trace's GPU records by start time, and its runtime records' spans by correlation id."""
     events = trace.get("traceEvents", [])
     gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e),
                  key=lambda e: e["ts"])
     runtime = {e["args"]["correlation"]: (_ns(e["ts"]), _ns(e["ts"] + e["dur"]))
                for e in events if e.get("cat") == "cuda_runtime" and "dur" in e
                and "correlation" in e.get("args", {})}
+    return gpu, runtime
+
+
+def _records(gpu: Sequence[Mapping[str, Any]], runtime: Mapping[Any, tuple[int, int]],
+             streams: Sequence[str], counts: Mapping[str, int], repeats: int,
+             ) -> list[dict[str, list[Raw]]]:
     if len(gpu) < len(streams):
         raise ValueError(f"the trace has {len(gpu)} GPU records; expected at least "
                          f"{len(streams)} markers first")
@@ -234,6 +235,50 @@ def trace_records(trace: Mapping[str, Any], streams: Sequence[str], counts: Mapp
                              f"{each * repeats}")
         for rep in range(repeats):
             out[rep][name] = records[rep * each:(rep + 1) * each]
+    return out
+
+
+def trace_records(trace: Mapping[str, Any], streams: Sequence[str], counts: Mapping[str, int],
+                  repeats: int) -> list[dict[str, list[Raw]]]:
+    """Per replay, per stream, its kernels and copies as :data:`Raw` records, in order.
+
+    ``trace`` is a Chrome trace as torch.profiler exports it; its first GPU records are one
+    marker kernel per stream (:func:`markers`), in ``streams`` order, which tell the trace's
+    stream ids apart; ``counts`` the kernels and copies per stream of one replay
+    (:func:`model.op_list.gpu_counts`).
+
+    Raises:
+        ValueError: the trace lacks the markers or holds another number of GPU records.
+    """
+    gpu, runtime = _trace_parts(trace)
+    return _records(gpu, runtime, streams, counts, repeats)
+
+
+def segment_records(trace: Mapping[str, Any],
+                    segments: Sequence[tuple[Sequence[str], Mapping[str, int]]],
+                    ) -> list[dict[str, list[Raw]]]:
+    """One replay of each of several op lists, issued one after the other in one profiler
+    session (each list's markers, then its replay, the GPU synchronized before the next):
+    per segment, in order, its records per stream (:func:`trace_records` of one replay).
+
+    ``segments`` holds each list's streams and counts. The GPU records, by start time, fall
+    into consecutive chunks of ``len(streams) + sum(counts)`` (the synchronize between lists
+    keeps them apart), so a stream the CUDA stream pool hands to two lists is told apart by
+    the markers of each.
+
+    Raises:
+        ValueError: the trace holds another number of GPU records, or a chunk is not its
+            list's (see :func:`trace_records`).
+    """
+    gpu, runtime = _trace_parts(trace)
+    sizes = [len(streams) + sum(counts.values()) for streams, counts in segments]
+    if len(gpu) != sum(sizes):
+        raise ValueError(f"the trace has {len(gpu)} GPU records; the {len(segments)} replays "
+                         f"issued {sum(sizes)} (markers included)")
+    out, begin = [], 0
+    for (streams, counts), size in zip(segments, sizes, strict=True):
+        out.append(_records(gpu[begin:begin + size], runtime, streams, counts, 1)[0])
+        begin += size
     return out
 
 
@@ -279,34 +324,72 @@ def aligned_spans(calls: Sequence[ReplayCall], stamps: Sequence[int],
             for name, rs in records.items()}
 
 
-# -- one run, measured (GPU) ------------------------------------------------------------------
+# -- the suite, measured in interleaved rounds (GPU) ------------------------------------------
 
-def replay_run(calls: Sequence[ReplayCall], cycles_per_us: float, repeats: int,
-               warmup: int = 1) -> list[tuple[list[int], Spans]]:
-    """Issue ``calls`` ``warmup + repeats`` times (the GPU synchronized between), the measured
-    ones under torch.profiler; per measured replay its host stamps and GPU spans."""
+def round_order(runs: int, round_index: int, rounds: int) -> list[int]:
+    """The order the runs are replayed in, in round ``round_index`` of ``rounds``: rotated by
+    ``round_index * runs // rounds`` places and reversed in odd rounds, so each run takes
+    other places and other neighbours from round to round (a drift of the host is then spread
+    over all runs instead of hitting one run's replays together)."""
+    shift = (round_index * runs) // max(1, rounds)
+    order = [(index + shift) % runs for index in range(runs)]
+    return order[::-1] if round_index % 2 else order
+
+
+def profiler_session() -> Any:
+    """A torch.profiler session recording CUDA activity (CUPTI)."""
     from torch.profiler import ProfilerActivity, profile  # deferred: GPU-only, heavy
 
-    api = TorchApi()
-    bound = bind_calls(calls, api, cycles_per_us)
+    return profile(activities=[ProfilerActivity.CUDA])
+
+
+def replay_rounds(lists: Sequence[Sequence[ReplayCall]], cycles_per_us: float, rounds: int,
+                  warmup: int = 1, log: Callable[[str], None] | None = None,
+                  api: Any = None, session: Callable[[], Any] = profiler_session,
+                  ) -> list[list[tuple[list[int], Spans]]]:
+    """Replay every op list of ``lists`` once per round, ``rounds`` rounds, in the order of
+    :func:`round_order`; per list, its measured replays (host stamps, GPU spans), one a round.
+
+    All lists are bound first (on ``api``, :class:`TorchApi` by default). ``warmup`` rounds
+    are issued without the profiler and discarded. Each measured round is one profiler
+    session (``session()``: a context manager with ``export_chrome_trace``); inside it every
+    list gets its markers, one replay and a device synchronize, and the round's first list is
+    replayed once more before them, discarded (the session's own start is nobody's
+    measurement). The GC is off during a round (a collection pause is the harness's, not the
+    system's).
+    """
+    api = TorchApi() if api is None else api
+    bound = [bind_calls(calls, api, cycles_per_us) for calls in lists]
     for _ in range(warmup):
-        issue(bound.program, api.clock)
-        api.synchronize()
-    stamps = []
-    gc.collect()
-    gc.disable()  # a collection pause inside a replay is the harness's, not the system's
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            markers(bound)
-            for _ in range(repeats):
-                stamps.append(issue(bound.program, api.clock))
-                api.synchronize()
-    finally:
-        gc.enable()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text(encoding="utf-8"))
-    api.set_stream(api.torch.cuda.default_stream())
-    records = trace_records(trace, list(bound.streams), gpu_counts(calls), repeats)
-    return [(st, aligned_spans(calls, st, rec)) for st, rec in zip(stamps, records, strict=True)]
+        for b in bound:
+            issue(b.program, api.clock)
+            api.synchronize()
+    out: list[list[tuple[list[int], Spans]]] = [[] for _ in bound]
+    for round_index in range(rounds):
+        order = round_order(len(bound), round_index, rounds)
+        issued = [order[0], *order]  # the lead replay, discarded, then every list once
+        stamps: list[list[int]] = []
+        started = time.perf_counter()
+        gc.collect()
+        gc.disable()
+        try:
+            with session() as prof:
+                for index in issued:
+                    markers(bound[index])
+                    stamps.append(issue(bound[index].program, api.clock))
+                    api.synchronize()
+        finally:
+            gc.enable()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text(encoding="utf-8"))
+        records = segment_records(trace, [(list(bound[i].streams), gpu_counts(bound[i].calls))
+                                          for i in issued])
+        for index, st, rec in zip(issued[1:], stamps[1:], records[1:], strict=True):
+            out[index].append((st, aligned_spans(bound[index].calls, st, rec)))
+        if log is not None:
+            log(f"round {round_index + 1}/{rounds}: {len(order)} runs in "
+                f"{time.perf_counter() - started:.1f} s")
+    api.default_stream()
+    return out

@@ -65,6 +65,14 @@ from overlap_harness.sim.profiled import simulate_profiled, start_gap_delays
 
 MEASUREMENT_KIND = "timing-measurement"
 CHECK_KIND = "timing-check"
+#: Rounds replayed and discarded before the measured ones (the first replay of a list pays
+#: for cold caches and lazy CUDA setup).
+WARMUP_ROUNDS = 1
+#: The order of measurements made before the rounds (a run's replays one after the other).
+CONSECUTIVE = "consecutive: each run's replays in one profiler session"
+#: How the measurement orders the replays (stated in the measurement and on the page).
+ORDER = ("interleaved rounds: each round replays every run once, in an order rotated and, "
+         "every other round, reversed; one warm-up round discarded")
 
 
 def suite_specs(paths: Sequence[str]) -> list[RunSpec]:
@@ -92,13 +100,26 @@ def metrics_of(replay: Replay) -> dict[str, int]:
 
 # -- GPU steps ---------------------------------------------------------------------------------
 
-def _replays(spec: RunSpec, cycles_per_us: float, repeats: int) -> list[Replay]:
+def _interleaved(specs: Sequence[RunSpec], cycles_per_us: float, rounds: int,
+                 log: Callable[[str], None] | None = None) -> list[list[Replay]]:
+    """Every run of ``specs`` replayed once per round, ``rounds`` interleaved rounds after one
+    discarded warm-up round (:func:`gpu_check.timing_replay.replay_rounds`); per run its
+    replays."""
     # deferred: needs torch.cuda; the CPU steps of this module import no GPU code
-    from overlap_harness.gpu_check.timing_replay import replay_run
+    from overlap_harness.gpu_check.timing_replay import replay_rounds
 
-    calls = op_list(spec)
-    return [(calls, stamps, spans) for stamps, spans in replay_run(calls, cycles_per_us,
-                                                                    repeats)]
+    lists = [op_list(spec) for spec in specs]
+    measured = replay_rounds(lists, cycles_per_us, rounds, WARMUP_ROUNDS, log)
+    return [[(calls, stamps, spans) for stamps, spans in replays]
+            for calls, replays in zip(lists, measured, strict=True)]
+
+
+def kernel_call_us(replay: Replay) -> float | None:
+    """The median host time of one replay's kernel calls, µs (the host's speed in that
+    replay; None without kernels)."""
+    calls, stamps, _ = replay
+    spans = [stamps[i + 1] - stamps[i] for i, c in enumerate(calls) if c.kind == "kernel"]
+    return round(statistics.median(spans) / 1000, 2) if spans else None
 
 
 def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
@@ -129,10 +150,14 @@ def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
 
 def fit_timing_group(paths: Sequence[str], cycles_per_us: float, repeats: int = 3,
                      ) -> tuple[TimingGroup, list[tuple[str, list[Replay]]]]:
-    """The timing group, from timing replays of the calibration workloads at ``paths``, and
-    those replays by run id (``calibrate --refit-timing`` fits them again on a CPU)."""
-    runs = [(spec.run_id, _replays(spec, cycles_per_us, repeats)) for spec in suite_specs(paths)]
-    return group_from_runs(runs, f"timing replays of {', '.join(paths)} ({repeats} a run)"), runs
+    """The timing group, from timing replays of the calibration workloads at ``paths``
+    (``repeats`` interleaved rounds), and those replays by run id (``calibrate
+    --refit-timing`` fits them again on a CPU)."""
+    specs = suite_specs(paths)
+    replays = _interleaved(specs, cycles_per_us, repeats)
+    runs = [(spec.run_id, rs) for spec, rs in zip(specs, replays, strict=True)]
+    return group_from_runs(runs, f"timing replays of {', '.join(paths)} ({repeats} a run, "
+                                 "interleaved rounds)"), runs
 
 
 def group_from_runs(runs: Sequence[tuple[str, Sequence[Replay]]], fitted_on: str,
@@ -145,19 +170,21 @@ def group_from_runs(runs: Sequence[tuple[str, Sequence[Replay]]], fitted_on: str
 def measure_suite(paths: Sequence[str], cycles_per_us: float, repeats: int,
                   meta: Mapping[str, str], log: Callable[[str], None] = print,
                   raw: list[tuple[str, list[Replay]]] | None = None) -> dict[str, Any]:
-    """Every run of the suite replayed ``repeats`` times: the measurement document; the
-    replays themselves are appended to ``raw`` when given."""
-    runs = []
+    """Every run of the suite replayed ``repeats`` times, in ``repeats`` interleaved rounds
+    (each round replays every run once, in a rotated order) after a discarded warm-up round:
+    the measurement document (per run its replays' metrics, in round order, and each replay's
+    median kernel call time); the replays themselves are appended to ``raw`` when given."""
     specs = suite_specs(paths)
-    for index, spec in enumerate(specs):
-        replays = _replays(spec, cycles_per_us, repeats)
+    measured = _interleaved(specs, cycles_per_us, repeats, log)
+    runs = []
+    for spec, replays in zip(specs, measured, strict=True):
         if raw is not None:
             raw.append((spec.run_id, replays))
         runs.append({"run_id": spec.run_id, "kind": run_kind(spec), "calls": len(replays[0][0]),
-                     "repeats": [metrics_of(r) for r in replays]})
-        if index % 20 == 0:
-            log(f"timing replay {index + 1}/{len(specs)} {spec.run_id}: {runs[-1]['repeats'][0]}")
+                     "repeats": [metrics_of(r) for r in replays],
+                     "kernel_call_us": [kernel_call_us(r) for r in replays]})
     return {"kind": MEASUREMENT_KIND, **meta, "paths": list(paths), "repeats": repeats,
+            "order": ORDER, "warmup_rounds": WARMUP_ROUNDS,
             "cycles_per_us": cycles_per_us, "runs": runs}
 
 
@@ -268,7 +295,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     lines = [
         "# Timing replay: predicted against measured", "",
         f"- measurement: `{doc['measurement']}` ({doc['measured_device']}, "
-        f"{doc['measured_date']}; {doc['repeats']} replays a run, from prebuilt op lists)",
+        f"{doc['measured_date']}; {doc['repeats']} replays a run, from prebuilt op lists; "
+        f"{doc.get('order', CONSECUTIVE)})",
         f"- profile: `{doc['profile']}` (measured on {doc['profile_device']}, "
         f"{doc['profile_date']}; timing group fitted on {doc['profile_fitted_on']})",
         f"- command: `{doc['command']}`",
@@ -334,6 +362,7 @@ def compare(measurement_path: str | Path, profile_path: str | Path, paths: Seque
     doc = {"kind": CHECK_KIND, "measurement": mp.name,
            "measured_device": measurement.get("device"),
            "measured_date": measurement.get("date"), "repeats": measurement.get("repeats"),
+           "order": measurement.get("order", CONSECUTIVE),
            "profile": Path(profile_path).name, "profile_device": profile.device,
            "profile_date": profile.meta["date"],
            "profile_fitted_on": profile.timing.fitted_on if profile.timing else "-",
