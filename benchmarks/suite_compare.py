@@ -1,13 +1,14 @@
 """The bundled suite's time in two source trees, side by side, alternating, cold each time.
 
-    python benchmarks/suite_compare.py BEFORE_TREE AFTER_TREE [--rounds 2]
+    python benchmarks/suite_compare.py BEFORE_TREE AFTER_TREE [--rounds 2] [--after-args "-j 1"]
 
 Each round runs, in each tree and in turn, ``python -m overlap_harness run scenarios/ -q``
 with its default reports (into a fresh temporary folder) and with ``--no-reports --json``.
 Every run is a new process with an empty Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` in a
 fresh folder), so a one-off compile counts, as on a fresh machine. Printed per run: wall
-seconds and CPU seconds of the process and its children (plot workers; the machine is
-shared: CPU is the steadier figure), and the exit status. A tree is a checkout, e.g. ``git
+seconds and CPU seconds of the process and its children (plot and run workers; the
+machine is shared: CPU is the steadier figure), the exit status, and the 1-minute load
+average when it started (what else the machine was doing). A tree is a checkout, e.g. ``git
 worktree add --detach /tmp/before <commit>``; its own sources are put first on
 ``PYTHONPATH``.
 
@@ -24,20 +25,25 @@ import argparse
 import gzip
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def run_suite(tree: Path, out: Path, reports: bool) -> tuple[float, float, int]:
+def run_suite(tree: Path, out: Path, reports: bool, extra: Sequence[str] = ()
+              ) -> tuple[float, float, int]:
     """(wall s, CPU s, exit status) of one cold suite run in ``tree``, writing into ``out``
-    (the report folder, or the JSON results with ``reports=False``)."""
+    (the report folder, or the JSON results with ``reports=False``); ``extra``: more
+    arguments for ``run``."""
     with tempfile.TemporaryDirectory() as scratch:
         env = dict(os.environ, PYTHONPATH=str(tree), TORCHINDUCTOR_CACHE_DIR=scratch)
         where = ["--out", str(out)] if reports else ["--no-reports", "--json", str(out)]
-        cmd = [sys.executable, "-m", "overlap_harness", "run", "scenarios/", "-q", *where]
+        cmd = [sys.executable, "-m", "overlap_harness", "run", "scenarios/", "-q", *where,
+               *extra]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         wall = time.perf_counter()
         proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
@@ -82,9 +88,12 @@ def main() -> None:
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--after-args", default="", metavar="ARGS",
+                    help="more arguments for the after tree's run (e.g. \"-j 1\")")
     args = ap.parse_args()
-    print("| round | tree | reports | wall s | CPU s | exit |")
-    print("|---:|---|---|---:|---:|---:|")
+    extra = {"before": [], "after": shlex.split(args.after_args)}
+    print("| round | tree | reports | wall s | CPU s | exit | load avg |")
+    print("|---:|---|---|---:|---:|---:|---:|")
     notes = []
     for rnd in range(1, args.rounds + 1):
         for reports in (True, False):
@@ -92,9 +101,11 @@ def main() -> None:
                 outs = {}
                 for name, tree in (("before", args.before), ("after", args.after)):
                     outs[name] = Path(scratch) / (name if reports else f"{name}.json")
-                    wall, cpu, code = run_suite(tree.resolve(), outs[name], reports)
+                    load = os.getloadavg()[0]
+                    wall, cpu, code = run_suite(tree.resolve(), outs[name], reports,
+                                                extra[name])
                     print(f"| {rnd} | {name} | {'default' if reports else '--no-reports'} "
-                          f"| {wall:.1f} | {cpu:.1f} | {code} |", flush=True)
+                          f"| {wall:.1f} | {cpu:.1f} | {code} | {load:.1f} |", flush=True)
                 notes.append(f"round {rnd}, {'default' if reports else '--no-reports'}: "
                              + compare_outputs(outs["before"], outs["after"]))
     print("\n" + "\n".join(notes))
