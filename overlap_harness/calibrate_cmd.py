@@ -160,11 +160,14 @@ def read_timelines(path: Path) -> Pairs:
 
 
 def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
-                    log: Any = print) -> tuple[Profile, Pairs, list[str], list]:
+                    log: Any = print, suite: Sequence[str] = (), rounds: int = 0,
+                    ) -> tuple[Profile, Pairs, list[str], list, list]:
     """Every figure of a profile, on the current CUDA device (see the module docstring).
 
-    Returns the profile, the calibration timelines it was fitted on, their run ids, and the
-    calibration workloads' timing replays (``model.op_list.replays_to_data``).
+    Returns the profile, the calibration timelines it was fitted on, their run ids, the
+    calibration workloads' timing replays (``model.op_list.replays_to_data``), and the timing
+    replays of the runs at ``suite``: replayed in the same ``rounds`` interleaved rounds as
+    the calibration workloads (``runs`` rounds when no suite is given).
 
     Raises:
         NoCudaError: no CUDA device.
@@ -198,7 +201,8 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
                      " us)")
     from overlap_harness.timing_check import fit_timing_group  # deferred: imports the sim
 
-    timing, timing_runs = fit_timing_group(calibration_paths, cal.cycles_per_us, runs)
+    timing, timing_runs, suite_replays = fit_timing_group(
+        calibration_paths, cal.cycles_per_us, rounds if suite else runs, suite, log)
     log("timing call us: " + profiling.by_kind(timing.call_us))
     log("timing figures us: " + profiling.by_kind(timing.figures | timing.copy_us))
     pairs, run_ids = measure_harness(calibration_paths, cal, runs)
@@ -213,7 +217,7 @@ def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
                                         f"({runs} replays a run)")
     log("harness issue us: " + profiling.by_kind(profile.harness_issue_us))
     log("harness extra GPU us: " + profiling.by_kind(profile.harness_extra_us))
-    return profile, pairs, run_ids, timing_runs
+    return profile, pairs, run_ids, timing_runs, suite_replays
 
 
 # -- the subcommand -----------------------------------------------------------------------
@@ -307,8 +311,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     given = getattr(args, "argv", None) or sys.argv[2:]  # main() sets argv; the CLI has sys.argv
     command = " ".join(["overlap-harness", "calibrate", *given])
-    profile, pairs, run_ids, timing_runs = measure_profile(
-        args.calibration, args.runs, command, log=lambda s: print(s, flush=True))
+    if args.timing_suite and args.repeats < 2:
+        raise HarnessError(f"--repeats: expected at least 2 (the spread), got {args.repeats}")
+    t0, c0 = time.perf_counter(), time.process_time()
+    profile, pairs, run_ids, timing_runs, suite_replays = measure_profile(
+        args.calibration, args.runs, command, log=lambda s: print(s, flush=True),
+        suite=args.timing_suite or (), rounds=args.repeats)
     dump_profile(profile, out)
     write_replays(timing_runs, out.with_name(f"{out.stem}-timing-calibration.json.gz"))
     if args.timelines:
@@ -316,7 +324,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     load_profile(out)  # what was written reads back
     print(f"wrote {out}", file=sys.stderr)
     if args.timing_suite:
-        return timing_suite(args, profile, out)
+        return timing_suite(args, profile, out, suite_replays, (t0, c0))
     return 0
 
 
@@ -353,22 +361,23 @@ def refit_timing(args: argparse.Namespace) -> int:
     return 0
 
 
-def timing_suite(args: argparse.Namespace, profile: Profile, profile_path: Path) -> int:
-    """``--timing-suite``: replay the suite as op lists on this GPU, write the measurement
-    (``<date>-<device>-timing.json``) and its comparison with the new profile."""
-    # deferred: imports the sim and torch.cuda
+def timing_suite(args: argparse.Namespace, profile: Profile, profile_path: Path,
+                 measured: list, started: tuple[float, float]) -> int:
+    """``--timing-suite``: the suite's timing replays (``measured``: replayed in the same
+    interleaved rounds as the calibration workloads, :func:`measure_profile`) as the
+    measurement (``<date>-<device>-timing.json``) and its comparison with the new profile;
+    ``started``: wall and CPU clocks when the measuring began (the elapsed figures)."""
+    # deferred: imports the sim
     from overlap_harness.timing_check import compare, measure_suite
 
-    if args.repeats < 2:
-        raise HarnessError(f"--repeats: expected at least 2 (the spread), got {args.repeats}")
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = started
     meta = {**{k: profile.meta[k] for k in ("device", "driver", "torch", "cuda", "python")},
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "command": " ".join(["overlap-harness", "calibrate",
                                  *(getattr(args, "argv", None) or sys.argv[2:])])}
     raw: list = []
     doc = measure_suite(args.timing_suite, profile.sleep_cycles_per_us, args.repeats, meta,
-                        log=lambda s: print(s, flush=True), raw=raw)
+                        log=lambda s: print(s, flush=True), raw=raw, measured=measured)
     doc["elapsed"] = {"wall_s": round(time.perf_counter() - t0, 1),
                       "cpu_s": round(time.process_time() - c0, 1)}
     out = Path(args.report_out or ".")

@@ -122,8 +122,11 @@ def kernel_call_us(replay: Replay) -> float | None:
     return round(statistics.median(spans) / 1000, 2) if spans else None
 
 
-def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
-    """The timing group's figures from pooled samples (kinds without samples left out)."""
+def group_from_samples(samples: TimingSamples, fitted_on: str,
+                       call_means: Mapping[str, float] | None = None) -> TimingGroup:
+    """The timing group's figures from pooled samples (kinds without samples left out);
+    ``call_means``, when given, replaces the pooled means of the calls' host times as the
+    means charged (:func:`typical_call_means`)."""
     def fig(values: Sequence[float]) -> Figure:
         return Figure.of(values) if values else Figure(0.0, 0.0, 0.0, 1)
 
@@ -138,7 +141,7 @@ def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
         figures[f"{kind}_return"] = fig(returns.get(kind, []))
         summed[f"{kind}_return"] = returns.get(kind, [])
     means = {k: round(statistics.fmean(v), 4) for k, v in (samples.call_us | summed).items()
-             if v}
+             if v} | {k: round(v, 4) for k, v in (call_means or {}).items()}
     return TimingGroup({k: Figure.of(v) for k, v in samples.call_us.items() if v}, figures,
                        {k: Figure.of(v) for k, v in samples.kernel_extra_us.items() if v},
                        {k: Figure.of(v) for k, v in samples.copy_us.items() if v}, fitted_on,
@@ -149,33 +152,64 @@ def group_from_samples(samples: TimingSamples, fitted_on: str) -> TimingGroup:
 
 
 def fit_timing_group(paths: Sequence[str], cycles_per_us: float, repeats: int = 3,
-                     ) -> tuple[TimingGroup, list[tuple[str, list[Replay]]]]:
+                     suite: Sequence[str] = (), log: Callable[[str], None] | None = None,
+                     ) -> tuple[TimingGroup, list[tuple[str, list[Replay]]], list[list[Replay]]]:
     """The timing group, from timing replays of the calibration workloads at ``paths``
-    (``repeats`` interleaved rounds), and those replays by run id (``calibrate
-    --refit-timing`` fits them again on a CPU)."""
-    specs = suite_specs(paths)
-    replays = _interleaved(specs, cycles_per_us, repeats)
-    runs = [(spec.run_id, rs) for spec, rs in zip(specs, replays, strict=True)]
-    return group_from_runs(runs, f"timing replays of {', '.join(paths)} ({repeats} a run, "
-                                 "interleaved rounds)"), runs
+    (``repeats`` interleaved rounds), those replays by run id (``calibrate --refit-timing``
+    fits them again on a CPU), and the replays of the runs at ``suite`` (empty when none).
+
+    The suite's runs, when given, are replayed in the same rounds as the calibration
+    workloads, so the host the profile is fitted on is the host the suite is measured on
+    (its speed moves within a lease: docs/calibration.md); only the calibration workloads'
+    replays are fitted on.
+    """
+    calibration, held_out = suite_specs(paths), suite_specs(suite) if suite else []
+    replays = _interleaved([*calibration, *held_out], cycles_per_us, repeats, log)
+    runs = [(spec.run_id, rs) for spec, rs in zip(calibration, replays, strict=False)]
+    together = f", in the same rounds as {', '.join(suite)}" if suite else ""
+    group = group_from_runs(runs, f"timing replays of {', '.join(paths)} ({repeats} a run, "
+                                  f"interleaved rounds{together})")
+    return group, runs, replays[len(calibration):]
+
+
+def typical_call_means(replays: Sequence[Replay]) -> dict[str, float]:
+    """Per call kind, the median over ``replays`` of each replay's mean host time of that
+    kind's calls.
+
+    The host's speed moves within a lease (kernel calls about 7 or about 12 µs for
+    stretches of a second, docs/calibration.md), so a pooled mean is a mix of the states the
+    calibration happened to meet. The measurement holds a run to the median of its replays;
+    the mean charged is taken the same way: the mean of a typical replay.
+    """
+    per_replay: dict[str, list[float]] = {}
+    for replay in replays:
+        for kind, values in timing_costs([replay]).call_us.items():
+            if values:
+                per_replay.setdefault(kind, []).append(statistics.fmean(values))
+    return {kind: statistics.median(v) for kind, v in per_replay.items()}
 
 
 def group_from_runs(runs: Sequence[tuple[str, Sequence[Replay]]], fitted_on: str,
                     ) -> TimingGroup:
-    """The timing group fitted on measured replays (:func:`group_from_samples`)."""
+    """The timing group fitted on measured replays (:func:`group_from_samples`), the calls'
+    means those of a typical replay (:func:`typical_call_means`)."""
     replays = [r for _, rs in runs for r in rs]
-    return group_from_samples(timing_costs(replays), f"{fitted_on}, {len(replays)} replays")
+    return group_from_samples(timing_costs(replays), f"{fitted_on}, {len(replays)} replays",
+                              typical_call_means(replays))
 
 
 def measure_suite(paths: Sequence[str], cycles_per_us: float, repeats: int,
                   meta: Mapping[str, str], log: Callable[[str], None] = print,
-                  raw: list[tuple[str, list[Replay]]] | None = None) -> dict[str, Any]:
+                  raw: list[tuple[str, list[Replay]]] | None = None,
+                  measured: Sequence[Sequence[Replay]] | None = None) -> dict[str, Any]:
     """Every run of the suite replayed ``repeats`` times, in ``repeats`` interleaved rounds
     (each round replays every run once, in a rotated order) after a discarded warm-up round:
     the measurement document (per run its replays' metrics, in round order, and each replay's
-    median kernel call time); the replays themselves are appended to ``raw`` when given."""
+    median kernel call time); the replays themselves are appended to ``raw`` when given.
+    ``measured``: the runs' replays already made (:func:`fit_timing_group` with ``suite``)."""
     specs = suite_specs(paths)
-    measured = _interleaved(specs, cycles_per_us, repeats, log)
+    if measured is None:
+        measured = _interleaved(specs, cycles_per_us, repeats, log)
     runs = []
     for spec, replays in zip(specs, measured, strict=True):
         if raw is not None:

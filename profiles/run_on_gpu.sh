@@ -7,7 +7,8 @@
 # replays, for `calibrate --refit-timing`), NAME-run.log, and under OUT_DIR/cal the timing
 # measurement (<date>-NAME-timing.json and its -replays.json.gz) and the predicted-vs-measured
 # page, JSON and plot. The suite is measured in 15 interleaved rounds (each replays every
-# run once) after a discarded warm-up round. About 3 minutes on an H100 or H200.
+# run once) after a discarded warm-up round; the calibration workloads' timing replays are
+# made in the same rounds (the timing group is fitted on those alone). About 2 minutes.
 set -o pipefail
 name=${1:?name}
 out=${2:?out dir}

@@ -9,13 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from overlap_harness.gpu_check import timing_replay
 from overlap_harness.gpu_check.timing_replay import (
     replay_rounds,
     round_order,
     segment_records,
 )
 from overlap_harness.model.op_list import ReplayCall, gpu_counts, gpu_streams
-from overlap_harness.timing_check import kernel_call_us
+from overlap_harness.timing_check import (
+    fit_timing_group,
+    kernel_call_us,
+    measure_suite,
+    suite_specs,
+    typical_call_means,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_round_order_rotates_and_reverses_every_other_round():
@@ -149,3 +158,50 @@ def test_replay_rounds_gives_each_list_one_replay_a_round_on_the_host_clock():
             starts = [stamps[i] + 700 for i, c in enumerate(calls)]
             got = sorted(start for stream in spans.values() for start, _ in stream)
             assert got == starts
+
+
+def test_typical_call_means_is_the_median_of_each_replays_mean():
+    calls = [ReplayCall("kernel", "a", stream="F"), ReplayCall("kernel", "b", stream="F")]
+    spans = {"F": [(50_000, 51_000), (60_000, 61_000)]}
+    # kernel calls per replay: (4, 6) -> 5; (7, 9) -> 8; (20, 30) -> 25 µs
+    replays = [(calls, [0, 4_000, 10_000], spans), (calls, [0, 7_000, 16_000], spans),
+               (calls, [0, 20_000, 50_000], spans)]
+    assert typical_call_means(replays) == {"kernel": 8.0}  # the pooled mean is 12.67
+
+
+def _fake_rounds(lists, cycles_per_us, rounds, warmup=1, log=None):
+    """Each call 1 µs of host time; each kernel or copy runs when its call returns, for
+    its cost (at least 1 µs)."""
+    out = []
+    for calls in lists:
+        stamps = [1000 * i for i in range(len(calls) + 1)]
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for i, c in enumerate(calls):
+            if c.on_gpu:
+                start = stamps[i + 1]
+                spans.setdefault(c.stream, []).append(
+                    (start, start + max(1000, round(c.cost_us * 1000))))
+        out.append([(stamps, spans)] * rounds)
+    return out
+
+
+def test_calibration_and_suite_share_the_rounds_and_only_calibration_is_fitted(monkeypatch):
+    seen = []
+
+    def fake(lists, *args, **kwargs):
+        seen.append(len(lists))
+        return _fake_rounds(lists, *args, **kwargs)
+
+    monkeypatch.setattr(timing_replay, "replay_rounds", fake)
+    calibration = str(ROOT / "profiles" / "calibration" / "cal_read_done.toml")
+    suite = str(ROOT / "scenarios" / "variants" / "read_done_barrier.toml")
+    n_cal, n_suite = len(suite_specs([calibration])), len(suite_specs([suite]))
+    group, runs, suite_replays = fit_timing_group([calibration], 1000.0, 3, [suite])
+    assert seen == [n_cal + n_suite]  # one set of rounds for both
+    assert [len(r) for _, r in runs] == [3] * n_cal and len(suite_replays) == n_suite
+    assert group.mean_us["kernel"] == 1.0  # every call took 1 µs
+    assert "in the same rounds as" in group.fitted_on
+    doc = measure_suite([suite], 1000.0, 3, {"device": "fake"}, measured=suite_replays)
+    assert [len(r["repeats"]) for r in doc["runs"]] == [3] * n_suite
+    assert seen == [n_cal + n_suite]  # nothing replayed again
+    assert doc["runs"][0]["kernel_call_us"] == [1.0, 1.0, 1.0]
