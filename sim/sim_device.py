@@ -410,12 +410,15 @@ class SimDevice(Device):
         start = max(issue, st.free_at)
         if self._delays:
             start += self._delays.get((name, self.iteration), 0)
-        end = start + self._dur(cost_us)
+        end = start + (self._dur(cost_us) if self._jitter else round(cost_us * 1000))
         st.free_at = end
         rq, wq = self._reqs(reads, False), self._reqs(writes, True)
         repeated = self._track_init(name, rq, wq, writes)
-        op = self._node(name, st.agent, st.name, kind, start, end, None, source, issue,
-                        rq + wq)[0]
+        # the node, as _node feeds it, written out: this is the path every kernel takes
+        op = len(self._issue)
+        self.det.feed((op, name, st.agent, st.name, kind, self.iteration, sys.intern(source),
+                       None, start, end), rq + wq)
+        self._issue.append(issue)
         values = OpValues(self, op, name, self.iteration, fn, reads, writes, observe, rq, wq,
                           repeated)
         if self._issue_order:  # the function runs and its writes land now: issue order
