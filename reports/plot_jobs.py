@@ -38,6 +38,7 @@ _PLOT_CODE = hashlib.sha1(TIMELINE_SOURCE.read_bytes()).hexdigest()
 WORKER_NICENESS = 3
 """How much lower the plot workers' priority is than the simulating process's."""
 MAX_WORKERS = 4
+"""Plot workers at most: past a few, the suite's runs, not the drawing, set the pace."""
 
 
 def safe_name(run_id: str) -> str:
@@ -73,12 +74,12 @@ def _start_worker() -> None:
     """Pool initializer: lower this worker's priority, leave Ctrl-C to the parent, and pay
     matplotlib's import and first draw (font loading) while the parent simulates."""
     # deferred: matplotlib, in the worker only; the parent never imports it
-    from overlap_harness.reports.timeline import _figure
+    from overlap_harness.reports.timeline import agg_figure
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # not permitted: the workers share the CPU equally
         os.nice(WORKER_NICENESS)
-    fig = _figure(2, 1)
+    fig = agg_figure(2, 1)
     ax = fig.subplots()
     ax.text(0.5, 0.5, "warm-up", fontsize=7)
     ax.set_title("warm-up", fontsize=10)

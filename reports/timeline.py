@@ -319,7 +319,7 @@ def _plot_failed_run(case: CaseResult, width: float) -> Figure:
     """A run with nothing to draw (refused or crashed): the title and the reason, not an
     empty axis."""
     reason = case.error or "the run recorded no ops"
-    fig = _figure(width, 2.4)
+    fig = agg_figure(width, 2.4)
     ax = fig.subplots()
     ax.set_axis_off()
     ax.text(0.0, 0.5, wrap_title(f"run failed: {reason}", width, 10), fontsize=10,
@@ -330,7 +330,7 @@ def _plot_failed_run(case: CaseResult, width: float) -> Figure:
     return fig
 
 
-def _figure(width_in: float, height_in: float) -> Figure:
+def agg_figure(width_in: float, height_in: float) -> Figure:
     """A figure on the Agg canvas, not registered with pyplot: nothing to close, and the
     plot workers never import pyplot (a seventh of their start-up, issue 17 item 2)."""
     fig = Figure(figsize=(width_in, height_in))
@@ -364,7 +364,7 @@ def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
     title = case_title(case)
     if case.error:
         title += f" \u2014 error: {case.error}"
-    fig = _figure(width, sum(heights) + 0.9)
+    fig = agg_figure(width, sum(heights) + 0.9)
     axes = fig.subplots(len(heights), 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": heights})
     px_per_ns = (width * 0.85 * fig.dpi) / (span[1] - span[0])
