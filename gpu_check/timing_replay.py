@@ -18,6 +18,9 @@ before the replays, and the GPU clock is put on ``perf_counter_ns``'s by the run
 (``cudaLaunchKernel``, ``cudaMemcpyAsync``) the same trace holds for each kernel and copy:
 each lies inside the host stamps around its call (:func:`clock_offset`).
 
+A suite is measured in interleaved rounds (:func:`replay_rounds`): every list once a round,
+one profiler session a round, split back into lists by :func:`segment_records`.
+
 The calls are built against an ``api`` object (:class:`TorchApi` on a GPU), so the binding is
 tested on the CPU with a fake one.
 """

@@ -252,7 +252,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "suite: scenarios) as prebuilt op lists and write the timing "
                         "measurement and its comparison with the new profile to --report-out")
     c.add_argument("--repeats", type=int, default=5, metavar="N",
-                   help="timing replays of each suite run (default 5)")
+                   help="timing replays of each suite run, one per interleaved round; the "
+                        "calibration workloads are replayed in the same rounds (default 5)")
     c.add_argument("--refit-timing", metavar="REPLAYS", default=None,
                    help="with --profile and --out: fit the timing group again on saved timing "
                         "replays of the calibration workloads (<profile>-timing-calibration"

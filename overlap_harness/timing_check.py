@@ -4,9 +4,11 @@ Three steps, the first two on a GPU:
 
 - :func:`fit_timing_group`: replay the calibration workloads (``profiles/calibration/``, none
   of them in the suite) with :mod:`gpu_check.timing_replay` and read the profile's ``timing``
-  group off them (:func:`model.op_list.timing_costs`);
-- :func:`measure_suite`: replay every run of the suite ``repeats`` times the same way and keep,
-  per replay, the metrics :func:`model.metrics.compute_metrics` computes on its measured
+  group off them (:func:`model.op_list.timing_costs`); given the suite, its runs are
+  replayed in the same rounds (and not fitted on);
+- :func:`measure_suite`: every run of the suite replayed ``repeats`` times in interleaved
+  rounds (each round replays every run once; docs/calibration.md says why), keeping per
+  replay the metrics :func:`model.metrics.compute_metrics` computes on its measured
   timeline (the simulator's definitions, the same code);
 - :func:`compare` (CPU): predict every run with a profile's SYSTEM costs on
   ``sim.profiled.ProfiledSimDevice`` and set the prediction beside the median of the

@@ -95,6 +95,17 @@ def test_page_states_the_summary_and_every_row(doc):
     assert path.with_name(d["plot"]).is_file()
 
 
+def test_order_and_host_speed_are_stated(doc):
+    path, d = doc
+    measurement = json.loads((path.parent / d["measurement"]).read_text(encoding="utf-8"))
+    assert d["order"] == measurement["order"]
+    assert f"{d['repeats']} replays a run, from prebuilt op lists; {d['order']})" in \
+        path.with_suffix(".md").read_text(encoding="utf-8")
+    for run in measurement["runs"]:  # one kernel call time per replay, in µs
+        assert len(run["kernel_call_us"]) == measurement["repeats"]
+        assert all(0 < k < 1000 for k in run["kernel_call_us"])
+
+
 def test_profile_and_device_named_are_committed(doc):
     path, d = doc
     profile = load_profile(ROOT / "profiles" / d["profile"])
