@@ -4,9 +4,10 @@ Plots were most of a suite's report time: about 0.2 CPU seconds each, 54 of them
 bundled suite, drawn only once every run had simulated (issue 17 item 2). Here a pool of
 worker processes is forked before the first run, each importing matplotlib and drawing one
 small figure while the first runs simulate; a racy, faulty or failing case is handed over the
-moment its run ends, so the plots are drawn on the other cores while later runs simulate. The
-workers run at a lower priority (``os.nice``), so the simulation, which everything else waits
-for, keeps its core.
+moment its run ends, so the plots are drawn on the other cores while later runs simulate.
+The workers keep the default priority. A lower one (``os.nice(3)``, the first version) lets
+other users' processes starve them on a busy machine, and on idle cores the total CPU sets
+the time either way (by that arithmetic; no idle machine was at hand to measure it).
 
 A plot whose inputs (the case's timeline, races, verdict and the plotting code) are those of
 the PNG already in the folder is kept, not drawn again: its key sits beside it in
@@ -15,7 +16,6 @@ the PNG already in the folder is kept, not drawn again: its key sits beside it i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -35,8 +35,6 @@ from overlap_harness.reports.summary import needs_plot
 #: The source of the drawing code: part of every plot's key (read as a file, not imported).
 TIMELINE_SOURCE = Path(__file__).with_name("timeline.py")
 _PLOT_CODE = hashlib.sha1(TIMELINE_SOURCE.read_bytes()).hexdigest()
-WORKER_NICENESS = 3
-"""How much lower the plot workers' priority is than the simulating process's."""
 MAX_WORKERS = 4
 """Plot workers at most: past a few, the suite's runs, not the drawing, set the pace."""
 
@@ -71,14 +69,12 @@ def draw_png(case: CaseResult, path: str) -> str:
 
 
 def _start_worker() -> None:
-    """Pool initializer: lower this worker's priority, leave Ctrl-C to the parent, and pay
-    matplotlib's import and first draw (font loading) while the parent simulates."""
+    """Pool initializer: leave Ctrl-C to the parent, and pay matplotlib's import and first
+    draw (font loading) while the parent simulates."""
     # deferred: matplotlib, in the worker only; the parent never imports it
     from overlap_harness.reports.timeline import agg_figure
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):  # not permitted: the workers share the CPU equally
-        os.nice(WORKER_NICENESS)
     fig = agg_figure(2, 1)
     ax = fig.subplots()
     ax.text(0.5, 0.5, "warm-up", fontsize=7)
