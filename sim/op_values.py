@@ -132,8 +132,9 @@ class OpValues(simpy.Event):
     def land(self) -> None:
         """Write the function's results (the op's end).
 
-        A tensor result of the buffer's own dtype, written through an index array, a slice or
-        the whole buffer, lands through the buffer's numpy view: the same assignment (the same
+        A tensor result of the buffer's own dtype, written through an index array (or a list,
+        as the int64 array ``torch_sel`` makes of it), a slice or the whole buffer, lands
+        through the buffer's numpy view: the same assignment (the same
         elements, broadcasting, no conversion) at a quarter of torch indexing's cost. Anything
         else (a conversion, a tuple selection, an index set that repeats an element, whose
         winner numpy does not define) goes through torch as before."""
@@ -146,9 +147,13 @@ class OpValues(simpy.Event):
             if fast and type(v) is torch.Tensor and v.dtype == b.dtype:
                 target = np_views[b.id]
                 kind = type(s)
-                if target is not None and (kind is np.ndarray or kind is slice or s is None):
-                    target[... if s is None else s] = v.numpy()
-                    continue
+                if target is not None:
+                    if kind is np.ndarray or kind is slice or s is None:
+                        target[... if s is None else s] = v.numpy()
+                        continue
+                    if kind is list:  # the int64 index array torch_sel would make of it
+                        target[np.asarray(s, dtype=np.int64)] = v.numpy()
+                        continue
             view = views[b.id]
             if s is None:
                 view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))

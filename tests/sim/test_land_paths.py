@@ -31,7 +31,7 @@ def landed(shape: tuple[int, ...], dtype: torch.dtype, sel, value) -> torch.Tens
 
 def torch_oracle(shape: tuple[int, ...], dtype: torch.dtype, sel, value) -> torch.Tensor:
     out = torch.arange(int(np.prod(shape))).to(dtype).reshape(shape)
-    index = torch.as_tensor(sel) if isinstance(sel, np.ndarray) else sel
+    index = torch.as_tensor(sel) if isinstance(sel, np.ndarray) else sel  # a list: torch's own
     if sel is None:
         out.copy_(torch.as_tensor(value, dtype=dtype).expand(shape))
     else:
@@ -49,6 +49,8 @@ CASES = [
     ((3, 4), torch.float32, None, torch.tensor([1.5, 2.5, 3.5, 4.5])),  # row broadcast
     ((6,), torch.bool, np.array([1, 4]), torch.tensor([True, False])),
     ((4,), I64, np.array([True, False, True, False]), torch.tensor([7, 7])),  # mask
+    ((8,), I64, [5, 0, -2], torch.tensor([1, 2, 3])),  # a list: an int64 index array
+    ((3, 4), torch.float32, [2], torch.full((1, 4), 0.25)),  # a list of rows
     # the torch path: conversions, tuple selections, repeats, a dtype numpy lacks
     ((8,), I64, np.array([1, 2]), torch.tensor([1.9, -2.7])),  # float into int64
     ((8,), I64, np.array([1, 2]), [3, 4]),  # a list, converted
