@@ -25,7 +25,7 @@ import gzip
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +152,17 @@ def read_timelines(path: Path) -> Pairs:
     # deferred: imports torch; the command line registers this parser without it
     from overlap_harness.gpu_check.profiling import timelines_from_data
 
+    return _read_gzip_json(path, timelines_from_data, "a calibration timelines file")
+
+
+def _read_gzip_json(path: Path, parse: Callable[[Any], Any], what: str) -> Any:
+    """``parse`` of a gzipped JSON file; an unreadable or malformed one is a one-line
+    :class:`HarnessError` naming ``what`` it should have been."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
-            return timelines_from_data(json.load(fh))
+            return parse(json.load(fh))
     except (OSError, EOFError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise HarnessError(f"{path}: not a calibration timelines file: {exc}") from None
+        raise HarnessError(f"{path}: not {what}: {exc}") from None
 
 
 def measure_profile(calibration_paths: Sequence[str], runs: int, command: str,
@@ -341,11 +347,7 @@ def read_replays(path: Path) -> list:
     Raises:
         HarnessError: the file cannot be read or is not such a file (one line).
     """
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            return replays_from_data(json.load(fh))
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
-        raise HarnessError(f"{path}: not a timing replays file: {exc}") from None
+    return _read_gzip_json(path, replays_from_data, "a timing replays file")
 
 
 def refit_timing(args: argparse.Namespace) -> int:

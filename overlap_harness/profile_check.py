@@ -187,6 +187,15 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_json_document(path: Path, what: str) -> Any:
+    """A JSON file's document; a file that cannot be read or parsed is a one-line
+    :class:`HarnessError` naming ``what`` it should have been."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HarnessError(f"{path}: cannot read {what}: {exc}") from None
+
+
 def compare_command(report_path: str, profile_path: str, paths: Sequence[str],
                     out_dir: str | None) -> int:
     """``calibrate --compare``: write ``<report>-vs-<profile>.json|md|png``; 0 when the
@@ -198,10 +207,7 @@ def compare_command(report_path: str, profile_path: str, paths: Sequence[str],
     """
     profile = load_profile(profile_path)
     rp = Path(report_path)
-    try:
-        report = json.loads(rp.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HarnessError(f"{rp}: cannot read the GPU report: {exc}") from None
+    report = read_json_document(rp, "the GPU report")
     if not isinstance(report, dict) or "runs" not in report:
         raise HarnessError(f"{rp}: not a gpu-check report (no 'runs')")
     specs = {s.run_id: s for sc in load_paths(paths) for s in expand(sc)}

@@ -54,6 +54,7 @@ from overlap_harness.model.trace import OpRecord
 from overlap_harness.profile_check import (
     METRICS,
     WORST_TARGET,
+    read_json_document,
     rel_err,
     summarize,
     summary_line,
@@ -381,10 +382,7 @@ def compare(measurement_path: str | Path, profile_path: str | Path, paths: Seque
     """
     profile = load_profile(profile_path)
     mp = Path(measurement_path)
-    try:
-        measurement = json.loads(mp.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HarnessError(f"{mp}: cannot read the timing measurement: {exc}") from None
+    measurement = read_json_document(mp, "the timing measurement")
     if not isinstance(measurement, dict) or measurement.get("kind") != MEASUREMENT_KIND:
         raise HarnessError(f"{mp}: not a timing measurement (kind {MEASUREMENT_KIND!r})")
     specs = {s.run_id: s for s in suite_specs(paths)}
