@@ -101,6 +101,8 @@ def write(out: Path, facts: dict, rows: list[dict], status: int, command: str) -
         *(f"- {key}: {data[key]}" for key in ("device", "torch", "cuda", "triton", "sglang",
                                                "python", "date")),
         f"- triton_interpret: {facts['triton_interpret'] or 'unset (kernels compiled)'}",
+        f"- chain rows compared (SGLang's base_spec_worker imports): "
+        f"{facts.get('chain_rows_compared')}",
         f"- command: `{command}`",
         f"- tests: `{TEST_FILE}` (pytest exit {status})",
         f"- verdict: **{verdict}**: {total_cases} cases compared, {total_mismatches} mismatches, "
