@@ -43,8 +43,8 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from overlap_harness.model.errors import DeviceUsageError
@@ -60,6 +60,9 @@ from overlap_harness.model.node_rows import (  # re-exported: the detector's pub
     node_row,
 )
 from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
+
+if TYPE_CHECKING:  # annotations only: graph() imports networkx when called
+    import networkx as nx
 
 __all__ = ["DROP_HISTORY_EVERY", "HOST_AGENT", "MAX_AGENTS", "AccessReq", "AccessRow",
            "HBDetector", "NodeAccesses", "NodeInfo", "NodeRow", "NodeTable",
@@ -329,6 +332,8 @@ class HBDetector:
     def graph(self) -> nx.DiGraph:
         """The happens-before graph: nodes are ops (with their attributes), edges direct HB."""
         self._need_history("graph")
+        import networkx as nx  # deferred: 0.16 s of every start-up, and only graph() needs it
+
         g = nx.DiGraph()
         for n in self.nodes:
             g.add_node(n.op, name=n.name, agent=n.agent_name, kind=str(n.kind),
