@@ -27,7 +27,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -43,6 +42,7 @@ if str(ROOT) not in sys.path:  # run as a file: make the repository importable
 import torch  # noqa: E402
 
 from overlap_harness.gpu_check.semantics_check import driver_version  # noqa: E402
+from overlap_harness.replay.report import device_slug  # noqa: E402
 from tests.recorder_corpus.manifest import ManifestError, Pair, load_manifest  # noqa: E402
 from tests.recorder_corpus.runner import run_program  # noqa: E402
 from tests.recorder_corpus.verdicts import from_json, unmatched, watch_program  # noqa: E402
@@ -370,12 +370,6 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _device_slug(device: str) -> str:
-    """``h100`` from ``NVIDIA H100 80GB HBM3``: the report's file name part."""
-    match = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", device)
-    return (match.group(1) if match else re.sub(r"\W+", "-", device)).lower()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line; run a worker, or drive the workers and write the report."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -420,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["sums"] = sums(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{report['date'][:10]}-{_device_slug(device)}"
+    stem = args.out / f"{report['date'][:10]}-{device_slug(device)}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     stem.with_suffix(".md").write_text(render_markdown(report), encoding="utf-8")
     print(render_markdown(report), flush=True)

@@ -32,9 +32,13 @@ MATCH_TARGET = 0.95  # racy runs: at least 19 of 20 trials show exactly the pred
 
 
 def device_slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"h200"``: the report file's device part."""
+    """The report file's device part: the model's word, ``"NVIDIA H100 80GB HBM3"`` ->
+    ``"h100"``, ``"NVIDIA H200"`` -> ``"h200"``, ``"AMD Instinct MI300X"`` -> ``"mi300x"``;
+    memory sizes and types (80GB, HBM3) are not models. Without one, the last word."""
     words = re.findall(r"[A-Za-z0-9]+", name)
-    return (words[-1] if words else "gpu").lower()
+    models = [w for w in words if re.fullmatch(r"[A-Za-z]{0,3}\d{2,4}[A-Za-z]{0,2}", w)
+              and not re.fullmatch(r"\d+[GMT]B|HBM\d\w*|GDDR\d\w*", w, flags=re.IGNORECASE)]
+    return (models[0] if models else words[-1] if words else "gpu").lower()
 
 
 def _delays(d: dict[tuple[str, int], float]) -> dict[str, float]:

@@ -307,7 +307,11 @@ def test_a_sanitizer_run_over_its_time_is_tried_again_in_a_new_worker(
 
 def test_device_slug_and_rel_err() -> None:
     assert device_slug("NVIDIA H200") == "h200"
-    assert device_slug("NVIDIA H100 80GB HBM3") == "hbm3"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert device_slug("NVIDIA H100 PCIe") == "h100"
+    assert device_slug("AMD Instinct MI300X") == "mi300x"
+    assert device_slug("NVIDIA GeForce RTX 4090") == "4090"
+    assert device_slug("Some Accelerator") == "accelerator"
     assert rel_err(110.0, 100.0) == pytest.approx(0.1) and rel_err(1.0, 0.0) is None
 
 
