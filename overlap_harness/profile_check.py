@@ -19,7 +19,7 @@ import dataclasses
 import json
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,8 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     return "; ".join(parts) + f"; {verdict}"
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
+    """A relative error as a signed percentage, "-" when there is none."""
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
@@ -165,26 +166,31 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     ]
     for k in METRICS:
         v = s[k]
-        lines.append(f"| {k} | {v['runs']} | {_pct(v['median_abs_rel_err'])} "
-                     f"| {_pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
-                     f"| {_pct(v['before_median_abs_rel_err'])} |")
+        lines.append(f"| {k} | {v['runs']} | {pct(v['median_abs_rel_err'])} "
+                     f"| {pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
+                     f"| {pct(v['before_median_abs_rel_err'])} |")
     rs = s.get("repeat_spread")
     if rs and rs["groups"]:
         lines += ["", f"Noise floor: {rs['runs']} runs in {rs['groups']} groups share a "
                   "configuration (same run-id hash) and were measured apart; their |measured / "
                   "group median - 1|: " + ", ".join(
-                      f"{k.removesuffix('_ns')} median {_pct(rs[k]['median'])}, worst "
-                      f"{_pct(rs[k]['max'])}" for k in METRICS) + "."]
-    lines += ["", "## Runs", "", "µs predicted / measured (relative error).", "",
-              "| run | kind | iteration | host stall | forward idle |", "| --- " * 5 + "|"]
-    for r in doc["rows"]:
-        cells = []
-        for k in METRICS:
-            m = r["metrics"][k]
-            cells.append(f"{m['predicted'] / 1000:.0f} / {m['measured'] / 1000:.0f} "
-                         f"({_pct(m['rel_err'])})")
-        lines.append(f"| {r['run_id']} | {r['kind']} | " + " | ".join(cells) + " |")
+                      f"{k.removesuffix('_ns')} median {pct(rs[k]['median'])}, worst "
+                      f"{pct(rs[k]['max'])}" for k in METRICS) + "."]
+    lines += runs_table(doc["rows"], "µs predicted / measured (relative error).",
+                        lambda m: f"{m['predicted'] / 1000:.0f} / {m['measured'] / 1000:.0f} "
+                                  f"({pct(m['rel_err'])})")
     return "\n".join(lines) + "\n"
+
+
+def runs_table(rows: Sequence[Mapping[str, Any]], legend: str,
+               cell: Callable[[Mapping[str, Any]], str]) -> list[str]:
+    """A page's "Runs" section: one row per run, ``cell`` of each metric's figures."""
+    lines = ["", "## Runs", "", legend, "",
+             "| run | kind | iteration | host stall | forward idle |", "| --- " * 5 + "|"]
+    for r in rows:
+        cells = [cell(r["metrics"][k]) for k in METRICS]
+        lines.append(f"| {r['run_id']} | {r['kind']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def read_json_document(path: Path, what: str) -> Any:

@@ -54,8 +54,10 @@ from overlap_harness.model.trace import OpRecord
 from overlap_harness.profile_check import (
     METRICS,
     WORST_TARGET,
+    pct,
     read_json_document,
     rel_err,
+    runs_table,
     summarize,
     summary_line,
 )
@@ -322,10 +324,6 @@ def noise_floor(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 # -- the page ----------------------------------------------------------------------------------
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
-
-
 def render_markdown(doc: Mapping[str, Any]) -> str:
     """The page: measurement and profile, the summary line, the noise floor, one row per run."""
     s, noise = doc["summary"], doc["noise_floor"]
@@ -348,27 +346,21 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     ]
     for k in METRICS:
         v, n = s[k], noise[k]
-        lines.append(f"| {k} | {v['runs']} | {_pct(v['median_abs_rel_err'])} "
-                     f"| {_pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
-                     f"| {_pct(v['before_median_abs_rel_err'])} | {_pct(n['median'])} "
-                     f"| {_pct(n['max'])} |")
+        lines.append(f"| {k} | {v['runs']} | {pct(v['median_abs_rel_err'])} "
+                     f"| {pct(v['max_abs_rel_err'])} | {v['within_10pct']} "
+                     f"| {pct(v['before_median_abs_rel_err'])} | {pct(n['median'])} "
+                     f"| {pct(n['max'])} |")
     steady = doc["steady"]
     lines += ["", "Replay spread: per run, max |replay / median of the run's replays - 1|; "
               "the noise floor no prediction can be held closer than.", "",
               f"Over the runs whose replays agree within {steady['limit']:.0%} (spread <= "
               f"{steady['limit']:.0%}; the plain figures above count every run): " + "; ".join(
-                  f"{k.removesuffix('_ns')} median {_pct(steady[k]['median_abs_rel_err'])} "
-                  f"worst {_pct(steady[k]['max_abs_rel_err'])} ({steady[k]['runs']} runs)"
-                  for k in METRICS) + ".", "",
-              "## Runs", "", "µs predicted / measured (relative error; replay spread).", "",
-              "| run | kind | iteration | host stall | forward idle |", "| --- " * 5 + "|"]
-    for r in doc["rows"]:
-        cells = []
-        for k in METRICS:
-            m = r["metrics"][k]
-            cells.append(f"{m['predicted'] / 1000:.1f} / {m['measured'] / 1000:.1f} "
-                         f"({_pct(m['rel_err'])}; {_pct(m['spread'])})")
-        lines.append(f"| {r['run_id']} | {r['kind']} | " + " | ".join(cells) + " |")
+                  f"{k.removesuffix('_ns')} median {pct(steady[k]['median_abs_rel_err'])} "
+                  f"worst {pct(steady[k]['max_abs_rel_err'])} ({steady[k]['runs']} runs)"
+                  for k in METRICS) + "."]
+    lines += runs_table(doc["rows"], "µs predicted / measured (relative error; replay spread).",
+                        lambda m: f"{m['predicted'] / 1000:.1f} / {m['measured'] / 1000:.1f} "
+                                  f"({pct(m['rel_err'])}; {pct(m['spread'])})")
     return "\n".join(lines) + "\n"
 
 
