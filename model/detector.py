@@ -122,11 +122,19 @@ class HBDetector:
     found, so :attr:`races` is the same. No edges are kept, and :meth:`graph` and
     :meth:`happens_before` refuse. What stays per node is a few array entries (its epoch, and
     a list slot for each table). The default keeps everything: the graph, the GPU replay's
-    gates (``node_accesses``) and the reports' timeline read every node."""
+    gates (``node_accesses``) and the reports' timeline read every node.
 
-    def __init__(self, history: bool = True) -> None:
+    ``shadow=False`` is for a device whose every access is ordered by construction, the
+    serial oracle (``SimDevice(serial=True)``: one stream, and a host sync joins each op before
+    the host issues the next, so no two accesses are unordered and no check can fire): the
+    per-element state and the checks are skipped, and :attr:`races` stays empty. The clocks,
+    rows and edges are kept: the allocator's reuse test (:meth:`host_knows`) still needs them,
+    since a record or wait node is not followed by a sync."""
+
+    def __init__(self, history: bool = True, shadow: bool = True) -> None:
         # history=False: the opt-in mode for long runs (see the class docstring)
         self.history = history
+        self.shadow = shadow  # False: no element-level checks (see the class docstring)
         self.agent_names: list[str] = [HOST]
         self._vc: list[list[int]] = [[0] * MAX_AGENTS]
         self._host_version = 0
@@ -168,7 +176,8 @@ class HBDetector:
 
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
         """Register a memory block before its first access."""
-        self._storages[storage] = _Storage(numel, shape, len(self.agent_names))
+        if self.shadow:
+            self._storages[storage] = _Storage(numel, shape, len(self.agent_names))
 
     # -- the feed -------------------------------------------------------------------------
     def on_op(
@@ -243,9 +252,10 @@ class HBDetector:
         epochs[op + 1] = epoch
         if a == HOST_AGENT:
             self._host_version += 1
-        for acc in accesses:
-            if acc[3].size:
-                self._check(op, a, acc, vc, n_agents)
+        if self.shadow:
+            for acc in accesses:
+                if acc[3].size:
+                    self._check(op, a, acc, vc, n_agents)
         if not history:
             self._live[a].append(op)
             self._fed_since_drop += 1

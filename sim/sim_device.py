@@ -141,6 +141,11 @@ class SimDevice(Device):
         history: False for long runs: the detector drops what can no longer race
             (:class:`model.detector.HBDetector`), so memory stays bounded; the races are the
             same, but the run has no timeline and no graph.
+        shadow: False only with ``serial``: the detector skips its element-level state and
+            checks (:class:`model.detector.HBDetector`), which can never fire when a host
+            sync joins every op; the values, faults and timeline are the same, and the run
+            reports no races. The oracle's call (:func:`overlap_harness.runner.run_spec`)
+            uses it: the serial run is held against only for its values.
     """
 
     def __init__(
@@ -155,13 +160,17 @@ class SimDevice(Device):
         query_outcomes: Mapping[tuple[str, int, int], bool] | None = None,
         values: str = "timed",
         history: bool = True,
+        shadow: bool = True,
     ) -> None:
         super().__init__(removed, query_outcomes)
         if values not in ("timed", "issue_order"):
             raise DeviceUsageError(f"values: expected timed|issue_order, got {values!r}")
+        if not shadow and not serial:
+            raise DeviceUsageError("shadow=False needs serial=True: an overlapped run's "
+                                   "accesses must be checked")
         self._issue_order = values == "issue_order"
         self.env = simpy.Environment()
-        self.det = HBDetector(history=history)
+        self.det = HBDetector(history=history, shadow=shadow)
         self.host_ns = 0
         self.serial = serial
         self._launch_ns = us_to_ns(host_launch_us)
@@ -555,6 +564,11 @@ class SimDevice(Device):
         return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end,
                          list(self._uninit.values()), list(self._dups.values()),
                          list(self.query_sites))
+
+    def drain(self) -> None:
+        """Let all issued work land, as :meth:`finish` does, without building the run's
+        records: for a run read only for its values and observations (the serial oracle)."""
+        self.env.run()
 
     def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
         """Out-of-band look at memory now (tests, oracle): no access is recorded."""
