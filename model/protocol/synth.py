@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from overlap_harness.model.staging import host_ints
@@ -43,35 +42,14 @@ def mix(*xs: torch.Tensor | int) -> torch.Tensor:
     """A hash-like integer mix of its arguments (broadcast), in [0, MOD).
 
     Python ints stay host constants, so the result lives on the tensors' device (a CPU
-    0-dim tensor when every argument is an int). Each step is
-    ``h = (h * 7919 + (x mod MOD) * 104729 + 12345) mod MOD`` in int64 (exact: every term
-    stays below 2**37). On the CPU the same steps run in numpy (:func:`_mix_numpy`).
+    0-dim tensor when every argument is an int).
     """
-    if all(x.device.type == "cpu" for x in xs if isinstance(x, torch.Tensor)):
-        return _mix_numpy(xs)
     h: torch.Tensor | int = 17
     for x in xs:
         xr = torch.remainder(x.to(torch.int64), MOD) if isinstance(x, torch.Tensor) else x % MOD
         h = h * 7919 + xr * 104729 + 12345
         h = torch.remainder(h, MOD) if isinstance(h, torch.Tensor) else h % MOD
     return h if isinstance(h, torch.Tensor) else torch.tensor(h, dtype=torch.int64)
-
-
-def _mix_numpy(xs: Sequence[torch.Tensor | int]) -> torch.Tensor:
-    """:func:`mix` of CPU arguments in numpy: the same int64 steps (``np.remainder`` by a
-    positive modulus is in [0, MOD) like ``torch.remainder``), at about 40% of the time of a
-    torch op per step on these tiny tensors (a torch op costs microseconds of dispatch). A
-    non-int64 tensor is converted by torch first, so floats truncate exactly as before."""
-    h: np.ndarray | np.integer | int = 17
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            xr = np.remainder((x if x.dtype is torch.int64 else x.to(torch.int64)).numpy(), MOD)
-            h = np.remainder(h * 7919 + xr * 104729 + 12345, MOD)
-        else:
-            h = (h * 7919 + (x % MOD) * 104729 + 12345) % MOD
-    if isinstance(h, int):
-        return torch.tensor(h, dtype=torch.int64)
-    return torch.from_numpy(np.asarray(h, dtype=np.int64))
 
 
 def prompt_token(seed: int, pos: int) -> int:
