@@ -48,6 +48,27 @@ def numpy_view(view: torch.Tensor) -> np.ndarray | None:
         return None
 
 
+def _observed(snap: torch.Tensor, sel: Sel) -> torch.Tensor:
+    """``snap[sel]``, what an observing op read. A list or an array (the protocol's usual
+    selections) becomes the int64 index array ``torch_sel`` makes of it and is applied by
+    numpy to the snapshot's memory (``numpy()`` shares it), under half the cost of building
+    an index tensor for torch; integer-array indexing is the same in both (the same elements
+    in the same shape, negative ids from the end, a new contiguous array). A tuple, a slice or
+    a tensor, and a dtype numpy lacks, go through torch as before."""
+    if sel is None:
+        return snap
+    kind = type(sel)
+    if (kind is list or kind is np.ndarray) and snap.dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(snap.numpy()[np.asarray(sel, dtype=np.int64)])
+    return snap[torch_sel(sel, "cpu")]
+
+
+# the torch dtypes whose tensors have a numpy view (bfloat16 and the other torch-only ones lack
+# one); sim_device.numpy_view makes the same test by trying
+_NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                           torch.int64, torch.float16, torch.float32, torch.float64})
+
+
 # Heap priorities of the value events. simpy orders events by (time, priority, insertion
 # count). Writes land before reads at one instant, and among equal-time writes (or reads) issue
 # order decides: an op's end takes priority ``op`` and its start ``_START_PRIORITY + op``. That
@@ -123,8 +144,7 @@ class OpValues(simpy.Event):
         snaps = [views[b.id].clone() if (source := np_views[b.id]) is None
                  else torch.from_numpy(source.copy()) for b, _s in self.reads]
         if self.observe is not None:
-            vals = [v if s is None else v[torch_sel(s, "cpu")]
-                    for v, (_b, s) in zip(snaps, self.reads, strict=True)]
+            vals = [_observed(v, s) for v, (_b, s) in zip(snaps, self.reads, strict=True)]
             dev.observations.setdefault((self.observe, self.iteration), []).extend(vals)
         res = self.fn(*snaps)
         self.out = res if isinstance(res, tuple) else (res,)
