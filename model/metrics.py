@@ -82,3 +82,9 @@ def compute_metrics(timeline: Sequence[OpRecord], forward: str = FORWARD) -> Met
     ratio = _overlap(work, busy) / total_work if total_work else 0.0
     end = max((t.end_ns for t in timeline), default=0)
     return Metrics(stall, resolve, idle, iteration, round(ratio, 4), end)
+
+
+def rel_err(predicted: float, measured: float) -> float | None:
+    """(predicted - measured) / measured: a model's relative error against a device's figure;
+    None when the device measured 0."""
+    return None if measured == 0 else (predicted - measured) / measured

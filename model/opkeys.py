@@ -27,3 +27,21 @@ class KeyCounter:
         n = self._seen.get(k, 0)
         self._seen[k] = n + 1
         return (agent, name, iteration, n)
+
+
+Delays = dict[tuple[str, int], float]  # extra µs before an op starts, by (op name, iteration)
+
+
+def delays_to_json(delays: Delays) -> dict[str, float]:
+    """Delays as JSON keys ``"name@iteration"``, to the ns (the simulator's unit), so a CPU
+    test or a profile check can simulate a GPU report's schedule again."""
+    return {f"{name}@{iteration}": round(us, 3) for (name, iteration), us in sorted(delays.items())}
+
+
+def delays_from_json(raw: dict[str, float]) -> Delays:
+    """:func:`delays_to_json` read back."""
+    out = {}
+    for key, us in raw.items():
+        name, _, iteration = key.rpartition("@")
+        out[(name, int(iteration))] = float(us)
+    return out

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from overlap_harness.model.errors import HarnessError
-from overlap_harness.model.metrics import compute_metrics
+from overlap_harness.model.metrics import compute_metrics, rel_err
+from overlap_harness.model.opkeys import delays_from_json
 from overlap_harness.model.profile import Mode, Profile, costs_from_profile, load_profile
 from overlap_harness.reports.calibration_plot import write_plot
 from overlap_harness.scenarios.expand import RunSpec, expand
@@ -36,15 +37,6 @@ MEDIAN_TARGET = 0.10
 WORST_TARGET = 0.25
 
 
-def _delays(raw: Mapping[str, float]) -> dict[tuple[str, int], float]:
-    """A row's ``"name@iteration": us`` delays as the simulator takes them."""
-    out = {}
-    for key, us in raw.items():
-        name, _, iteration = key.rpartition("@")
-        out[(name, int(iteration))] = float(us)
-    return out
-
-
 def predict_run(spec: RunSpec, profile: Profile,
                 delays: Mapping[tuple[str, int], float]) -> dict[str, int]:
     """The metrics of one run predicted with the profile's replay costs."""
@@ -54,11 +46,6 @@ def predict_run(spec: RunSpec, profile: Profile,
     _, dev = simulate_profiled(scenario, spec.removed, costs, delays)
     m = compute_metrics(dev.finish().timeline)
     return {k: getattr(m, k) for k in METRICS}
-
-
-def rel_err(predicted: float, measured: float) -> float | None:
-    """(predicted - measured) / measured; None when the device measured 0."""
-    return None if measured == 0 else (predicted - measured) / measured
 
 
 def predict_report(report: Mapping[str, Any], profile: Profile,
@@ -78,7 +65,7 @@ def predict_report(report: Mapping[str, Any], profile: Profile,
         if spec is None:
             raise HarnessError(f"run {run['run_id']} of the report is not in the scenarios "
                                "given; pass the paths the report ran")
-        delays = _delays(run["main"]["delays_us"]) if run["kind"] == "racy" else {}
+        delays = delays_from_json(run["main"]["delays_us"]) if run["kind"] == "racy" else {}
         predicted = predict_run(spec, profile, delays)
         metrics = {}
         for k in METRICS:

@@ -25,8 +25,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from overlap_harness.model.metrics import rel_err
+from overlap_harness.model.opkeys import delays_from_json as parse_delays  # noqa: F401  (re-exported)
+from overlap_harness.model.opkeys import delays_to_json
 from overlap_harness.replay.plan import DETERMINISTIC, EXACT
-from overlap_harness.replay.trials import TIMED, RunReplay, Tally, rel_err
+from overlap_harness.replay.trials import TIMED, RunReplay, Tally
 
 MATCH_TARGET = 0.95  # racy runs: at least 19 of 20 trials show exactly the predicted values
 
@@ -41,23 +44,9 @@ def device_slug(name: str) -> str:
     return (models[0] if models else words[-1] if words else "gpu").lower()
 
 
-def _delays(d: dict[tuple[str, int], float]) -> dict[str, float]:
-    """Delays as JSON, to the ns (the simulator's unit): a CPU test re-simulates them."""
-    return {f"{n}@{it}": round(us, 3) for (n, it), us in sorted(d.items())}
-
-
-def parse_delays(d: dict[str, float]) -> dict[tuple[str, int], float]:
-    """:func:`_delays` read back."""
-    out = {}
-    for k, us in d.items():
-        name, _, it = k.rpartition("@")
-        out[(name, int(it))] = float(us)
-    return out
-
-
 def tally_dict(t: Tally) -> dict[str, Any]:
     """One schedule's counts as JSON."""
-    return {"delays_us": _delays(t.delays), "trials": t.trials, "equal": t.equal,
+    return {"delays_us": delays_to_json(t.delays), "trials": t.trials, "equal": t.equal,
             "same_diffs": t.same_diffs, "same_keys": t.same_keys, "equal_oracle": t.equal_oracle,
             "manifest": t.manifest, "verdicts": dict(t.verdicts), "errors": t.errors,
             "first_mismatch": t.first_mismatch, "metrics_median": t.median_metrics(),
@@ -97,8 +86,8 @@ def run_row(r: RunReplay) -> dict[str, Any]:
         row["values_compared"] = r.compared
     if p.kind == "racy":
         row["schedule"] = {"source": p.schedule_source,
-                           "explore_delays_us": _delays(p.explore_delays or {}),
-                           "delays_us": _delays(p.delays), "tight_pairs_left": p.tight_left,
+                           "explore_delays_us": delays_to_json(p.explore_delays or {}),
+                           "delays_us": delays_to_json(p.delays), "tight_pairs_left": p.tight_left,
                            "margin_us": round(p.margin_us, 1),
                            "narrowest_gap_us": p.narrowest_gap_us, "capped": p.capped,
                            "inverted_pairs": p.inverted_pairs, "gates": len(p.gates),

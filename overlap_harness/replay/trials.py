@@ -29,7 +29,7 @@ from typing import Any
 
 from overlap_harness.model.device import Device
 from overlap_harness.model.errors import HarnessError
-from overlap_harness.model.metrics import Metrics, compute_metrics
+from overlap_harness.model.metrics import Metrics, compute_metrics, rel_err  # noqa: F401  (re-exported)
 from overlap_harness.model.opkeys import Gate
 from overlap_harness.model.protocol import run_protocol
 from overlap_harness.model.trace import OpKind, OpRecord
@@ -232,6 +232,3 @@ def launch_cost_us(timeline: Sequence[OpRecord]) -> float:
     return statistics.median(gaps) / 1000
 
 
-def rel_err(sim: float, dev: float) -> float | None:
-    """(sim - device) / device; None when the device measured 0."""
-    return None if dev == 0 else (sim - dev) / dev
