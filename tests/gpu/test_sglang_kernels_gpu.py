@@ -21,12 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from overlap_harness.conformance import kernels
 from overlap_harness.conformance.sglang_env import unavailable_reason
 from overlap_harness.model.kernels.gather import available_impls
-from tests.model.test_kernels import GATHER_CASE, chain_inputs, gather_buffers
+from tests.model.test_kernels import CHAIN_CASE, GATHER_CASE, chain_inputs, gather_buffers
 
 REASON = unavailable_reason()
 pytestmark = [
@@ -62,13 +61,7 @@ def test_sglang_gather_of_an_empty_batch_on_cuda(with_hidden):
 
 
 @CHAIN
-@given(
-    b=st.integers(1, 128),
-    num_steps=st.integers(1, 8),
-    spare=st.integers(0, 16),
-    ones=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**CHAIN_CASE)
 def test_sglang_topk1_chain_equals_ours_on_cuda(b, num_steps, spare, ones, seed):
     """``ones`` as in the property test; SGLang's topk_p is 1.0 either way (greedy), and the
     project's fast path never reads the scores."""

@@ -87,14 +87,19 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got, want)
 
 
-@FAST
-@given(
+#: One case of the topk=1 draft chain: batch, steps, spare rows of max_bs, all-ones scores or
+#: not, the seed (shared by every test that compares chains on all of these).
+CHAIN_CASE = dict(
     b=st.integers(1, 128),
     num_steps=st.integers(1, 8),
     spare=st.integers(0, 16),
     ones=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+
+
+@FAST
+@given(**CHAIN_CASE)
 def test_topk1_fast_path_equals_slow_path(b, num_steps, spare, ones, seed):
     scores, tokens, parents = chain_inputs(b, num_steps, topk=1, seed=seed)
     if ones:  # after a CUDA decode the topk=1 scores are all ones (argmax replaces softmax)
