@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 import overlap_harness.recorder as recorder
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.recorder.project_kernels import gather_accesses
@@ -86,12 +88,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _cuda_available() -> bool:
-    import torch  # deferred: the reason check above stays import-light
-
-    return torch.cuda.is_available()
-
-
 def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
@@ -106,7 +102,7 @@ def load_overlap_utils() -> types.ModuleType:
     # run on the CPU if this is set while their modules are imported; it is restored after,
     # so it never leaks into what the process does next. On a GPU they compile, as in a server.
     previous = os.environ.get("TRITON_INTERPRET")
-    if not _cuda_available():
+    if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     sys.modules.setdefault("sglang.srt.speculative.spec_utils", SPEC_UTILS_STUB)
     try:
