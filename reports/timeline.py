@@ -20,13 +20,13 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
+from overlap_harness.reports.agg_text import CachedTextCanvas
 from overlap_harness.reports.lanes import event_arrows, lane_order
 
 RACE_COLOR = "#d62728"
@@ -273,7 +273,7 @@ def _legend_pixels(width_in: float, height_in: float, dpi: float
     its hatch (tiled from the canvas corner) on the same phase: the pixels are those the
     legend draws in place (tests/reports/test_plot_jobs.py compares them)."""
     fig = Figure(figsize=(width_in, height_in), dpi=dpi)
-    FigureCanvasAgg(fig)
+    CachedTextCanvas(fig)
     _legend(fig)
     fig.canvas.draw()
     box = fig.legends[0].get_window_extent()
@@ -334,7 +334,7 @@ def agg_figure(width_in: float, height_in: float) -> Figure:
     """A figure on the Agg canvas, not registered with pyplot: nothing to close, and the
     plot workers never import pyplot (a seventh of their start-up, issue 17 item 2)."""
     fig = Figure(figsize=(width_in, height_in))
-    FigureCanvasAgg(fig)
+    CachedTextCanvas(fig)
     return fig
 
 
