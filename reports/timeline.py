@@ -17,19 +17,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import FancyArrowPatch, Patch
+from matplotlib.patches import Patch
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
 from overlap_harness.reports.agg_text import CachedTextCanvas
 from overlap_harness.reports.lanes import event_arrows, lane_order
+from overlap_harness.reports.race_arrow import RACE_COLOR
+from overlap_harness.reports.race_arrow import RaceArrow as _RaceArrow
 
-RACE_COLOR = "#d62728"
 #: Face colour, edge colour and hatch by kind; zero-length kinds are drawn as markers.
 STYLE: dict[OpKind, tuple[str, str, str]] = {
     OpKind.KERNEL: ("#4c78a8", "#2f4b6e", ""),
@@ -167,25 +167,6 @@ def _access_point(race_side, by_op: dict[int, OpRecord]) -> tuple[str, int] | No
     if at is None and rec is not None:
         at = rec.end_ns if race_side.mode == "write" else rec.start_ns
     return None if at is None else (agent, at)
-
-
-class _RaceArrow(FancyArrowPatch):
-    """A race connector: the arrow ``ax.annotate("", xy=end, xytext=start, arrowprops=...)``
-    draws, without the annotation's empty text (its layout was a twentieth of a racy plot's
-    time). Same geometry: positions in data coordinates, mutation scale the default font
-    size, shrunk 2 points at both ends, not clipped; and, as the annotation, not drawn when
-    its head lies outside the axes."""
-
-    def __init__(self, start: tuple[float, float], end: tuple[float, float]) -> None:
-        super().__init__(start, end, arrowstyle="-|>", connectionstyle="arc3,rad=0.15",
-                         color=RACE_COLOR, lw=1.6, shrinkA=2, shrinkB=2, zorder=6,
-                         mutation_scale=matplotlib.rcParams["font.size"], clip_on=False)
-        self._head = end
-
-    def draw(self, renderer) -> None:
-        """Draw unless the head is outside the axes (the annotation's clip rule)."""
-        if self.axes.contains_point(self.axes.transData.transform(self._head)):
-            super().draw(renderer)
 
 
 def _draw_races(ax: Axes, races: Sequence[Race], timeline: Sequence[OpRecord], lanes: _Lanes,

@@ -57,5 +57,5 @@ def test_sub_pixel_origins_round_to_the_nearest_pixel() -> None:
 
 
 def test_other_text_differs() -> None:
-    other = text_figure(CachedTextCanvas, ("another string",) + STRINGS[1:])
+    other = text_figure(CachedTextCanvas, ("another string", *STRINGS[1:]))
     assert (other != text_figure(FigureCanvasAgg)).any()

@@ -129,15 +129,17 @@ def annotation_arrow(start: tuple[float, float], end: tuple[float, float]) -> An
 def test_race_connectors_are_the_annotation_arrows(tmp_path, monkeypatch, window) -> None:
     case = make_case(tmp_path, iterations=4, mutation="no_publish_wait")
     assert case.races
-    connectors = rgba(plot_timeline(case, window=window))
+    connectors = rgba(plot_timeline(case, window=window)).astype(int)
     monkeypatch.setattr(timeline, "_RaceArrow", annotation_arrow)
-    annotations = rgba(plot_timeline(case, window=window))
-    assert (connectors == annotations).all()
+    annotations = rgba(plot_timeline(case, window=window)).astype(int)
+    # the ends are shrunk in closed form (reports/race_arrow.py), matplotlib bisects them
+    # to 0.01 px: anti-aliasing may move by a level or two, no more
+    assert np.abs(connectors - annotations).max() <= 2
     without = plot_timeline(case, window=window)
     for artist in list(without.axes[0].texts):
         if isinstance(artist, Annotation) and not artist.get_text():
             artist.remove()  # the twin: no connectors, another picture
-    assert (rgba(without) != annotations).any()
+    assert np.abs(rgba(without) - annotations).max() > 100
 
 
 def test_the_side_reports_are_written_beside_results_json(tmp_path) -> None:
