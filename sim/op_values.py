@@ -11,9 +11,8 @@ import numpy as np
 import simpy
 import torch
 
-from overlap_harness.model.detector import AccessRow
+from overlap_harness.model.detector import AccessRow, NodeRow
 from overlap_harness.model.device import Buffer, OpFn, Sel, torch_sel
-from overlap_harness.model.trace import OpId
 
 if TYPE_CHECKING:  # the device owns its op values; typing only
     from overlap_harness.sim.sim_device import SimDevice
@@ -82,22 +81,26 @@ class OpValues(simpy.Event):
     """The value side of one op and its one engine event: at its start the reads are snapshot
     and the function runs; at its end the writes land. A zero-length op with writes is
     scheduled at its end only (the end of an instant comes before its starts), and runs
-    there."""
+    there.
 
-    def __init__(self, dev: SimDevice, op: OpId, name: str, iteration: int, fn: OpFn,
-                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
-                 observe: str | None, rq: tuple[AccessRow, ...], wq: tuple[AccessRow, ...],
+    Built once per op on the issue path, so it keeps only what the two phases read: the
+    detector's row of the op (its id, name, iteration and end time are there), the function,
+    the declared ``(buffer, sel)`` pairs and the access rows. simpy's per-event state is
+    the smallest that ``Environment.step`` reads: ``callbacks`` is one of two shared tuples
+    (``step`` only iterates it and then sets it to None), and the triggered, successful state
+    (``_ok``, ``_value``) is a class attribute, as the value engine never fails an event (an
+    exception of the op's function propagates from ``step``)."""
+
+    _ok = True
+    _value = None
+
+    def __init__(self, dev: SimDevice, row: NodeRow, fn: OpFn, reads: list[tuple[Buffer, Sel]],
+                 writes: list[tuple[Buffer, Sel]], observe: str | None,
+                 rq: tuple[AccessRow, ...], wq: tuple[AccessRow, ...],
                  repeated: bool = False) -> None:
-        # simpy.Event.__init__'s three fields, set here (one call less per op), with the
-        # triggered state simpy's own Timeout sets for a subclass
         self.env = dev.env
-        self.callbacks = []
-        self._ok = True
-        self._value = None
         self.dev = dev
-        self.op = op
-        self.name = name
-        self.iteration = iteration
+        self.row = row
         self.fn = fn
         self.reads = reads
         self.writes = writes
@@ -105,28 +108,27 @@ class OpValues(simpy.Event):
         self.rq = rq
         self.wq = wq
         self.repeated = repeated  # a write names an element twice: lands through torch
-        self.end_ns = 0
         self.out: tuple | None = None  # the function's results, once it ran
 
     def schedule(self, start_ns: int, end_ns: int) -> None:
         """Put the op's first event in the heap: its start, or its end when it has no length."""
         env = self.env
-        self.end_ns = end_ns
         if self.writes and end_ns == start_ns:
-            self.callbacks.append(self._on_end)
-            env.schedule(self, self.op, end_ns - env.now)
+            self.callbacks = _AT_END
+            env.schedule(self, self.row[0], end_ns - env.now)
         else:
-            self.callbacks.append(self._on_start)
-            env.schedule(self, _START_PRIORITY + self.op, start_ns - env.now)
+            self.callbacks = _AT_START
+            env.schedule(self, _START_PRIORITY + self.row[0], start_ns - env.now)
 
-    def _on_start(self, _: simpy.Event) -> None:
+    def _on_start(self) -> None:
         self.run()
         if self.writes:
             env = self.env
-            self.callbacks = [self._on_end]  # simpy cleared them before calling this one
-            env.schedule(self, self.op, self.end_ns - env.now)
+            row = self.row
+            self.callbacks = _AT_END  # simpy set them to None before calling this one
+            env.schedule(self, row[0], row[9] - env.now)
 
-    def _on_end(self, _: simpy.Event) -> None:
+    def _on_end(self) -> None:
         if self.out is None:
             self.run()
         self.land()
@@ -138,14 +140,20 @@ class OpValues(simpy.Event):
         dtype allows (``torch.from_numpy`` of a copy: the same values, dtype, shape and
         strides as ``clone()``, at about half its cost), by ``clone()`` otherwise."""
         dev = self.dev
-        dev._check_landed(self.name, self.iteration, self.rq)
+        rq = self.rq
+        blocks = dev._blocks
+        for acc in rq:
+            if not blocks[acc[0]].all_landed:  # else nothing to check (the usual case)
+                row = self.row
+                dev._check_landed(row[1], row[5], rq)
+                break
         views = dev._views
         np_views = dev._np_views
-        snaps = [views[b.id].clone() if (source := np_views[b.id]) is None
-                 else torch.from_numpy(source.copy()) for b, _s in self.reads]
+        snaps = [views[acc[1]].clone() if (source := np_views[acc[1]]) is None
+                 else torch.from_numpy(source.copy()) for acc in rq]
         if self.observe is not None:
             vals = [_observed(v, s) for v, (_b, s) in zip(snaps, self.reads, strict=True)]
-            dev.observations.setdefault((self.observe, self.iteration), []).extend(vals)
+            dev.observations.setdefault((self.observe, self.row[5]), []).extend(vals)
         res = self.fn(*snaps)
         self.out = res if isinstance(res, tuple) else (res,)
 
@@ -159,7 +167,11 @@ class OpValues(simpy.Event):
         else (a conversion, a tuple selection, an index set that repeats an element, whose
         winner numpy does not define) goes through torch as before."""
         dev = self.dev
-        dev._land(self.wq)
+        blocks = dev._blocks
+        for w in self.wq:  # the landed masks (:meth:`SimDevice._check_landed`)
+            block = blocks[w[0]]
+            if not block.all_landed:
+                dev._land_block(block, w[3])
         views = dev._views
         np_views = dev._np_views
         fast = not self.repeated
@@ -179,3 +191,8 @@ class OpValues(simpy.Event):
                 view.copy_(torch.as_tensor(v, dtype=b.dtype).expand(b.shape))
             else:
                 view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
+
+
+# the callbacks of the two phases, shared by every op's event (simpy calls each with the event)
+_AT_START = (OpValues._on_start,)
+_AT_END = (OpValues._on_end,)
