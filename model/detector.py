@@ -1,6 +1,6 @@
 """Happens-before race detector: vector clocks over agents, element-precise access state.
 
-Plain Python and numpy, fed by a device in host issue order (``SimDevice`` feeds it live; a
+Plain Python, numpy and one compiled pass, fed by a device in host issue order (``SimDevice`` feeds it live; a
 trace recorded on a GPU can be replayed into it), so it has no notion of simulated time
 beyond the access times it is handed for the latent/manifest call.
 
@@ -16,13 +16,12 @@ conflicting access exactly when that access is unordered with it: X's earlier ac
 program-ordered before its latest, so if the latest happens before the new access, they all do.
 So the latest conflicting access of each other agent, per element, decides *whether* an access
 races. A user who fixes that pair may meet an older one, though (``s0 writes x; s0 writes x;
-s1 writes x`` has two racing pairs), so every pair is listed: each agent also keeps, per
-storage, a log of its accesses, and once a race with an agent's latest access is found the log
-is walked back over the accesses that are unordered with the new one (epoch above what the new
-access's clock knows of that agent); those that conflict are reported too, flagged ``older``
-(hidden behind a later access of the same agent). Entries every agent's clock has passed can
-never race again and are dropped. Races are grouped by (kind, buffer, op pair). Checks are
-vectorised over element ids.
+s1 writes x`` has two racing pairs), so every pair is listed: per element, each agent's
+accesses are chained newest first, and once a race with an agent's latest access is found the
+chain is walked back over the accesses that are unordered with the new one (epoch above what
+the new access's clock knows of that agent); those that conflict are reported too, flagged
+``older`` (hidden behind a later access of the same agent). Accesses every agent's clock has
+passed can never race again and are dropped. Races are grouped by (kind, buffer, op pair).
 
 Program edges and observations (STREAM-SEMANTICS.md). ``joins`` are program edges (a host sync,
 a bound wait). ``observed`` joins are what the host learned at run time (a ``query()`` that
@@ -30,12 +29,14 @@ returned True, a poll loop that ended): they order the same way, but the graph t
 reader can tell which orderings the program text guarantees and which one run observed.
 
 Representation, chosen for speed (a few agents, many small accesses): vector clocks are plain
-lists of ints (a join over a handful of agents is cheaper in Python than a numpy call), node
-snapshots are tuples. Per element the detector stores only the op of each agent's latest read
-and write; that access's clock is the op's epoch (``vc[agent]`` right after the op ticked), so
-it is looked up from the epoch table when a check needs it. Per storage, the largest write and
-read clock of each agent lets most accesses skip the element-level check: an access can race
-only if some agent wrote (or read) the block later than this node's clock knows.
+lists of ints, computed as each node is fed (a join over a handful of agents is cheaper in
+Python than a numpy call; the allocator's reuse test and the event bindings need them at
+once), node snapshots are tuples. The element-level work is deferred: a node's accesses are
+queued, and :mod:`overlap_harness.model.shadow` checks the queue in one compiled pass
+(:data:`CHECK_EVERY` nodes at a time, and whenever :attr:`HBDetector.races` is read), in
+issue order, with each node's clock as it was fed, so the pairs found are those a check per
+access finds. Per element the shadow memory keeps only the op of each agent's latest read and
+write; that access's clock is the op's epoch (``vc[agent]`` right after the op ticked).
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.model.node_rows import (  # re-exported: the detector's public names
@@ -59,6 +58,7 @@ from overlap_harness.model.node_rows import (  # re-exported: the detector's pub
     node_info,
     node_row,
 )
+from overlap_harness.model.shadow import RacingPairs, ShadowMemory
 from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
 if TYPE_CHECKING:  # annotations only: graph() imports networkx when called
@@ -70,47 +70,8 @@ __all__ = ["DROP_HISTORY_EVERY", "HOST_AGENT", "MAX_AGENTS", "AccessReq", "Acces
 
 MAX_AGENTS = 16
 HOST_AGENT = 0
-LOG_PRUNE_EVERY = 64  # an agent's access log of a storage is pruned when it doubles past this
-MAX_OLDER_SCAN = 1024  # log entries walked back per racing agent (counted when cut short)
 DROP_HISTORY_EVERY = 4096  # nodes fed between drops of old history (history=False)
-
-
-class _Storage:
-    """Per-agent, per-element op of the latest read and write of one memory block (-1: none),
-    per agent the clock of its latest write and read of any element, and per agent the log of
-    its accesses (epoch, op, elements, write), oldest first, for the older racing pairs.
-
-    The op arrays are agent-major, (agents, elements), with each agent's row kept as a view:
-    recording an access is then a 1-D scatter, a third of the cost of a strided 2-D one. The
-    row views are made on an agent's first access (None before): a run allocates tens of
-    thousands of blocks, and 32 views each cost more than the block's arrays. The arrays have
-    one row per agent registered so far (:meth:`grow` adds rows for streams created later),
-    not :data:`MAX_AGENTS`, and hold int32 op ids: the shadow memory of a large pool is then
-    8 bytes per element and agent, not 128 per element."""
-
-    __slots__ = ("agents", "logs", "pruned_at", "r_op", "r_rows", "rmax", "shape", "w_op",
-                 "w_rows", "wmax")
-
-    def __init__(self, numel: int, shape: tuple[int, ...], agents: int) -> None:
-        self.shape = shape
-        self.agents = agents
-        self.w_op = np.full((agents, numel), -1, dtype=np.int32)
-        self.r_op = np.full((agents, numel), -1, dtype=np.int32)
-        self.w_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
-        self.r_rows: list[np.ndarray | None] = [None] * MAX_AGENTS
-        self.wmax = [0] * MAX_AGENTS
-        self.rmax = [0] * MAX_AGENTS
-        self.logs: list[list[tuple[int, int, np.ndarray, bool]] | None] = [None] * MAX_AGENTS
-        self.pruned_at = [LOG_PRUNE_EVERY] * MAX_AGENTS  # log length that triggers a prune
-
-    def grow(self, agents: int) -> None:
-        """Rows for the agents registered since the arrays were made (no access yet: -1)."""
-        extra = np.full((agents - self.agents, self.w_op.shape[1]), -1, dtype=np.int32)
-        self.w_op = np.concatenate([self.w_op, extra])
-        self.r_op = np.concatenate([self.r_op, extra])
-        self.w_rows = [None] * MAX_AGENTS  # views of the old arrays
-        self.r_rows = [None] * MAX_AGENTS
-        self.agents = agents
+CHECK_EVERY = 4096  # nodes with accesses queued before the shadow memory checks them
 
 
 class HBDetector:
@@ -141,21 +102,21 @@ class HBDetector:
         self._joined_host: list[int] = [0]
         self._last: list[OpId | None] = [None]
         self._events: dict[object, tuple[tuple[int, ...], OpId]] = {}
-        self._storages: dict[int, _Storage] = {}
+        self._shadow = ShadowMemory()
+        self._shapes: dict[int, tuple[int, ...]] = {}  # each block's shape, by storage
+        self._queued: list[int] = []  # nodes with accesses not yet checked, in issue order
         self.nodes = NodeTable()
         self.node_accesses = NodeAccesses()  # per node, as declared
         # over the agents registered at the time (None: dropped, history=False)
         self.node_vc: list[tuple[int, ...] | None] = []
         self.node_epoch = array("q")  # each node's epoch (its agent's clock entry)
-        # node_epoch as an array, shifted by one so that op -1 (no access) reads epoch 0
-        self._epochs = np.zeros(1024, dtype=np.int64)
+        self.node_agent = array("b")  # each node's agent
         self.edges: list[tuple[int, int]] = []  # program edges (and program order)
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
-        # races not yet read, as plain tuples of ints, strings and bools (untracked by the
-        # cyclic GC, see NodeTable); :attr:`races` builds their Race records when read
-        self._race_rows: list[tuple] = []
+        # racing pairs found and not yet read, as the shadow memory's arrays;
+        # :attr:`races` builds their Race records when read
+        self._found: list[RacingPairs] = []
         self._races: list[Race] = []
-        self.older_scan_truncated = 0  # log walks cut at MAX_OLDER_SCAN entries
         # history=False: per agent, its nodes whose rows are still kept, oldest first; the
         # rows and accesses of the nodes a race names, copied when it is found
         self._live: list[deque[int]] = [deque()]
@@ -177,7 +138,8 @@ class HBDetector:
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
         """Register a memory block before its first access."""
         if self.shadow:
-            self._storages[storage] = _Storage(numel, shape, len(self.agent_names))
+            self._shadow.add_storage(storage, numel)
+            self._shapes[storage] = shape
 
     # -- the feed -------------------------------------------------------------------------
     def on_op(
@@ -246,16 +208,14 @@ class HBDetector:
         self.node_accesses._rows.append(accesses)
         node_vc.append(tuple(vc[:n_agents]))  # agents registered later read as 0
         node_epoch.append(epoch)
-        epochs = self._epochs
-        if op + 1 >= len(epochs):
-            epochs = self._epochs = np.concatenate([epochs, np.zeros_like(epochs)])
-        epochs[op + 1] = epoch
+        self.node_agent.append(a)
         if a == HOST_AGENT:
             self._host_version += 1
-        if self.shadow:
-            for acc in accesses:
-                if acc[3].size:
-                    self._check(op, a, acc, vc, n_agents)
+        if accesses and self.shadow:
+            queued = self._queued
+            queued.append(op)
+            if len(queued) >= CHECK_EVERY:
+                self.check_queued()
         if not history:
             self._live[a].append(op)
             self._fed_since_drop += 1
@@ -268,16 +228,50 @@ class HBDetector:
         has not run yet joins the host's clock first), so it can never race again, and
         joining its clock changes nothing (any clock that knows it knows all it knew)."""
         self._fed_since_drop = 0
-        vcs = [self._vc[x] for x in range(n_agents)
-               if x == HOST_AGENT or self._joined_host[x] != -1]  # streams that ran
+        self.check_queued()  # the checks read the accesses, and races the rows, of these
         rows, accesses, clocks = self.nodes._rows, self.node_accesses._rows, self.node_vc
         node_epoch = self.node_epoch
-        for agent in range(n_agents):
+        for agent, floor in enumerate(self._floor(n_agents)):
             live = self._live[agent]
-            floor = min(vc[agent] for vc in vcs)
             while live and node_epoch[live[0]] <= floor:
                 op = live.popleft()
                 rows[op] = accesses[op] = clocks[op] = None
+
+    def _floor(self, n_agents: int) -> list[int]:
+        """Per agent, the least entry any agent's clock has of it: nodes (and accesses) of
+        that agent at or below it happen before every node still to come. Over the host and
+        the streams that ran (one that has not run yet joins the host's clock first)."""
+        vcs = [self._vc[x] for x in range(n_agents)
+               if x == HOST_AGENT or self._joined_host[x] != -1]
+        return [min(vc[agent] for vc in vcs) for agent in range(n_agents)]
+
+    def check_queued(self) -> None:
+        """Check the queued accesses against the shadow memory (:mod:`model.shadow`) and
+        keep the racing pairs found. Called when the queue is long, before old history is
+        dropped, and when :attr:`races` is read."""
+        queued = self._queued
+        if not queued:
+            return
+        n_agents = len(self.agent_names)
+        found = self._shadow.check(queued, self.node_accesses._rows, self.node_vc,
+                                   self.node_epoch, self.node_agent, n_agents,
+                                   self._floor(n_agents))
+        self._queued = []
+        if found is None:
+            return
+        self._found.append(found)
+        if not self.history:  # the rows a race record needs outlive the history
+            kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
+            for node in set(found.prior.tolist()) | set(found.op.tolist()):
+                if node not in kept:
+                    kept[node] = (rows[node], accesses[node])
+
+    @property
+    def older_scan_truncated(self) -> int:
+        """Walks over an agent's older accesses of an element cut at
+        :data:`model.shadow_kernel.MAX_OLDER_SCAN` entries (their older pairs are missing)."""
+        self.check_queued()
+        return self._shadow.older_scan_truncated
 
     def on_record(self, key: object, info: NodeInfo) -> None:
         """An event record: a node on the stream whose clock the event captures."""
@@ -323,13 +317,14 @@ class HBDetector:
     @property
     def races(self) -> list[Race]:
         """Every racing pair found so far, in the order found (records built when read)."""
+        self.check_queued()
         built = self._races
-        rows = self._race_rows
-        if rows:
+        if self._found:
             infos: dict = {}  # one record per node (and per node access) while building
             with collector_paused():
-                built.extend([self._race(infos, *row) for row in rows])
-            rows.clear()  # built: the rows are not kept twice
+                for found in self._found:
+                    built.extend([self._race(infos, *row) for row in found.rows()])
+            self._found.clear()  # built: the pairs are not kept twice
         return built
 
     def happens_before(self, u: int, v: int) -> bool:
@@ -358,109 +353,6 @@ class HBDetector:
                                    "(history=False drops what can no longer race)")
 
     # -- the check ------------------------------------------------------------------------
-    def _check(self, op: int, a: int, acc: AccessRow, vc: list[int], n_agents: int) -> None:
-        st = self._storages[acc[0]]
-        if st.agents < n_agents:
-            st.grow(n_agents)
-        e = acc[3]
-        write = acc[4]
-        if _exceeds(st.wmax, vc, n_agents):
-            self._report(op, acc, st.w_op, vc, n_agents, prior_write=True)
-        if write:
-            if _exceeds(st.rmax, vc, n_agents):
-                self._report(op, acc, st.r_op, vc, n_agents, prior_write=False)
-            row = st.w_rows[a]
-            if row is None:
-                row = st.w_rows[a] = st.w_op[a]
-            row[e] = op
-            st.wmax[a] = vc[a]
-        else:
-            row = st.r_rows[a]
-            if row is None:
-                row = st.r_rows[a] = st.r_op[a]
-            row[e] = op
-            st.rmax[a] = vc[a]
-        log = st.logs[a]
-        if log is None:
-            log = st.logs[a] = []
-        log.append((vc[a], op, e, write))
-        if len(log) >= st.pruned_at[a]:
-            self._prune(st, a, n_agents)
-
-    def _prune(self, st: _Storage, agent: int, n_agents: int) -> None:
-        """Drop the log entries of ``agent`` that every agent's clock has passed: they happen
-        before every access still to come (a stream registered later starts from the host's
-        clock), so they can never race again."""
-        floor = min(self._vc[x][agent] for x in range(n_agents))
-        log = st.logs[agent]
-        keep = 0
-        while keep < len(log) and log[keep][0] <= floor:
-            keep += 1
-        if keep:
-            del log[:keep]
-        st.pruned_at[agent] = max(LOG_PRUNE_EVERY, 2 * len(log))
-
-    def _report(
-        self,
-        op: int,
-        acc: AccessRow,
-        ops: np.ndarray,
-        vc: list[int],
-        n_agents: int,
-        prior_write: bool,
-    ) -> None:
-        storage, buffer_id, buffer, e, write, pinned = acc
-        latest = ops[:n_agents].take(e, axis=1)  # (agents, n): each one's latest op, or -1
-        clk = self._epochs[latest + 1]  # that access's clock (0 where there was none)
-        unordered = clk > np.array(vc[:n_agents])[:, None]  # own row never exceeds own clock
-        if not unordered.any():
-            return
-        cols, rows = np.nonzero(unordered)  # cols: agents, rows: positions in e
-        pairs: dict[int, set[int]] = {}
-        for prior, element in zip(latest[cols, rows].tolist(), e[rows].tolist(), strict=True):
-            found = pairs.get(prior)
-            if found is None:
-                pairs[prior] = {element}
-            else:
-                found.add(element)
-        latest_ops = set(pairs)
-        st = self._storages[storage]
-        new_elements = set(e.tolist())
-        for agent in set(cols.tolist()):
-            self._older_pairs(st.logs[agent] or [], vc[agent], op, new_elements, prior_write,
-                              pairs)
-        if not self.history:  # the rows a race record needs outlive the history
-            kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
-            for node in (op, *pairs):
-                if node not in kept:
-                    kept[node] = (rows[node], accesses[node])
-        for p in sorted(pairs):
-            elems = tuple(sorted(pairs[p]))
-            self._race_rows.append((p, op, storage, buffer_id, buffer, write, pinned, elems,
-                                    prior_write, p not in latest_ops))
-
-    def _older_pairs(self, log: list[tuple[int, int, np.ndarray, bool]], known: int, op: int,
-                     new_elements: set[int], prior_write: bool,
-                     pairs: dict[int, set[int]]) -> None:
-        """Add to ``pairs`` every access in ``log`` (one agent's, newest last) that is unordered
-        with the new access (epoch above ``known``, what its clock knows of that agent),
-        conflicts with it (mode ``prior_write``) and shares elements with ``new_elements``.
-        (A set intersection: ``np.intersect1d`` sorts both sides, ten times the cost for the
-        few dozen elements of a typical access.)"""
-        index = len(log) - 1
-        scanned = 0
-        while index >= 0 and log[index][0] > known:
-            if scanned == MAX_OLDER_SCAN:
-                self.older_scan_truncated += 1
-                return
-            _epoch, prior, elems, write = log[index]
-            if write == prior_write and prior != op:
-                common = new_elements.intersection(elems.tolist())
-                if common:
-                    pairs.setdefault(prior, set()).update(common)
-            index -= 1
-            scanned += 1
-
     def _node_record(self, op: int) -> NodeInfo:
         kept = self._kept.get(op)
         return self.nodes[op] if kept is None else node_info(kept[0])
@@ -497,7 +389,7 @@ class HBDetector:
         p_mode = "write" if prior_write else "read"
         q_mode = "write" if write else "read"
         manifest = _inverted(p, p_mode, q, q_mode)
-        shape = self._storages[storage].shape
+        shape = self._shapes[storage]
         # one Access record per (node, mode, buffer) across a build: a node races many times
         first = infos.get((prior, p_mode, p_buf))
         if first is None:
@@ -517,15 +409,6 @@ def _join(vc: list[int], other: Sequence[int], n_agents: int) -> None:
     for x in range(min(n_agents, len(other))):
         if other[x] > vc[x]:
             vc[x] = other[x]
-
-
-def _exceeds(mx: list[int], vc: list[int], n_agents: int) -> bool:
-    """True when some agent's entry of ``mx`` is ahead of ``vc`` (an access ``vc`` does not
-    know of). A plain loop: ``any()`` over a generator costs twice as much here."""
-    for x in range(n_agents):  # noqa: SIM110
-        if mx[x] > vc[x]:
-            return True
-    return False
 
 
 def _access_time(n: NodeInfo, mode: str) -> int | None:
