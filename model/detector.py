@@ -1,8 +1,8 @@
 """Happens-before race detector: vector clocks over agents, element-precise access state.
 
-Plain Python, numpy and one compiled pass, fed by a device in host issue order (``SimDevice`` feeds it live; a
-trace recorded on a GPU can be replayed into it), so it has no notion of simulated time
-beyond the access times it is handed for the latent/manifest call.
+Plain Python, numpy and one compiled pass, fed by a device in host issue order
+(``SimDevice`` feeds it live; a trace recorded on a GPU can be replayed into it), so it has no
+notion of simulated time beyond the access times it is handed for the latent/manifest call.
 
 Every op (a kernel, a copy, an event record, a stream wait, a host sync, a host access) is a
 node on one agent: the host (agent 0) or a stream. HB is the transitive closure of
