@@ -136,10 +136,15 @@ _SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/cuda_device.py")
 
 
 _REL_PATH: dict[str, str | None] = {}  # co_filename -> as reported, None in device layers
+# (co_filename, line) -> "file:line", interned: every op of a protocol line gets the one string
+_SOURCES: dict[tuple[str, int], str] = {}
 
 
 def caller_source() -> str:
-    """``file:line`` of the first frame outside the device layers: the protocol line."""
+    """``file:line`` of the first frame outside the device layers: the protocol line.
+
+    Built once per line (a run issues thousands of ops from a few hundred lines) and
+    interned, so the nodes of one line share one string."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
@@ -149,7 +154,11 @@ def caller_source() -> str:
             rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
             rel = _REL_PATH[fn] = None if rel.startswith(_SKIP_SOURCE) else rel
         if rel is not None:
-            return f"{rel}:{f.f_lineno}"
+            key = (fn, f.f_lineno)
+            source = _SOURCES.get(key)
+            if source is None:
+                source = _SOURCES[key] = sys.intern(f"{rel}:{key[1]}")
+            return source
         f = f.f_back
     return ""
 
@@ -158,10 +167,14 @@ def norm_accesses(specs: Iterable[AccessSpec]) -> list[tuple[Buffer, Sel]]:
     """Turn ``buf`` or ``(buf, sel)`` items into ``(buf, sel)`` pairs, checking liveness."""
     out = []
     for s in specs:
-        buf, sel = (s, None) if isinstance(s, Buffer) else s
+        if type(s) is tuple and len(s) == 2:  # already a pair (the usual form): kept as is
+            buf = s[0]
+        else:
+            buf, sel = (s, None) if isinstance(s, Buffer) else s
+            s = (buf, sel)
         if buf.freed:
             raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
-        out.append((buf, sel))
+        out.append(s)
     return out
 
 

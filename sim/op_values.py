@@ -13,6 +13,7 @@ import torch
 
 from overlap_harness.model.detector import AccessRow, NodeRow
 from overlap_harness.model.device import Buffer, OpFn, Sel, torch_sel
+from overlap_harness.sim.fn_inputs import unread_inputs
 
 if TYPE_CHECKING:  # the device owns its op values; typing only
     from overlap_harness.sim.sim_device import SimDevice
@@ -21,7 +22,9 @@ if TYPE_CHECKING:  # the device owns its op values; typing only
 def may_repeat(sel: Sel) -> bool:
     """Can ``buf[sel]`` name an element twice? Not for basic indexing (all, an int, a slice,
     a tuple of those): only index arrays can."""
-    if sel is None or isinstance(sel, int | slice):
+    if type(sel) is np.ndarray:  # the usual index set, first
+        return True
+    if sel is None or isinstance(sel, (int, slice)):
         return False
     if isinstance(sel, tuple):
         return any(may_repeat(s) for s in sel)
@@ -60,6 +63,13 @@ def _observed(snap: torch.Tensor, sel: Sel) -> torch.Tensor:
     if (kind is list or kind is np.ndarray) and snap.dtype in _NUMPY_DTYPES:
         return torch.from_numpy(snap.numpy()[np.asarray(sel, dtype=np.int64)])
     return snap[torch_sel(sel, "cpu")]
+
+
+def _snapshot(view: torch.Tensor, source: np.ndarray | None) -> torch.Tensor:
+    """A private copy of a buffer's whole value: by numpy where the dtype allows
+    (``torch.from_numpy`` of a copy: the same values, dtype, shape and strides as
+    ``clone()``, at about half its cost), by ``clone()`` otherwise (``source`` None)."""
+    return view.clone() if source is None else torch.from_numpy(source.copy())
 
 
 # the torch dtypes whose tensors have a numpy view (bfloat16 and the other torch-only ones lack
@@ -136,9 +146,11 @@ class OpValues(simpy.Event):
     def run(self) -> None:
         """Snapshot the reads and run the function (the op's start).
 
-        A snapshot is a private copy of the buffer's whole value; made by numpy where the
-        dtype allows (``torch.from_numpy`` of a copy: the same values, dtype, shape and
-        strides as ``clone()``, at about half its cost), by ``clone()`` otherwise."""
+        A snapshot is a private copy of the buffer's whole value (:func:`_snapshot`). An input
+        the function's code never reads (:func:`~overlap_harness.sim.fn_inputs.unread_inputs`:
+        a read declared only to order the op) gets the buffer's live memory instead: the
+        function cannot see, change or keep it, so its results are the same. An observing op
+        copies every input (its observations are taken from the snapshots)."""
         dev = self.dev
         rq = self.rq
         blocks = dev._blocks
@@ -149,8 +161,13 @@ class OpValues(simpy.Event):
                 break
         views = dev._views
         np_views = dev._np_views
-        snaps = [views[acc[1]].clone() if (source := np_views[acc[1]]) is None
-                 else torch.from_numpy(source.copy()) for acc in rq]
+        unread = unread_inputs(self.fn) if self.observe is None else ()
+        if unread:  # the function never looks at some inputs: their live memory, no copy
+            snaps = [views[acc[1]] if i < len(unread) and unread[i]
+                     else _snapshot(views[acc[1]], np_views[acc[1]]) for i, acc in enumerate(rq)]
+        else:
+            snaps = [views[acc[1]].clone() if (source := np_views[acc[1]]) is None
+                     else torch.from_numpy(source.copy()) for acc in rq]
         if self.observe is not None:
             vals = [_observed(v, s) for v, (_b, s) in zip(snaps, self.reads, strict=True)]
             dev.observations.setdefault((self.observe, self.row[5]), []).extend(vals)

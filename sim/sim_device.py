@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -235,9 +234,9 @@ class SimDevice(Device):
     def _row(self, name: str, agent: int, agent_name: str, kind: int, start: int, end: int,
              label: SyncLabel | None, source: str) -> NodeRow:
         """The next node as the detector's plain :data:`NodeRow`."""
-        # interned: a run keeps one source string per op, and a protocol has a few hundred lines
+        # ``source`` comes from caller_source, one interned string per protocol line
         return (OpId(len(self._issue)), name, agent, agent_name, kind, self.iteration,
-                sys.intern(source), None if label is None else str(label), start, end)
+                source, None if label is None else str(label), start, end)
 
     @property
     def timeline(self) -> list[OpRecord]:
@@ -255,9 +254,9 @@ class SimDevice(Device):
 
     def _advance_values(self) -> None:
         """Run simpy up to the host's clock: every write that landed by now is in memory."""
-        env = self.env
-        while env.peek() <= self.host_ns:
-            env.step()
+        peek, step, now = self.env.peek, self.env.step, self.host_ns
+        while peek() <= now:
+            step()
 
     def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> tuple[AccessRow, ...]:
         """The accesses as the detector keeps them: plain tuples in :class:`AccessReq` order."""
@@ -426,7 +425,7 @@ class SimDevice(Device):
         st = self._sstate[stream.id]
         self.host_ns += self._launch_ns
         issue = self.host_ns
-        start = max(issue, st.free_at)
+        start = issue if issue >= st.free_at else st.free_at
         if self._delays:
             start += self._delays.get((name, self.iteration), 0)
         end = start + (self._dur(cost_us) if self._jitter else round(cost_us * 1000))
@@ -436,8 +435,7 @@ class SimDevice(Device):
         repeated = self._track_init(name, rq, wq, writes)
         # the node, as _node feeds it, written out: this is the path every kernel takes
         op = len(self._issue)
-        row = (op, name, st.agent, st.name, kind, self.iteration, sys.intern(source), None, start,
-               end)
+        row = (op, name, st.agent, st.name, kind, self.iteration, source, None, start, end)
         self.det.feed(row, rq + wq)
         self._issue.append(issue)
         values = OpValues(self, row, fn, reads, writes, observe, rq, wq, repeated)
