@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
-from matplotlib.font_manager import FontProperties
+from matplotlib.font_manager import FontProperties, fontManager, get_font
 from matplotlib.ft2font import RenderMode
 
 #: Coverage masks at most (a suite's plots hold a few thousand distinct strings).
@@ -27,6 +27,24 @@ MAX_CACHED = 20_000
 _masks: dict[tuple, tuple[np.ndarray, int, int]] = {}
 # (string, font key, dpi) -> (width, height, descent) in pixels
 _metrics: dict[tuple, tuple[float, float, float]] = {}
+# (font key, dpi) -> (ascent, descent, line gap) in pixels
+_heights: dict[tuple, tuple[float | None, float | None, float | None]] = {}
+
+
+def _line_metrics(prop: FontProperties, dpi: float
+                  ) -> tuple[float | None, float | None, float | None]:
+    """The font's ascent, descent and line gap in pixels from its OS/2 (typographic) or
+    hhea table; (None, None, None) when it has neither (the caller then measures "lp")."""
+    font = get_font(fontManager._find_fonts_by_props(prop))
+    scale = prop.get_size_in_points() * dpi / 72 / font.get_sfnt_table("head")["unitsPerEm"]
+    os2 = font.get_sfnt_table("OS/2")
+    if os2 is not None:
+        return (os2["sTypoAscender"] * scale, -os2["sTypoDescender"] * scale,
+                os2["sTypoLineGap"] * scale)
+    hhea = font.get_sfnt_table("hhea")
+    if hhea is not None:
+        return hhea["ascent"] * scale, -hhea["descent"] * scale, hhea["lineGap"] * scale
+    return None, None, None
 
 
 def _font_key(prop: FontProperties) -> tuple:
@@ -38,6 +56,19 @@ def _font_key(prop: FontProperties) -> tuple:
 
 class CachedTextRenderer(RendererAgg):
     """:class:`RendererAgg` whose plain, unrotated text comes from the per-process caches."""
+
+    def _get_font_height_metrics(self, prop: FontProperties
+                                 ) -> tuple[float | None, float | None, float | None]:
+        """(ascent, descent, line gap) of ``prop``'s font in pixels, remembered: the font's
+        typographic line metrics (OS/2 table, else hhea) scaled to its size at this dpi.
+        Matplotlib's text layout asks a renderer for these and otherwise looks the font up
+        and reads its tables for every text drawn."""
+        key = (_font_key(prop), self.dpi)
+        found = _heights.get(key)
+        if found is None:
+            found = _line_metrics(prop, self.dpi)
+            _heights[key] = found
+        return found
 
     def get_text_width_height_descent(self, s, prop, ismath):
         """Matplotlib's measure of ``s``, remembered (plain text only)."""

@@ -2,9 +2,9 @@
 
 Plots were most of a suite's report time: about 0.2 CPU seconds each, 54 of them in the
 bundled suite, drawn only once every run had simulated (issue 17 item 2). Here a pool of
-worker processes is forked before the first run, each importing matplotlib and drawing one
-small figure while the first runs simulate; a racy, faulty or failing case is handed over the
-moment its run ends, so the plots are drawn on the other cores while later runs simulate.
+worker processes (one per two CPUs) is forked before the first run, each importing
+matplotlib and drawing one small figure while the first runs simulate; a racy, faulty or
+failing case is handed over the moment its run ends, so the plots are drawn beside the runs.
 The workers keep the default priority. A lower one (``os.nice(3)``, the first version) lets
 other users' processes starve them on a busy machine, and on idle cores the total CPU sets
 the time either way (by that arithmetic; no idle machine was at hand to measure it).
@@ -16,6 +16,7 @@ the PNG already in the folder is kept, not drawn again: its key sits beside it i
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -32,11 +33,17 @@ from types import TracebackType
 from overlap_harness.model.results import CaseResult
 from overlap_harness.reports.summary import needs_plot
 
-#: The source of the drawing code: part of every plot's key (read as a file, not imported).
+#: The source of the drawing code: part of every plot's key (read as files, not imported).
 TIMELINE_SOURCE = Path(__file__).with_name("timeline.py")
-_PLOT_CODE = hashlib.sha1(TIMELINE_SOURCE.read_bytes()).hexdigest()
+DRAWING_SOURCES = (TIMELINE_SOURCE, TIMELINE_SOURCE.with_name("agg_text.py"),
+                   TIMELINE_SOURCE.with_name("race_arrow.py"))
+_PLOT_CODE = hashlib.sha1(b"".join(p.read_bytes() for p in DRAWING_SOURCES)).hexdigest()
 MAX_WORKERS = 4
 """Plot workers at most: past a few, the suite's runs, not the drawing, set the pace."""
+GC_THRESHOLD_0 = 50_000
+"""A plot worker's young-generation threshold: a plot allocates some 100,000 objects, and
+at the default (2,000) the collector ran dozens of times per plot, a tenth of its time; a
+figure's reference cycles are still freed within a plot or two."""
 
 
 def safe_name(run_id: str) -> str:
@@ -69,8 +76,10 @@ def draw_png(case: CaseResult, path: str) -> str:
 
 
 def _start_worker() -> None:
-    """Pool initializer: leave Ctrl-C to the parent, and pay matplotlib's import and first
-    draw (font loading) while the parent simulates."""
+    """Pool initializer: leave Ctrl-C to the parent, pay matplotlib's import and first
+    draw (font loading) while the parent simulates, then take what is loaded out of the
+    garbage collector's view (``gc.freeze``) and let it run less often
+    (:data:`GC_THRESHOLD_0`)."""
     # deferred: matplotlib, in the worker only; the parent never imports it
     from overlap_harness.reports.timeline import agg_figure
 
@@ -80,6 +89,10 @@ def _start_worker() -> None:
     ax.text(0.5, 0.5, "warm-up", fontsize=7)
     ax.set_title("warm-up", fontsize=10)
     fig.savefig(io.BytesIO(), format="png", dpi=100)
+    del fig, ax
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD_0, *gc.get_threshold()[1:])
 
 
 class PlotJobs:
@@ -154,12 +167,21 @@ class PlotJobs:
         self.close()
 
 
+def workers_beside_runs(cpus: int) -> int:
+    """Plot workers that draw while the runs simulate on ``cpus`` CPUs: one per two CPUs,
+    at least one, at most :data:`MAX_WORKERS`. The suite's plots take about two thirds of
+    the CPU its runs take, and the runs use every CPU; each worker pays matplotlib's import
+    (about 0.45 CPU s) and renders its own copy of each string, so on 2 CPUs a second
+    worker cost more CPU than it saved time (issue 17 item 2)."""
+    return max(1, min(MAX_WORKERS, cpus // 2))
+
+
 def start_plots(plot_dir: Path) -> PlotJobs:
-    """Plot workers for ``plot_dir``, one per CPU (at most :data:`MAX_WORKERS`), started
-    now, before the suite simulates: offer each case as its run ends, then pass the jobs to
+    """Plot workers for ``plot_dir`` (:func:`workers_beside_runs`), started now, before
+    the suite simulates: offer each case as its run ends, then pass the jobs to
     :func:`overlap_harness.reports.writer.write_all`. Importing this module loads neither
     torch nor matplotlib, so the workers can be forked before either."""
-    return PlotJobs(plot_dir, min(MAX_WORKERS, cpu_count()))
+    return PlotJobs(plot_dir, workers_beside_runs(cpu_count()))
 
 
 def plot_all(cases: Sequence[CaseResult], plot_dir: Path, workers: int = 0,

@@ -222,7 +222,9 @@ def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race
     ax.set_ylim(-0.7, len(lanes.names) - 0.2)
     ax.set_xlim(span[0] / 1e3, span[1] / 1e3)
     ax.grid(axis="x", color="#eeeeee", zorder=0)
-    ax.set_title(heading, fontsize=10, loc="left")
+    # y given: the heading stays just above the axes (where matplotlib would place it: no
+    # ticks on top) without measuring every tick label at each draw to find that out
+    ax.set_title(heading, fontsize=10, loc="left", y=1.0)
     _draw_iterations(ax, timeline, span, len(lanes.names) - 0.45)
     _draw_ops(ax, timeline, lanes, span, px_per_ns)
     _draw_arrows(ax, timeline, lanes, span)

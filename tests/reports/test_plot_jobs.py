@@ -8,6 +8,7 @@ plot, and the process that owns them must never import matplotlib.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import subprocess
 import sys
 import textwrap
@@ -158,3 +159,16 @@ def test_a_failing_side_report_fails_the_writer(tmp_path, monkeypatch) -> None:
     case = make_case(tmp_path, mutation="no_publish_wait")
     with pytest.raises(RuntimeError, match="SARIF and scenario reports failed"):
         writer.write_all([case], tmp_path / "out", gpu_dir=None)
+
+
+@pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (8, 4), (64, 4)])
+def test_one_plot_worker_per_two_cpus_beside_the_runs(cpus, workers) -> None:
+    assert plot_jobs.workers_beside_runs(cpus) == workers
+
+
+def test_a_worker_collects_garbage_less_often_and_not_what_it_loaded(tmp_path) -> None:
+    with PlotJobs(tmp_path / "plots", workers=1) as jobs:
+        threshold = jobs._pool.apply(gc.get_threshold)
+        frozen = jobs._pool.apply(gc.get_freeze_count)
+    assert threshold[0] == plot_jobs.GC_THRESHOLD_0 != gc.get_threshold()[0]
+    assert frozen > 10_000  # matplotlib's modules and the warm-up figure's fonts
