@@ -107,6 +107,8 @@ class HBDetector:
         self._queued: list[int] = []  # nodes with accesses not yet checked, in issue order
         self.nodes = NodeTable()
         self.node_accesses = NodeAccesses()  # per node, as declared
+        self._node_rows = self.nodes._rows  # the tables' lists, appended to per node
+        self._access_rows = self.node_accesses._rows
         # over the agents registered at the time (None: dropped, history=False)
         self.node_vc: list[tuple[int, ...] | None] = []
         self.node_epoch = array("q")  # each node's epoch (its agent's clock entry)
@@ -175,37 +177,40 @@ class HBDetector:
         n_agents = len(self.agent_names)
         history = self.history
         edges = self.edges
+        last = self._last
         if a != HOST_AGENT:
             if self._joined_host[a] != self._host_version:
                 _join(vc, self._vc[HOST_AGENT], n_agents)
                 self._joined_host[a] = self._host_version
-            host_last = self._last[HOST_AGENT]
+            host_last = last[HOST_AGENT]
             if host_last is not None and history:
                 edges.append((host_last, op))
         node_vc = self.node_vc
-        for j in joins:
-            joined = node_vc[j]
-            if joined is not None:  # None: dropped, every agent knows it (_drop_history)
-                _join(vc, joined, n_agents)
-            if history:
-                edges.append((j, op))
-        for j in observed:
-            joined = node_vc[j]
-            if joined is not None:
-                _join(vc, joined, n_agents)
-            if history:
-                self.observation_edges.append((j, op))
+        if joins:
+            for j in joins:
+                joined = node_vc[j]
+                if joined is not None:  # None: dropped, every agent knows it (_drop_history)
+                    _join(vc, joined, n_agents)
+                if history:
+                    edges.append((j, op))
+        if observed:
+            for j in observed:
+                joined = node_vc[j]
+                if joined is not None:
+                    _join(vc, joined, n_agents)
+                if history:
+                    self.observation_edges.append((j, op))
         epoch = vc[a] + 1
         vc[a] = epoch
         node_epoch = self.node_epoch
         if op != len(node_epoch):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
-        last = self._last[a]
-        if last is not None and history:
-            edges.append((last, op))
-        self._last[a] = op
-        self.nodes._rows.append(row)
-        self.node_accesses._rows.append(accesses)
+        previous = last[a]
+        if previous is not None and history:
+            edges.append((previous, op))
+        last[a] = op
+        self._node_rows.append(row)
+        self._access_rows.append(accesses)
         node_vc.append(tuple(vc[:n_agents]))  # agents registered later read as 0
         node_epoch.append(epoch)
         self.node_agent.append(a)

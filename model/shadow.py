@@ -22,6 +22,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -74,6 +75,9 @@ class ShadowMemory:
         self.stride = _FIRST_STRIDE
         self._base: dict[int, int] = {}  # storage -> first cell
         self._numel: dict[int, int] = {}
+        # the same by storage id, for a batch's lookup in one numpy call (-1: unregistered)
+        self._base_table = np.full(64, -1, dtype=np.int64)
+        self._numel_table = np.zeros(64, dtype=np.int64)
         self._cells = 0  # cells handed out
         # per cell: each agent's latest write op, then its latest read op (kernel docstring)
         self.last_op = np.full(0, -1, dtype=np.int32)
@@ -92,6 +96,13 @@ class ShadowMemory:
             return
         self._base[storage] = self._cells
         self._numel[storage] = numel
+        if storage >= self._base_table.shape[0]:
+            size = max(storage + 1, 2 * self._base_table.shape[0])
+            self._base_table = _extended(self._base_table, size)
+            self._numel_table = np.concatenate(
+                [self._numel_table, np.zeros(size - self._numel_table.shape[0], np.int64)])
+        self._base_table[storage] = self._cells
+        self._numel_table[storage] = numel
         self._cells += numel
         need = self._cells * self.stride
         if need > self.last_slot.shape[0]:
@@ -142,13 +153,13 @@ class ShadowMemory:
         bounds = np.zeros(len(arrays) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         elements = np.concatenate(arrays).astype(np.int64, copy=False)
-        try:
-            base = np.fromiter(map(self._base.__getitem__, storages), dtype=np.int64,
-                               count=len(storages))
-        except KeyError as missing:
-            raise DeviceUsageError(f"access to storage {missing} before add_storage") from None
-        numel = np.fromiter(map(self._numel.__getitem__, storages), dtype=np.int64,
-                            count=len(storages))
+        storage_ids = np.fromiter(storages, dtype=np.int64, count=len(storages))
+        known = (storage_ids >= 0) & (storage_ids < self._base_table.shape[0])
+        base = np.where(known, self._base_table[np.where(known, storage_ids, 0)], -1)
+        if (base < 0).any():
+            missing = storage_ids[np.flatnonzero(base < 0)[0]]
+            raise DeviceUsageError(f"access to storage {missing} before add_storage")
+        numel = self._numel_table[storage_ids]
         writes = np.array(write_flags, dtype=np.bool_)
         op_ids = np.asarray(ops, dtype=np.int64)
         acc_op = op_ids[node_index]
@@ -231,8 +242,10 @@ def _clock_matrix(clocks: list[tuple[int, ...]], width: int) -> np.ndarray:
     ever added, so the lengths never shrink) as rows of ``width`` entries, 0 for agents
     registered later."""
     matrix = np.zeros((len(clocks), width), dtype=np.int64)
-    if len(clocks[0]) == len(clocks[-1]):
-        matrix[:, :len(clocks[0])] = clocks
+    agents = len(clocks[0])
+    if agents == len(clocks[-1]):  # one width: flattened at C speed, not tuple by tuple
+        matrix[:, :agents] = np.fromiter(chain.from_iterable(clocks), dtype=np.int64,
+                                         count=len(clocks) * agents).reshape(-1, agents)
         return matrix
     for row, clock in enumerate(clocks):
         matrix[row, :len(clock)] = clock
