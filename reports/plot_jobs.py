@@ -71,7 +71,7 @@ def draw_png(case: CaseResult, path: str) -> str:
     from overlap_harness.reports.timeline import plot_timeline, save_plot
 
     stem = Path(path)
-    figure = plot_timeline(case, raster_legend=True)
+    figure = plot_timeline(case, raster_legend=True, reuse=True)  # saved before the next
     return str(save_plot(figure, stem.with_suffix(""), formats=("png",), dpi=figure.dpi)[0])
 
 

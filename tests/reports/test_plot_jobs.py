@@ -172,3 +172,16 @@ def test_a_worker_collects_garbage_less_often_and_not_what_it_loaded(tmp_path) -
         frozen = jobs._pool.apply(gc.get_freeze_count)
     assert threshold[0] == plot_jobs.GC_THRESHOLD_0 != gc.get_threshold()[0]
     assert frozen > 10_000  # matplotlib's modules and the warm-up figure's fonts
+
+
+def test_a_reused_figure_draws_what_a_new_one_draws(tmp_path) -> None:
+    racy = make_case(tmp_path, mutation="no_publish_wait")
+    other = make_case(tmp_path, mutation="no_publish_wait", iterations=4)
+    fresh = rgba(plot_timeline(other, raster_legend=True))
+    timeline._kept.clear()
+    first = plot_timeline(racy, raster_legend=True, reuse=True)
+    racy_pixels = rgba(first)
+    second = plot_timeline(other, raster_legend=True, reuse=True)
+    assert second is first  # the same layout: drawn on the kept figure, emptied
+    assert (rgba(second) == fresh).all()
+    assert (racy_pixels != fresh).any()  # the twin: the first plot was another picture
