@@ -19,6 +19,7 @@ every racing pair).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -27,6 +28,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +91,12 @@ def build_program(n_ops: int, seed: int) -> tuple[list[list[np.ndarray]], list[t
     return pools, steps
 
 
-def measure(n_ops: int, seed: int) -> tuple[int, int, float, float, str]:
+def measure(n_ops: int, seed: int, timed_region: Callable[[], contextlib.AbstractContextManager]
+            = contextlib.nullcontext) -> tuple[int, int, float, float, str]:
     """Issue ``n_ops`` device ops and let them land; returns (ops issued, races found, wall
     seconds, CPU seconds, a digest of every racing pair: kind, buffer, elements, both ops).
-    What is timed is the simulator: issuing the drawn program, then ``finish``.
+    What is timed is the simulator: issuing the drawn program, then ``finish``; it runs inside
+    ``timed_region()`` (``cost_shares.py`` samples it there).
 
     Before the clock starts, as the CLI's runner does before its runs: the detector's
     compiled pass is loaded (a one-off per process, :func:`load_seconds`), and ``gc.freeze``
@@ -113,12 +117,24 @@ def measure(n_ops: int, seed: int) -> tuple[int, int, float, float, str]:
             out = zero[: len(pools[b][w])]
             kernels.append((streams[stream], lambda v, out=out: out,
                             [(bufs[b], pools[b][r])], [(bufs[b], pools[b][w])], cost))
+    warm_up()
+    gc.freeze()
+    with timed_region():
+        t0, c0 = time.perf_counter(), time.process_time()
+        issued, run = _issue(dev, steps, kernels, streams, bufs, pin, ev)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    digest = hashlib.sha256(repr(sorted(
+        (str(r.kind), r.buffer, r.elements, r.first.op, r.second.op, r.older)
+        for r in run.races)).encode()).hexdigest()[:16]
+    return issued, len(run.races), wall, cpu, digest
+
+
+def _issue(dev: SimDevice, steps: list[tuple], kernels: list[tuple], streams: list,
+           bufs: list, pin: object, ev: object) -> tuple[int, object]:
+    """The timed part: issue the drawn steps, then ``finish``; returns (ops issued, run)."""
     sched, fwd, d2h = streams
     issued = 0
     kernel_at = 0
-    warm_up()
-    gc.freeze()
-    t0, c0 = time.perf_counter(), time.process_time()
     for step in steps:
         kind = step[0]
         if kind == "kernel":
@@ -141,12 +157,7 @@ def measure(n_ops: int, seed: int) -> tuple[int, int, float, float, str]:
             if step[2]:
                 dev.wait_stream(sched, fwd)
                 issued += 2
-    run = dev.finish()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    digest = hashlib.sha256(repr(sorted(
-        (str(r.kind), r.buffer, r.elements, r.first.op, r.second.op, r.older)
-        for r in run.races)).encode()).hexdigest()[:16]
-    return issued, len(run.races), wall, cpu, digest
+    return issued, dev.finish()
 
 
 def load_seconds() -> float:
