@@ -41,6 +41,36 @@ def repeats(e: np.ndarray) -> bool:
     return np.unique(e).size != e.size
 
 
+class RepeatCheck:
+    """:func:`repeats` for the element ids of one device's blocks (``0 <= id < numel`` of the
+    largest block :meth:`reserve` was told of), in time linear in the ids: each id's slot in a
+    scratch array gets its position, and the ids repeat exactly when reading the slots back
+    does not give every position (two equal ids read the same slot, so one of them misses
+    its own). A set stays cheaper for a few ids."""
+
+    __slots__ = ("_positions", "_slots")
+
+    def __init__(self) -> None:
+        self._slots = np.zeros(0, dtype=np.int64)
+        self._positions = np.arange(0, dtype=np.int64)
+
+    def reserve(self, numel: int) -> None:
+        """Make room for the ids of a block of ``numel`` elements."""
+        if numel > self._slots.size:
+            self._slots = np.zeros(numel, dtype=np.int64)
+            self._positions = np.arange(numel, dtype=np.int64)
+
+    def __call__(self, e: np.ndarray) -> bool:
+        """Does ``e`` name some element twice?"""
+        n = e.size
+        if n <= 16:
+            return repeats(e)
+        positions = self._positions[:n]
+        slots = self._slots
+        slots[e] = positions
+        return slots[e].tobytes() != positions.tobytes()
+
+
 def numpy_view(view: torch.Tensor) -> np.ndarray | None:
     """``view``'s memory as a numpy array (shared, not copied), or None for a dtype numpy
     lacks (bfloat16 and the other torch-only types)."""

@@ -77,7 +77,7 @@ from overlap_harness.model.trace import (
     OpRecord,
     QuerySite,
 )
-from overlap_harness.sim.op_values import OpValues, may_repeat, numpy_view, repeats
+from overlap_harness.sim.op_values import OpValues, RepeatCheck, may_repeat, numpy_view
 
 # op kinds as the detector's rows keep them (their index in OP_KINDS)
 _KERNEL, _COPY, _RECORD, _WAIT, _HOST_SYNC, _HOST_READ, _HOST_WRITE, _FREE, _QUERY, _HOST_WORK = (
@@ -189,6 +189,7 @@ class SimDevice(Device):
         self._blocks: list[_Block] = []
         self._ids_by_shape: dict[tuple[int, ...], np.ndarray] = {}
         self._pool = BlockPool()
+        self._repeats = RepeatCheck()  # reserved for every block (buffer)
         self.query_sites: list[QuerySite] = []
         # each node's host issue time, by op; with the detector's node rows (plain tuples the
         # cyclic GC does not track, model.detector.NodeTable says why) :attr:`timeline` builds
@@ -197,6 +198,8 @@ class SimDevice(Device):
         self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
         self._dups: dict[tuple[str, str], str] = {}
+        # by (other, waiter) stream ids: wait_stream's record and wait node names
+        self._wait_stream_names: dict[tuple[StreamId, StreamId], tuple[str, str]] = {}
         self._serial_state = None
         if serial:
             self._serial_state = _StreamState(self.det.add_agent("serial"), "serial")
@@ -291,7 +294,7 @@ class SimDevice(Device):
                 block.written[e] = True
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
-            if e.size > 1 and may_repeat(sel) and repeats(e):
+            if e.size > 1 and may_repeat(sel) and self._repeats(e):
                 repeated = True
                 key = (name, w[2])
                 if key not in self._dups:
@@ -358,6 +361,7 @@ class SimDevice(Device):
             block = _Block(len(self._blocks), data, key)
             self._blocks.append(block)
             self.det.add_storage(block.id, numel, shape)
+            self._repeats.reserve(numel)
         block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
         block.landed = np.zeros(numel, dtype=bool)  # ... nor landed
         block.all_written = block.all_landed = False
@@ -492,31 +496,49 @@ class SimDevice(Device):
 
     # -- sync -----------------------------------------------------------------------------
     def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None:
-        st = self._state(stream)
+        self._record(event.id, f"record:{event.name}", stream, label, caller_source())
+
+    def _record(self, event_id: EventId, node_name: str, stream: Stream,
+                label: SyncLabel | None, source: str) -> None:
+        st = self._sstate[stream.id]
         self.host_ns += self._launch_ns
         at = max(self.host_ns, st.free_at)
-        self.det.feed_record(event.id, self._row(f"record:{event.name}", st.agent, st.name,
-                                                 _RECORD, at, at, label, caller_source()))
+        self.det.feed_record(event_id, self._row(node_name, st.agent, st.name, _RECORD, at, at,
+                                                 label, source))
         self._issue.append(self.host_ns)
-        self._event_done[event.id] = at
+        self._event_done[event_id] = at
 
     def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None:
-        st = self._state(stream)
+        self._wait(stream, event.id, f"wait:{event.name}", label, caller_source())
+
+    def _wait(self, stream: Stream, event_id: EventId, node_name: str, label: SyncLabel | None,
+              source: str) -> None:
+        st = self._sstate[stream.id]
         self.host_ns += self._launch_ns
-        done = self._event_done[event.id]
+        done = self._event_done[event_id]
         if done is not None:
             st.free_at = max(st.free_at, done)
         at = max(self.host_ns, st.free_at)
-        self.det.feed_wait(event.id, self._row(f"wait:{event.name}", st.agent, st.name, _WAIT,
-                                               at, at, label, caller_source()))
+        self.det.feed_wait(event_id, self._row(node_name, st.agent, st.name, _WAIT, at, at,
+                                               label, source))
         self._issue.append(self.host_ns)
 
     def _do_wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None) -> None:
-        tmp = self.event(f"{other.name}->{waiter.name}")
-        self._do_record(tmp, other, label)
-        self._do_wait_event(waiter, tmp, label)
+        """A record of a fresh event on ``other`` and a wait for it on ``waiter``; the event
+        gets the next id as :meth:`event` would give it, but no :class:`Event` record (nothing
+        outside holds it), and the node names of each stream pair are made once."""
+        names = self._wait_stream_names.get((other.id, waiter.id))
+        if names is None:
+            tmp = f"{other.name}->{waiter.name}"
+            names = self._wait_stream_names[(other.id, waiter.id)] = (f"record:{tmp}",
+                                                                      f"wait:{tmp}")
+        event_id = EventId(len(self._event_done))
+        self._event_done.append(None)
+        source = caller_source()
+        self._record(event_id, names[0], other, label, source)
+        self._wait(waiter, event_id, names[1], label, source)
         if not self.det.history:  # nothing waits on it again
-            self.det.forget_event(tmp.id)
+            self.det.forget_event(event_id)
 
     def _do_synchronize(self, target: Stream | Event | None, label: SyncLabel | None) -> None:
         if isinstance(target, Event):

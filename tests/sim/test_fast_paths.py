@@ -7,7 +7,7 @@ import torch
 
 from overlap_harness.model.detector import AccessReq, HBDetector, NodeInfo
 from overlap_harness.model.trace import HOST, OpKind
-from overlap_harness.sim.op_values import may_repeat, repeats
+from overlap_harness.sim.op_values import RepeatCheck, may_repeat, repeats
 from overlap_harness.sim.sim_device import SimDevice
 
 
@@ -36,6 +36,21 @@ def test_repeat_check_agrees_with_unique() -> None:
     assert not may_repeat(None) and not may_repeat(3) and not may_repeat(slice(0, 4))
     assert not may_repeat((1, slice(None)))
     assert may_repeat([1, 1]) and may_repeat(np.array([0])) and may_repeat((0, [1, 1]))
+
+
+def test_linear_repeat_check_agrees_with_unique() -> None:
+    rng = np.random.default_rng(1)
+    check = RepeatCheck()
+    check.reserve(64)
+    check.reserve(8)  # a smaller block later keeps the room
+    for n in (0, 1, 2, 16, 17, 40, 64):
+        for _ in range(50):
+            e = rng.integers(0, 64, n)  # ids of a 64-element block, repeats likely
+            assert check(e) == (np.unique(e).size != e.size), e
+            distinct = rng.permutation(64)[:n]
+            assert not check(distinct), distinct
+    check.reserve(5000)
+    assert check(np.arange(4990, 5000)) is False and check(np.array([4999] * 20))
 
 
 def test_whole_block_flags_reset_when_the_block_is_reused() -> None:
