@@ -41,6 +41,36 @@ def repeats(e: np.ndarray) -> bool:
     return np.unique(e).size != e.size
 
 
+class SelectionCopy:
+    """The function of a copy from ``src[sel]``: ``v[sel]`` of the source's snapshot.
+
+    The value engine reads a list, an array or a forward slice selection straight from the
+    source's memory instead (:meth:`read`): a private array of the selected elements, without
+    copying the whole buffer first. numpy indexing gives what torch indexing of the snapshot
+    gives (the same elements, shape and dtype; a list or array as the int64 index array
+    ``torch_sel`` makes of it, as :func:`_observed` does); a slice of numpy is a view, so it is
+    copied. Anything else (an int, a tuple, a tensor, a slice torch refuses) runs this
+    function on a snapshot as before."""
+
+    __slots__ = ("sel",)
+
+    def __init__(self, sel: Sel) -> None:
+        self.sel = sel
+
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        return value[torch_sel(self.sel, "cpu")]
+
+    def read(self, source: np.ndarray) -> torch.Tensor | None:
+        """``source[sel]`` as a private tensor, or None where the snapshot path must run."""
+        sel = self.sel
+        kind = type(sel)
+        if kind is list or kind is np.ndarray:
+            return torch.from_numpy(source[np.asarray(sel, dtype=np.int64)])
+        if kind is slice and (sel.step is None or sel.step > 0):
+            return torch.from_numpy(source[sel].copy())
+        return None
+
+
 class RepeatCheck:
     """:func:`repeats` for the element ids of one device's blocks (``0 <= id < numel`` of the
     largest block :meth:`reserve` was told of), in time linear in the ids: each id's slot in a
@@ -191,7 +221,12 @@ class OpValues(simpy.Event):
                 break
         views = dev._views
         np_views = dev._np_views
-        unread = unread_inputs(self.fn) if self.observe is None else ()
+        fn = self.fn
+        if type(fn) is SelectionCopy and (source := np_views[rq[0][1]]) is not None and \
+                (value := fn.read(source)) is not None:  # a copy: only what it selects
+            self.out = (value,)
+            return
+        unread = unread_inputs(fn) if self.observe is None else ()
         if unread:  # the function never looks at some inputs: their live memory, no copy
             snaps = [views[acc[1]] if i < len(unread) and unread[i]
                      else _snapshot(views[acc[1]], np_views[acc[1]]) for i, acc in enumerate(rq)]
@@ -201,7 +236,7 @@ class OpValues(simpy.Event):
         if self.observe is not None:
             vals = [_observed(v, s) for v, (_b, s) in zip(snaps, self.reads, strict=True)]
             dev.observations.setdefault((self.observe, self.row[5]), []).extend(vals)
-        res = self.fn(*snaps)
+        res = fn(*snaps)
         self.out = res if isinstance(res, tuple) else (res,)
 
     def land(self) -> None:

@@ -77,7 +77,13 @@ from overlap_harness.model.trace import (
     OpRecord,
     QuerySite,
 )
-from overlap_harness.sim.op_values import OpValues, RepeatCheck, may_repeat, numpy_view
+from overlap_harness.sim.op_values import (
+    OpValues,
+    RepeatCheck,
+    SelectionCopy,
+    may_repeat,
+    numpy_view,
+)
 
 # op kinds as the detector's rows keep them (their index in OP_KINDS)
 _KERNEL, _COPY, _RECORD, _WAIT, _HOST_SYNC, _HOST_READ, _HOST_WRITE, _FREE, _QUERY, _HOST_WORK = (
@@ -417,7 +423,7 @@ class SimDevice(Device):
              cost_us: float = 0.0, label: SyncLabel | None = None, name: str = "copy") -> None:
         (s_buf, s_sel), = norm_accesses([src])
         d_pair = norm_accesses([dst])
-        fn = (lambda v: v) if s_sel is None else (lambda v: v[torch_sel(s_sel, "cpu")])
+        fn = (lambda v: v) if s_sel is None else SelectionCopy(s_sel)
         op = self._enqueue(stream, name, _COPY, fn, [(s_buf, s_sel)], d_pair, cost_us,
                            None, caller_source())
         if not non_blocking and self.sync_enabled(label):
