@@ -14,9 +14,10 @@ worktree add --detach /tmp/before <commit>``; its own sources are put first on
 
 After each pair of runs the outputs of the two trees are compared: the ``--json`` results
 byte for byte, and in the report folders every file of the same name, byte for byte
-(``.json.gz`` decompressed: gzip stores no time here, but compare what it holds). junit.xml
-holds each run's wall time, so it differs from run to run; the rest should not. A file
-only one tree writes is named.
+(``.json.gz`` decompressed: gzip stores no time here, but compare what it holds; the HTML
+summary without its embedded PNGs). PNGs that differ in bytes are compared pixel by pixel:
+the largest channel difference is printed. junit.xml holds each run's wall time, so it
+differs from run to run; the rest should not. A file only one tree writes is named.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -54,9 +56,28 @@ def run_suite(tree: Path, out: Path, reports: bool, extra: Sequence[str] = ()
     return wall, cpu, proc.returncode
 
 
+_EMBEDDED_PNG = re.compile(rb"data:image/png;base64,[A-Za-z0-9+/=]*")
+
+
 def _content(path: Path) -> bytes:
+    """What a report file holds: ``.gz`` decompressed; in the HTML summary the embedded
+    PNGs are cut out (they are compared as the plots/ files)."""
     data = path.read_bytes()
-    return gzip.decompress(data) if path.suffix == ".gz" else data
+    data = gzip.decompress(data) if path.suffix == ".gz" else data
+    return _EMBEDDED_PNG.sub(b"data:image/png;base64,...", data) if path.suffix == ".html" \
+        else data
+
+
+def _pixel_difference(before: Path, after: Path) -> int:
+    """The largest difference of one colour channel between two PNGs (255 for another
+    size): 0 is the same picture in other bytes."""
+    # deferred: Pillow, only when two PNGs differ in bytes
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(Image.open(before).convert("RGBA"), dtype=np.int16)
+    b = np.asarray(Image.open(after).convert("RGBA"), dtype=np.int16)
+    return 255 if a.shape != b.shape else int(np.abs(a - b).max())
 
 
 def _name(path: Path, root: Path) -> str:
@@ -72,8 +93,15 @@ def compare_outputs(before: Path, after: Path) -> str:
     old = {_name(p, before): p for p in before.rglob("*") if p.is_file()}
     new = {_name(p, after): p for p in after.rglob("*") if p.is_file()}
     differ = sorted(n for n in old.keys() & new.keys() if _content(old[n]) != _content(new[n]))
-    lines = [f"{len(old.keys() & new.keys()) - len(differ)} of {len(old.keys() | new.keys())} "
-             "report files identical"]
+    pngs = [n for n in differ if n.endswith(".png")]
+    differ = [n for n in differ if not n.endswith(".png")]
+    lines = [f"{len(old.keys() & new.keys()) - len(differ) - len(pngs)} of "
+             f"{len(old.keys() | new.keys())} report files identical (summary.html without "
+             "its embedded PNGs)"]
+    if pngs:
+        worst = max(_pixel_difference(old[n], new[n]) for n in pngs)
+        lines.append(f"{len(pngs)} PNGs differ in bytes, pixels by at most {worst} of 255 "
+                     "in a channel")
     if differ:
         lines.append("differ: " + ", ".join(differ[:8]) + (" ..." if len(differ) > 8 else ""))
     for label, names in (("only before", old.keys() - new.keys()),
@@ -105,7 +133,7 @@ def main() -> None:
                     wall, cpu, code = run_suite(tree.resolve(), outs[name], reports,
                                                 extra[name])
                     print(f"| {rnd} | {name} | {'default' if reports else '--no-reports'} "
-                          f"| {wall:.1f} | {cpu:.1f} | {code} | {load:.1f} |", flush=True)
+                          f"| {wall:.2f} | {cpu:.2f} | {code} | {load:.1f} |", flush=True)
                 notes.append(f"round {rnd}, {'default' if reports else '--no-reports'}: "
                              + compare_outputs(outs["before"], outs["after"]))
     print("\n" + "\n".join(notes))
