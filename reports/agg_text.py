@@ -19,6 +19,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hi
 from matplotlib.font_manager import FontProperties, fontManager, get_font
 from matplotlib.ft2font import RenderMode
 
+_IDENTITY = np.array([[0x10000, 0], [0, 0x10000]])
+"""FreeType's identity transform (16.16 fixed point): unrotated, unslanted text."""
+
 #: Coverage masks at most (a suite's plots hold a few thousand distinct strings).
 MAX_CACHED = 20_000
 
@@ -109,19 +112,21 @@ class CachedTextRenderer(RendererAgg):
         font = self._prepare_font(prop)
         flags = get_hinting_flag()
         size = prop.get_size_in_points()
+        mode = RenderMode.NORMAL if antialiased else RenderMode.MONO
         glyphs = []
+        sized = set()  # fonts set to this size (a fallback font may serve some glyphs)
         for item in font._layout(s, flags=flags):
             ft = item.ft_object
-            ft.set_size(size, self.dpi)
+            if id(ft) not in sized:
+                ft.set_size(size, self.dpi)
+                sized.add(id(ft))
             # identity transform; FreeType's y is upwards, origin on the baseline
-            ft._set_transform(np.array([[0x10000, 0], [0, 0x10000]]),
-                              [round(0x40 * item.x), round(0x40 * item.y)])
-            bitmap = ft._render_glyph(item.glyph_index, flags,
-                                      RenderMode.NORMAL if antialiased else RenderMode.MONO)
-            buffer = np.array(bitmap.buffer, dtype=np.uint8)
-            if not antialiased:
-                buffer *= 0xff
+            ft._set_transform(_IDENTITY, [round(0x40 * item.x), round(0x40 * item.y)])
+            bitmap = ft._render_glyph(item.glyph_index, flags, mode)
+            buffer = bitmap.buffer
             if buffer.size:
+                if not antialiased:
+                    buffer = buffer * 0xff
                 glyphs.append((buffer, bitmap.left, -bitmap.top))  # top: rows down
         if not glyphs:
             return np.zeros((0, 0), np.uint8), 0, 0
@@ -129,11 +134,11 @@ class CachedTextRenderer(RendererAgg):
         top = min(g[2] for g in glyphs)
         right = max(g[1] + g[0].shape[1] for g in glyphs)
         bottom = max(g[2] + g[0].shape[0] for g in glyphs)
-        clear = np.ones((bottom - top, right - left), np.float64)
+        clear = np.ones((bottom - top, right - left), np.float32)
         for buffer, gx, gy in glyphs:
             rows, cols = slice(gy - top, gy - top + buffer.shape[0]), \
                 slice(gx - left, gx - left + buffer.shape[1])
-            clear[rows, cols] *= 1.0 - buffer / 255.0
+            clear[rows, cols] *= 1.0 - buffer * np.float32(1 / 255)
         mask = np.rint((1.0 - clear) * 255.0).astype(np.uint8)
         return mask, left, top
 
