@@ -1,7 +1,13 @@
 """The value side of a simulated op: one engine event that snapshots the op's reads and runs
 its function at the op's start, then lands its writes at its end (:class:`OpValues`), and
 the scatter checks the device uses to flag device-defined values (:func:`may_repeat`,
-:func:`repeats`). Split from :mod:`overlap_harness.sim.sim_device`, which schedules these."""
+:func:`repeats`, :class:`RepeatCheck`). Split from :mod:`overlap_harness.sim.sim_device`,
+which schedules these.
+
+A snapshot is taken only where it can be seen: an input the function's code never reads gets
+the live memory (:mod:`overlap_harness.sim.fn_inputs`), and the device's own copy function
+reads just the elements it selects (:class:`SelectionCopy`); every function still computes
+from its inputs as they were at the op's start."""
 
 from __future__ import annotations
 
