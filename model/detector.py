@@ -58,7 +58,8 @@ from overlap_harness.model.node_rows import (  # re-exported: the detector's pub
     node_info,
     node_row,
 )
-from overlap_harness.model.shadow import RacingPairs, ShadowMemory
+from overlap_harness.model.shadow import RacingPairs, ShadowMemory, compiled_loaded
+from overlap_harness.model.shadow_per_access import PerAccessShadow
 from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
 if TYPE_CHECKING:  # annotations only: graph() imports networkx when called
@@ -72,6 +73,8 @@ MAX_AGENTS = 16
 HOST_AGENT = 0
 DROP_HISTORY_EVERY = 4096  # nodes fed between drops of old history (history=False)
 CHECK_EVERY = 4096  # nodes with accesses queued before the shadow memory checks them
+CHECKS = ("auto", "compiled", "per_access")  # HBDetector(checks=...)
+DEFAULT_CHECKS = "auto"  # what HBDetector() uses; tests set it to run each shadow memory
 
 
 class HBDetector:
@@ -90,20 +93,33 @@ class HBDetector:
     the host issues the next, so no two accesses are unordered and no check can fire): the
     per-element state and the checks are skipped, and :attr:`races` stays empty. The clocks,
     rows and edges are kept: the allocator's reuse test (:meth:`host_knows`) still needs them,
-    since a record or wait node is not followed by a sync."""
+    since a record or wait node is not followed by a sync.
 
-    def __init__(self, history: bool = True, shadow: bool = True) -> None:
+    ``checks`` picks the shadow memory: ``"auto"`` (the default, :data:`DEFAULT_CHECKS`)
+    chooses at the run's first check, the compiled pass of :mod:`model.shadow` for a long
+    run and the per-access one of :mod:`model.shadow_per_access` for a short one
+    (:meth:`_shadow_memory`); ``"compiled"`` and ``"per_access"`` force one. The races are
+    the same either way."""
+
+    def __init__(self, history: bool = True, shadow: bool = True,
+                 checks: str | None = None) -> None:
         # history=False: the opt-in mode for long runs (see the class docstring)
         self.history = history
         self.shadow = shadow  # False: no element-level checks (see the class docstring)
+        checks = DEFAULT_CHECKS if checks is None else checks
+        if checks not in CHECKS:
+            raise DeviceUsageError(f"checks: expected one of {', '.join(CHECKS)}, got {checks!r}")
+        self.checks = checks
         self.agent_names: list[str] = [HOST]
         self._vc: list[list[int]] = [[0] * MAX_AGENTS]
         self._host_version = 0
         self._joined_host: list[int] = [0]
         self._last: list[OpId | None] = [None]
         self._events: dict[object, tuple[tuple[int, ...], OpId]] = {}
-        self._shadow = ShadowMemory()
+        # the shadow memory, chosen at the first check (:meth:`_shadow_memory`)
+        self._shadow: ShadowMemory | PerAccessShadow | None = None
         self._shapes: dict[int, tuple[int, ...]] = {}  # each block's shape, by storage
+        self._numels: dict[int, int] = {}
         self._queued: list[int] = []  # nodes with accesses not yet checked, in issue order
         self.nodes = NodeTable()
         self.node_accesses = NodeAccesses()  # per node, as declared
@@ -117,7 +133,7 @@ class HBDetector:
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
         # racing pairs found and not yet read, as the shadow memory's arrays;
         # :attr:`races` builds their Race records when read
-        self._found: list[RacingPairs] = []
+        self._found: list[RacingPairs | list[tuple]] = []
         self._races: list[Race] = []
         # history=False: per agent, its nodes whose rows are still kept, oldest first; the
         # rows and accesses of the nodes a race names, copied when it is found
@@ -140,8 +156,10 @@ class HBDetector:
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
         """Register a memory block before its first access."""
         if self.shadow:
-            self._shadow.add_storage(storage, numel)
             self._shapes[storage] = shape
+            self._numels[storage] = numel
+            if self._shadow is not None:
+                self._shadow.add_storage(storage, numel)
 
     # -- the feed -------------------------------------------------------------------------
     def on_op(
@@ -220,7 +238,7 @@ class HBDetector:
             queued = self._queued
             queued.append(op)
             if len(queued) >= CHECK_EVERY:
-                self.check_queued()
+                self._check_queue(long_run=True)
         if not history:
             self._live[a].append(op)
             self._fed_since_drop += 1
@@ -254,11 +272,29 @@ class HBDetector:
         """Check the queued accesses against the shadow memory (:mod:`model.shadow`) and
         keep the racing pairs found. Called when the queue is long, before old history is
         dropped, and when :attr:`races` is read."""
+        self._check_queue(long_run=False)
+
+    def _shadow_memory(self, long_run: bool) -> ShadowMemory | PerAccessShadow:
+        """The run's shadow memory, chosen at its first check: the compiled pass for a long
+        run (the queue filled, or history is off) or once this process has loaded it, the
+        per-access one otherwise (:mod:`model.shadow_per_access` says why); ``checks``
+        other than ``"auto"`` forces one. Both find the same pairs in the same order."""
+        if self._shadow is None:
+            if self.checks == "auto":
+                compiled = long_run or not self.history or compiled_loaded()
+            else:
+                compiled = self.checks == "compiled"
+            self._shadow = ShadowMemory() if compiled else PerAccessShadow()
+            for storage, numel in self._numels.items():
+                self._shadow.add_storage(storage, numel)
+        return self._shadow
+
+    def _check_queue(self, long_run: bool) -> None:
         queued = self._queued
         if not queued:
             return
         n_agents = len(self.agent_names)
-        found = self._shadow.check(queued, self.node_accesses._rows, self.node_vc,
+        found = self._shadow_memory(long_run).check(queued, self.node_accesses._rows, self.node_vc,
                                    self.node_epoch, self.node_agent, n_agents,
                                    self._floor(n_agents))
         self._queued = []
@@ -267,16 +303,17 @@ class HBDetector:
         self._found.append(found)
         if not self.history:  # the rows a race record needs outlive the history
             kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
-            for node in set(found.prior.tolist()) | set(found.op.tolist()):
+            pair_rows = found.rows() if isinstance(found, RacingPairs) else found
+            for node in {row[0] for row in pair_rows} | {row[1] for row in pair_rows}:
                 if node not in kept:
                     kept[node] = (rows[node], accesses[node])
 
     @property
     def older_scan_truncated(self) -> int:
         """Walks over an agent's older accesses of an element cut at
-        :data:`model.shadow_kernel.MAX_OLDER_SCAN` entries (their older pairs are missing)."""
+        :data:`model.shadow.MAX_OLDER_SCAN` entries (their older pairs are missing)."""
         self.check_queued()
-        return self._shadow.older_scan_truncated
+        return 0 if self._shadow is None else self._shadow.older_scan_truncated
 
     def on_record(self, key: object, info: NodeInfo) -> None:
         """An event record: a node on the stream whose clock the event captures."""
@@ -328,7 +365,8 @@ class HBDetector:
             infos: dict = {}  # one record per node (and per node access) while building
             with collector_paused():
                 for found in self._found:
-                    built.extend([self._race(infos, *row) for row in found.rows()])
+                    rows = found.rows() if isinstance(found, RacingPairs) else found
+                    built.extend([self._race(infos, *row) for row in rows])
             self._found.clear()  # built: the pairs are not kept twice
         return built
 

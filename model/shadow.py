@@ -23,13 +23,25 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from types import ModuleType
 
 import numpy as np
 
 from overlap_harness.model.errors import DeviceUsageError
-from overlap_harness.model.shadow_kernel import MAX_OLDER_SCAN, check_batch, compact_slots
+
+#: Older accesses walked back per element and agent, per check (a walk cut short is counted).
+MAX_OLDER_SCAN = 1024
 
 _FIRST_STRIDE = 4  # agent entries per cell at first: the host and three streams
+_loaded = False  # has this process run the compiled pass (paid for loading it)?
+
+
+def _kernels() -> ModuleType:
+    """The compiled pass's module, imported when a run first uses it: numba's import (about
+    0.2 CPU s) is then paid only by a process that runs the pass."""
+    from overlap_harness.model import shadow_kernel  # deferred: numba (see the docstring)
+
+    return shadow_kernel
 _FIRST_SLOTS = 1 << 12  # room for element accesses at first
 
 
@@ -171,13 +183,15 @@ class ShadowMemory:
         epoch = np.frombuffer(node_epoch, dtype=np.int64)
         agent_of = np.frombuffer(node_agent, dtype=np.int8)[op_ids].astype(np.int64)
         try:
-            hits, self.slot_count, truncated, bad = check_batch(
+            hits, self.slot_count, truncated, bad = _kernels().check_batch(
                 acc_op, agent_of[node_index], base, numel, writes,
                 bounds[:-1], bounds[1:], elements, clocks[node_index], n_agents, self.stride,
                 epoch, self.last_op, self.last_slot, self.slot_op,
                 self.slot_prev, self.slot_write, self.slot_count, MAX_OLDER_SCAN)
         finally:
             del epoch  # the view pins node_epoch's buffer: let it grow again
+        global _loaded
+        _loaded = True
         self.older_scan_truncated += int(truncated)
         if bad >= 0:
             storage, _id, buffer, e, _write, _pinned = accesses[bad]
@@ -198,7 +212,7 @@ class ShadowMemory:
             epoch = np.frombuffer(node_epoch, dtype=np.int64)
             op_agent = np.frombuffer(node_agent, dtype=np.int8)
             try:
-                self.slot_count = compact_slots(
+                self.slot_count = _kernels().compact_slots(
                     self.last_slot, self.slot_op, self.slot_prev, self.slot_write,
                     self.slot_count, epoch, op_agent, floor)
             finally:
@@ -272,6 +286,11 @@ def _resized(values: np.ndarray, size: int, used: int) -> np.ndarray:
     bigger = np.empty(size, dtype=values.dtype)
     bigger[:used] = values[:used]
     return bigger
+
+
+def compiled_loaded() -> bool:
+    """Has this process loaded the compiled pass already (so using it costs nothing more)?"""
+    return _loaded
 
 
 def warm_up() -> None:

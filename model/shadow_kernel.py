@@ -25,9 +25,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Older accesses walked back per element and agent, per check (a walk cut short is counted).
-MAX_OLDER_SCAN = 1024
-
 # the modes of a hit: the prior access was a write (checked first), or a read
 PRIOR_WRITE, PRIOR_READ = 0, 1
 

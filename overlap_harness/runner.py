@@ -25,7 +25,6 @@ from overlap_harness.model.metrics import compute_metrics
 from overlap_harness.model.protocol import run_protocol
 from overlap_harness.model.protocol.oracle import compare_runs
 from overlap_harness.model.results import CaseResult
-from overlap_harness.model.shadow import warm_up
 from overlap_harness.model.trace import DeviceRun, QuerySite, Race
 from overlap_harness.outcomes import Outcomes, explore_outcomes
 from overlap_harness.scenarios.expand import RunSpec, expand, scenario_to_dict
@@ -280,7 +279,6 @@ def run_scenarios(
     specs = [s for sc in scenarios for s in expand(sc)]
     gc.freeze()  # what the imports made lives as long as the process: out of every collection
     if jobs > 1 and len(specs) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        warm_up()  # the detector's compiled pass, loaded once here, not once per worker
         return _map_specs(run_spec, specs, progress, min(jobs, len(specs)),
                           on_result=on_result, start="fork")
     work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec

@@ -14,6 +14,7 @@ from overlap_harness.model import detector as detector_module
 from overlap_harness.model import shadow as shadow_module
 from overlap_harness.model.detector import AccessReq, HBDetector, NodeInfo
 from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.shadow_per_access import PerAccessShadow
 from overlap_harness.model.trace import HOST, OpKind
 
 NUMEL = 64
@@ -22,8 +23,8 @@ NUMEL = 64
 class Program:
     """Feeds an HBDetector directly: kernels on streams, record/wait pairs, host syncs."""
 
-    def __init__(self, streams: int) -> None:
-        self.det = HBDetector()
+    def __init__(self, streams: int, checks: str = "compiled") -> None:
+        self.det = HBDetector(checks=checks)
         self.det.add_storage(0, NUMEL, (NUMEL,))
         self.agents = [self.det.add_agent(f"s{k}") for k in range(streams)]
         self.op = 0
@@ -108,17 +109,56 @@ def test_compacted_slots_and_small_batches_find_the_same_races(monkeypatch, seed
     assert prog.det._shadow.compactions > 0
 
 
-def test_an_element_outside_the_block_is_a_clear_error() -> None:
-    prog = Program(streams=1)
+@pytest.mark.parametrize("checks", ["compiled", "per_access"])
+def test_an_element_outside_the_block_is_a_clear_error(checks) -> None:
+    prog = Program(streams=1, checks=checks)
     prog.kernel(1, [NUMEL], write=True)
     with pytest.raises(DeviceUsageError, match="outside its block of 64 elements"):
         prog.det.check_queued()
 
 
-def test_an_access_to_an_unregistered_block_is_a_clear_error() -> None:
-    det = HBDetector()
+@pytest.mark.parametrize("checks", ["compiled", "per_access"])
+def test_an_access_to_an_unregistered_block_is_a_clear_error(checks) -> None:
+    det = HBDetector(checks=checks)
     agent = det.add_agent("s")
     access = AccessReq(7, 0, "ghost", np.array([0], dtype=np.int64), True)
     det.on_op(NodeInfo(0, "k", agent, "s", OpKind.KERNEL, 0, "", None, 0, 0), [access])
     with pytest.raises(DeviceUsageError, match="storage 7 before add_storage"):
         det.check_queued()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_per_access_checks_find_the_compiled_pass_s_pairs_in_its_order(seed) -> None:
+    compiled = Program(streams=3, checks="compiled")
+    per_access = Program(streams=3, checks="per_access")
+    for prog in (compiled, per_access):
+        rng = random.Random(seed)
+        for _ in range(400):
+            agent = rng.choice(prog.agents)
+            if rng.random() < 0.8:
+                prog.kernel(agent, rng.sample(range(NUMEL), rng.randint(1, 12)),
+                            write=rng.random() < 0.5)
+            else:
+                prog.fence(agent, rng.choice(prog.agents))
+    rows = [[(str(r.kind), r.first.op, r.second.op, r.elements, r.older) for r in p.det.races]
+            for p in (compiled, per_access)]
+    assert rows[0] and rows[0] == rows[1]
+
+
+def test_auto_picks_the_per_access_checks_for_a_short_run_and_the_pass_for_a_long_one(
+        monkeypatch) -> None:
+    monkeypatch.setattr(shadow_module, "_loaded", False)  # as in a fresh process
+    short = Program(streams=2, checks="auto")
+    short.kernel(1, [1], write=True)
+    short.det.check_queued()
+    assert isinstance(short.det._shadow, PerAccessShadow)
+    monkeypatch.setattr(detector_module, "CHECK_EVERY", 8)
+    long = Program(streams=2, checks="auto")
+    for k in range(8):
+        long.kernel(1, [k], write=True)  # the eighth fills the queue: a long run
+    assert isinstance(long.det._shadow, shadow_module.ShadowMemory)
+    # once loaded, even a short run uses the pass: it costs nothing more
+    again = Program(streams=2, checks="auto")
+    again.kernel(1, [1], write=True)
+    again.det.check_queued()
+    assert isinstance(again.det._shadow, shadow_module.ShadowMemory)

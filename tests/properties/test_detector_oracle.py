@@ -6,15 +6,21 @@ copies, the three synchronizes, branching queries with both outcomes, poll loops
 simulated device under a random timing; :class:`tests.properties.hb_oracle.ProgramOracle`
 builds happens-before from STREAM-SEMANTICS.md's rules by explicit reachability and lists every
 racing pair. The two race sets must be equal, element by element, pair by pair (older pairs
-included), and must not change when the timing does.
+included), and must not change when the timing does. Each program runs under both shadow
+memories of the detector, the compiled pass and the per-access checks (``model/shadow*.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from overlap_harness.model import detector as detector_module
 from overlap_harness.sim.sim_device import SimDevice
 from tests.properties.hb_oracle import ProgramOracle
 
@@ -184,13 +190,27 @@ def oracle_races(executed: list[tuple]) -> set[tuple]:
     return oracle.races()
 
 
+@contextmanager
+def shadow_memory(checks: str) -> Iterator[None]:
+    """Every detector made inside uses ``checks`` (its ``DEFAULT_CHECKS`` while inside)."""
+    before = detector_module.DEFAULT_CHECKS
+    detector_module.DEFAULT_CHECKS = checks
+    try:
+        yield
+    finally:
+        detector_module.DEFAULT_CHECKS = before
+
+
+@pytest.mark.parametrize("checks", ["compiled", "per_access"])
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(program=programs, scale=st.sampled_from([0.25, 1.0, 4.0]),
        host_us=st.sampled_from([1.0, 20.0]))
-def test_detector_equals_the_independent_oracle(program, scale, host_us) -> None:
-    runner = _Runner(program, scale, host_us)
-    executed = runner.run()
-    assert detector_races(runner.dev) == oracle_races(executed)
+def test_detector_equals_the_independent_oracle(checks, program, scale, host_us) -> None:
+    with shadow_memory(checks):
+        runner = _Runner(program, scale, host_us)
+        executed = runner.run()
+        assert runner.dev.det.checks == checks
+        assert detector_races(runner.dev) == oracle_races(executed)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None)
