@@ -14,6 +14,10 @@ expose a frame's locals (``locals``, ``vars``, ``eval``, ``exec``, ``sys._getfra
 ``inspect.currentframe``). Anything else (a builtin, a ``functools.partial``, a callable
 object, a parameter reached through ``*args``) counts as reading all its inputs. One scan per
 code object, cached: the lambdas of one protocol line share theirs.
+
+What the test cannot see is code outside the function that reaches into its frame (a helper
+it calls that reads ``sys._getframe(1).f_locals``, a handler walking a traceback's frames):
+that code would find the live memory, not a copy. No function of the harness does that.
 """
 
 from __future__ import annotations
