@@ -35,7 +35,7 @@ import math
 import random
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -77,11 +77,12 @@ from overlap_harness.model.trace import (
     OpRecord,
     QuerySite,
 )
+from overlap_harness.sim.block_tracking import BlockTracking
+from overlap_harness.sim.block_tracking import MemoryBlock as _Block
 from overlap_harness.sim.op_values import (
     OpValues,
     RepeatCheck,
     SelectionCopy,
-    may_repeat,
     numpy_view,
 )
 
@@ -106,27 +107,7 @@ class _StreamState:
     free_at: int = 0  # when the last enqueued op (or wait) is done
 
 
-@dataclass(slots=True)
-class _Block:
-    """A memory block of the caching allocator."""
-
-    id: int
-    data: torch.Tensor  # flat
-    key: tuple
-    written: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    landed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    # every element of ``written`` / ``landed`` is set: the per-access checks can be skipped
-    # (set only after a whole-block write, found by one ``all()``; reset with the arrays)
-    all_written: bool = False
-    all_landed: bool = False
-    recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
-    # by buffer shape: the block's memory as a torch view and a numpy view (None: no numpy
-    # dtype); a reused block keeps them
-    views: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray | None]] = field(
-        default_factory=dict)
-
-
-class SimDevice(Device):
+class SimDevice(BlockTracking, Device):
     """The simulated device. See the module docstring for the timing and value rules.
 
     Args:
@@ -271,71 +252,6 @@ class SimDevice(Device):
         """The accesses as the detector keeps them: plain tuples in :class:`AccessReq` order."""
         return tuple([(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
                       for b, s in pairs])
-
-    def _track_init(self, name: str, reads: Sequence[AccessRow], writes: Sequence[AccessRow],
-                    write_sels: Sequence[tuple[Buffer, Sel]]) -> bool:
-        """Values the device, not the program, decides. A read of elements the buffer's
-        current owner never wrote (issue order) sees allocator-defined contents
-        (``torch.empty``); a write whose index set repeats an element is a scatter whose
-        winner is last-in-order on the CPU but undefined on CUDA. ``write_sels`` are the
-        ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat.
-        Returns whether one does (its values then land through torch, as they always did).
-
-        A block whose every element was written skips the mask (``all_written``); a count
-        of the set mask entries stands for ``all()``, a third of its cost on small arrays."""
-        blocks = self._blocks
-        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
-            block = blocks[storage]
-            if not block.all_written and e.size and \
-                    np.count_nonzero(block.written[e]) != e.size:
-                key = (name, buffer)
-                if key not in self._uninit:
-                    self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
-                                        f"elements of {buffer}"
-        repeated = False
-        for w, (_b, sel) in zip(writes, write_sels, strict=True):
-            e = w[3]
-            block = blocks[w[0]]
-            if not block.all_written:
-                block.written[e] = True
-                if e.size >= block.written.size:
-                    block.all_written = bool(block.written.all())
-            if e.size > 1 and may_repeat(sel) and self._repeats(e):
-                repeated = True
-                key = (name, w[2])
-                if key not in self._dups:
-                    self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
-                                      f"{w[2]} twice in one op (order device-defined)"
-        return repeated
-
-    def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessRow]) -> None:
-        """At a read's simulated time: elements no write of this owner has landed on yet
-        hold allocator-defined contents, even where a write was issued earlier (a race
-        brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
-        blocks = self._blocks
-        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
-            block = blocks[storage]
-            if not block.all_landed and e.size and \
-                    np.count_nonzero(block.landed[e]) != e.size:
-                key = (name, buffer, "landed")
-                if key not in self._uninit and (name, buffer) not in self._uninit:
-                    self._uninit[key] = f"{name}@{iteration} reads elements of {buffer} " \
-                                        "before any write of them landed"
-
-    def _land(self, writes: Sequence[AccessRow]) -> None:
-        """Mark the written elements landed (:meth:`_check_landed` reads the marks)."""
-        blocks = self._blocks
-        for w in writes:
-            block = blocks[w[0]]
-            if not block.all_landed:
-                self._land_block(block, w[3])
-
-    @staticmethod
-    def _land_block(block: _Block, e: np.ndarray) -> None:
-        """Mark elements ``e`` of ``block`` landed (the block is not all landed yet)."""
-        block.landed[e] = True
-        if e.size >= block.landed.size:
-            block.all_landed = bool(block.landed.all())
 
     # -- resources ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:

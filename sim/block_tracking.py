@@ -1,0 +1,114 @@
+"""The memory blocks of :class:`overlap_harness.sim.sim_device.SimDevice` and what the
+device, not the program, decides about their values (:class:`BlockTracking`): reads of
+elements the block's owner never wrote (issue order) or whose writes have not landed yet (the
+read's simulated time), and scatter writes that name an element twice. Split from
+``sim_device.py``, which mixes these in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from overlap_harness.model.detector import AccessRow
+from overlap_harness.model.device import Buffer, Sel
+from overlap_harness.sim.op_values import may_repeat
+
+
+@dataclass(slots=True)
+class MemoryBlock:
+    """A memory block of the caching allocator."""
+
+    id: int
+    data: torch.Tensor  # flat
+    key: tuple
+    written: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    landed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    # every element of ``written`` / ``landed`` is set: the per-access checks can be skipped
+    # (set only after a whole-block write, found by one ``all()``; reset with the arrays)
+    all_written: bool = False
+    all_landed: bool = False
+    recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
+    # by buffer shape: the block's memory as a torch view and a numpy view (None: no numpy
+    # dtype); a reused block keeps them
+    views: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray | None]] = field(
+        default_factory=dict)
+
+
+
+class BlockTracking:
+    """The written/landed masks of the device's blocks and the messages they give. The
+    device keeps ``_blocks`` (by storage), ``_uninit`` and ``_dups`` (message by key),
+    ``iteration`` and ``_repeats`` (a :class:`overlap_harness.sim.op_values.RepeatCheck`)."""
+
+    _blocks: list[MemoryBlock]
+    _uninit: dict[tuple, str]
+    _dups: dict[tuple, str]
+    iteration: int
+
+    def _track_init(self, name: str, reads: Sequence[AccessRow], writes: Sequence[AccessRow],
+                    write_sels: Sequence[tuple[Buffer, Sel]]) -> bool:
+        """Values the device, not the program, decides. A read of elements the buffer's
+        current owner never wrote (issue order) sees allocator-defined contents
+        (``torch.empty``); a write whose index set repeats an element is a scatter whose
+        winner is last-in-order on the CPU but undefined on CUDA. ``write_sels`` are the
+        ``(buffer, sel)`` pairs behind ``writes``: only an index-array selection can repeat.
+        Returns whether one does (its values then land through torch, as they always did).
+
+        A block whose every element was written skips the mask (``all_written``); a count
+        of the set mask entries stands for ``all()``, a third of its cost on small arrays."""
+        blocks = self._blocks
+        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
+            block = blocks[storage]
+            if not block.all_written and e.size and \
+                    np.count_nonzero(block.written[e]) != e.size:
+                key = (name, buffer)
+                if key not in self._uninit:
+                    self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
+                                        f"elements of {buffer}"
+        repeated = False
+        for w, (_b, sel) in zip(writes, write_sels, strict=True):
+            e = w[3]
+            block = blocks[w[0]]
+            if not block.all_written:
+                block.written[e] = True
+                if e.size >= block.written.size:
+                    block.all_written = bool(block.written.all())
+            if e.size > 1 and may_repeat(sel) and self._repeats(e):
+                repeated = True
+                key = (name, w[2])
+                if key not in self._dups:
+                    self._dups[key] = f"{name}@{self.iteration} writes some elements of " \
+                                      f"{w[2]} twice in one op (order device-defined)"
+        return repeated
+
+    def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessRow]) -> None:
+        """At a read's simulated time: elements no write of this owner has landed on yet
+        hold allocator-defined contents, even where a write was issued earlier (a race
+        brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
+        blocks = self._blocks
+        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
+            block = blocks[storage]
+            if not block.all_landed and e.size and \
+                    np.count_nonzero(block.landed[e]) != e.size:
+                key = (name, buffer, "landed")
+                if key not in self._uninit and (name, buffer) not in self._uninit:
+                    self._uninit[key] = f"{name}@{iteration} reads elements of {buffer} " \
+                                        "before any write of them landed"
+
+    def _land(self, writes: Sequence[AccessRow]) -> None:
+        """Mark the written elements landed (:meth:`_check_landed` reads the marks)."""
+        blocks = self._blocks
+        for w in writes:
+            block = blocks[w[0]]
+            if not block.all_landed:
+                self._land_block(block, w[3])
+
+    @staticmethod
+    def _land_block(block: MemoryBlock, e: np.ndarray) -> None:
+        """Mark elements ``e`` of ``block`` landed (the block is not all landed yet)."""
+        block.landed[e] = True
+        if e.size >= block.landed.size:
+            block.all_landed = bool(block.landed.all())
