@@ -49,11 +49,18 @@ PARTS: list[tuple[str, str | None, str]] = [
 ]
 
 
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+
+
 def part_of(frame: FrameType | None) -> str:
-    """The part a sample at ``frame`` is charged to."""
+    """The part a sample at ``frame`` is charged to. A comprehension's frame counts as the
+    function it is in (a record built in ``[OpRecord(...) for ...]`` belongs to ``timeline``)."""
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
         name = frame.f_code.co_name
+        if name in _COMPREHENSIONS:
+            frame = frame.f_back
+            continue
         for fragment, function, part in PARTS:
             if fragment in path and (function is None or function == name):
                 return part
@@ -70,8 +77,11 @@ def sample(n_ops: int, seed: int) -> tuple[Counter, float, float]:
 
     def on_tick(_signum: int, frame: FrameType | None) -> None:
         now = time.process_time()
-        counts[part_of(frame)] += now - last_tick[0] - last_tick[1]
-        counts["garbage collector"] += last_tick[1]
+        # a tick held back by a collection is taken in the callback that ends it, before the
+        # callback has counted it: all of it is the collector's
+        part = "garbage collector (and these hooks)" if collecting else part_of(frame)
+        counts[part] += now - last_tick[0] - last_tick[1]
+        counts["garbage collector (and these hooks)"] += last_tick[1]
         last_tick[0], last_tick[1] = now, 0.0
 
     def on_gc(phase: str, _info: dict) -> None:
