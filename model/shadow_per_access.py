@@ -99,10 +99,17 @@ class PerAccessShadow:
             raise DeviceUsageError(f"access to storage {access[0]} before add_storage") from None
         if block.agents < n_agents:
             block.grow(n_agents)
-        elements = access[3]
-        if elements.min() < 0 or elements.max() >= block.w_op.shape[1]:
+        try:
+            self._check_block(op, agent, access, block, vc, n_agents, epochs, floor, rows)
+        except IndexError:  # numpy's own bounds check, not a reduction per access
             raise DeviceUsageError(f"{access[2]!r}: element ids outside its block of "
-                                   f"{block.w_op.shape[1]} elements: {elements.tolist()[:8]}")
+                                   f"{block.w_op.shape[1]} elements: "
+                                   f"{access[3].tolist()[:8]}") from None
+
+    def _check_block(self, op: int, agent: int, access: tuple, block: _Block, vc: list[int],
+                     n_agents: int, epochs: np.ndarray, floor: list[int],
+                     rows: list[tuple]) -> None:
+        elements = access[3]
         write = access[4]
         if _exceeds(block.wmax, vc, n_agents):
             self._report(op, access, block, block.w_op, vc, n_agents, epochs, True, rows)
