@@ -303,8 +303,11 @@ class HBDetector:
         self._found.append(found)
         if not self.history:  # the rows a race record needs outlive the history
             kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
-            pair_rows = found.rows() if isinstance(found, RacingPairs) else found
-            for node in {row[0] for row in pair_rows} | {row[1] for row in pair_rows}:
+            if isinstance(found, RacingPairs):  # its node ids, without building its rows
+                named = set(found.prior.tolist()) | set(found.op.tolist())
+            else:
+                named = {row[0] for row in found} | {row[1] for row in found}
+            for node in named:
                 if node not in kept:
                     kept[node] = (rows[node], accesses[node])
 
