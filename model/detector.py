@@ -294,22 +294,21 @@ class HBDetector:
         if not queued:
             return
         n_agents = len(self.agent_names)
-        found = self._shadow_memory(long_run).check(queued, self.node_accesses._rows, self.node_vc,
-                                   self.node_epoch, self.node_agent, n_agents,
-                                   self._floor(n_agents))
+        batches = self._shadow_memory(long_run).check(
+            queued, self.node_accesses._rows, self.node_vc, self.node_epoch, self.node_agent,
+            n_agents, self._floor(n_agents))
         self._queued = []
-        if found is None:
-            return
-        self._found.append(found)
+        self._found += batches
         if not self.history:  # the rows a race record needs outlive the history
             kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
-            if isinstance(found, RacingPairs):  # its node ids, without building its rows
-                named = set(found.prior.tolist()) | set(found.op.tolist())
-            else:
-                named = {row[0] for row in found} | {row[1] for row in found}
-            for node in named:
-                if node not in kept:
-                    kept[node] = (rows[node], accesses[node])
+            for found in batches:
+                if isinstance(found, RacingPairs):  # its node ids, without building its rows
+                    named = set(found.prior.tolist()) | set(found.op.tolist())
+                else:
+                    named = {row[0] for row in found} | {row[1] for row in found}
+                for node in named:
+                    if node not in kept:
+                        kept[node] = (rows[node], accesses[node])
 
     @property
     def older_scan_truncated(self) -> int:

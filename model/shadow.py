@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, pairwise
 from types import ModuleType
 
 import numpy as np
@@ -43,6 +43,9 @@ def _kernels() -> ModuleType:
 
     return shadow_kernel
 _FIRST_SLOTS = 1 << 12  # room for element accesses at first
+# element accesses checked in one call at most: a batch's element ids are copied into one
+# array (8 bytes each), and 4,096 queued nodes of 4,096-element accesses made that 268 MB
+MAX_BATCH_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,24 +143,35 @@ class ShadowMemory:
     # -- the check ------------------------------------------------------------------------
     def check(self, ops: Sequence[int], node_accesses: Sequence,
               node_clocks: Sequence[tuple[int, ...]], node_epoch: array, node_agent: array,
-              n_agents: int, floor: Sequence[int]) -> RacingPairs | None:
+              n_agents: int, floor: Sequence[int]) -> list[RacingPairs]:
         """Check the accesses of nodes ``ops`` (in issue order; each has at least one access),
-        recording them; returns the racing pairs found, or None. ``node_accesses``,
+        recording them; returns the racing pairs found, one batch of them per call of the
+        compiled pass (a batch of more than :data:`MAX_BATCH_ELEMENTS` element accesses is
+        checked in parts, each a run of whole nodes). ``node_accesses``,
         ``node_clocks``, ``node_epoch`` and ``node_agent`` are the detector's per-node
         tables; ``floor`` (per agent, the least entry any agent's clock has of it) lets the
         slots no walk can reach be dropped."""
         per_node = [node_accesses[op] for op in ops]
         accesses = [acc for row in per_node for acc in row]
         if not accesses:
-            return None
+            return []
         node_index = np.repeat(np.arange(len(ops), dtype=np.int64),
                                [len(row) for row in per_node])
         storages, _ids, _names, arrays, write_flags, _pinned = zip(*accesses, strict=True)
         sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        if len(ops) > 1 and int(sizes.sum()) > MAX_BATCH_ELEMENTS:
+            node_elements = np.bincount(node_index, weights=sizes, minlength=len(ops))
+            part = np.cumsum(node_elements) // MAX_BATCH_ELEMENTS
+            cuts = [0, *(np.flatnonzero(np.diff(part)) + 1).tolist(), len(ops)]
+            found: list[RacingPairs] = []
+            for start, end in pairwise(cuts):
+                found += self.check(ops[start:end], node_accesses, node_clocks, node_epoch,
+                                    node_agent, n_agents, floor)
+            return found
         if not sizes.all():  # an access of no element checks nothing
             keep = np.flatnonzero(sizes)
             if not keep.shape[0]:
-                return None
+                return []
             accesses = [accesses[k] for k in keep.tolist()]
             storages, _ids, _names, arrays, write_flags, _pinned = zip(*accesses, strict=True)
             node_index, sizes = node_index[keep], sizes[keep]
@@ -198,8 +212,8 @@ class ShadowMemory:
             raise DeviceUsageError(f"{buffer!r}: element ids outside its block of "
                                    f"{self._numel[storage]} elements: {e.tolist()[:8]}")
         if not hits.shape[0]:
-            return None
-        return _pairs(hits, acc_op, accesses)
+            return []
+        return [_pairs(hits, acc_op, accesses)]
 
     def _make_room(self, new_slots: int, node_epoch: array, node_agent: array,
                    floor: np.ndarray) -> None:

@@ -71,8 +71,8 @@ class PerAccessShadow:
 
     def check(self, ops: Sequence[int], node_accesses: Sequence,
               node_clocks: Sequence[tuple[int, ...]], node_epoch: array, node_agent: array,
-              n_agents: int, floor: Sequence[int]) -> list[tuple] | None:
-        """:meth:`model.shadow.ShadowMemory.check`, returning the race rows themselves."""
+              n_agents: int, floor: Sequence[int]) -> list[list[tuple]]:
+        """:meth:`model.shadow.ShadowMemory.check`, its one batch the race rows themselves."""
         self._agents = n_agents
         epochs = np.zeros(len(node_epoch) + 1, dtype=np.int64)  # op -1 (none) reads 0
         epochs[1:] = np.frombuffer(node_epoch, dtype=np.int64)
@@ -89,7 +89,7 @@ class PerAccessShadow:
             for access in node_accesses[op]:
                 if access[3].size:
                     self._check(op, agent, access, vc, n_agents, epochs, reachable, rows)
-        return rows or None
+        return [rows] if rows else []
 
     def _check(self, op: int, agent: int, access: tuple, vc: list[int], n_agents: int,
                epochs: np.ndarray, floor: list[int], rows: list[tuple]) -> None:

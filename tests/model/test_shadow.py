@@ -162,3 +162,18 @@ def test_auto_picks_the_per_access_checks_for_a_short_run_and_the_pass_for_a_lon
     again.kernel(1, [1], write=True)
     again.det.check_queued()
     assert isinstance(again.det._shadow, shadow_module.ShadowMemory)
+
+
+def test_a_batch_of_many_elements_is_checked_in_parts_with_the_same_pairs(monkeypatch) -> None:
+    whole = random_program(3, 500).races()
+    monkeypatch.setattr(shadow_module, "MAX_BATCH_ELEMENTS", 40)  # a few nodes a part
+    calls = []
+    original = shadow_module.ShadowMemory.check
+
+    def counted(self, ops, *rest):
+        calls.append(len(ops))
+        return original(self, ops, *rest)
+
+    monkeypatch.setattr(shadow_module.ShadowMemory, "check", counted)
+    assert random_program(3, 500).races() == whole
+    assert max(calls) > 40 > min(calls)  # the queue came in whole and was checked in parts
