@@ -8,7 +8,8 @@ of :mod:`overlap_harness.model.shadow_kernel`, which checks and records every el
 order; the element-level hits come back grouped into racing pairs, one per (access, mode,
 prior op), each with its sorted elements and whether the prior op was only an older access
 (hidden behind a later one of the same agent). The pairs are in the order the per-access
-detector found them: by access, prior writes before prior reads, then by prior op.
+checks (:mod:`overlap_harness.model.shadow_per_access`, for short runs) find them: by access,
+prior writes before prior reads, then by prior op.
 
 Layout: every block gets a range of element cells at its registration; a cell holds one entry
 per agent (``stride`` of them, grown as streams are registered). Per entry, the op of the
@@ -33,6 +34,10 @@ from overlap_harness.model.errors import DeviceUsageError
 MAX_OLDER_SCAN = 1024
 
 _FIRST_STRIDE = 4  # agent entries per cell at first: the host and three streams
+_FIRST_SLOTS = 1 << 12  # room for element accesses at first
+# element accesses checked in one call at most: a batch's element ids are copied into one
+# array (8 bytes each), and 4,096 queued nodes of 4,096-element accesses made that 268 MB
+MAX_BATCH_ELEMENTS = 1 << 20
 _loaded = False  # has this process run the compiled pass (paid for loading it)?
 
 
@@ -42,10 +47,6 @@ def _kernels() -> ModuleType:
     from overlap_harness.model import shadow_kernel  # deferred: numba (see the docstring)
 
     return shadow_kernel
-_FIRST_SLOTS = 1 << 12  # room for element accesses at first
-# element accesses checked in one call at most: a batch's element ids are copied into one
-# array (8 bytes each), and 4,096 queued nodes of 4,096-element accesses made that 268 MB
-MAX_BATCH_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,14 @@ clock knows of X; then X's older accesses of the element are walked back, newest
 they stay unordered, and those of the conflicting mode are hits too (``latest`` False). Each
 access of each element is a *slot*; a slot links to the same agent's previous slot of the same
 element (any mode), so the walk visits exactly the agent's accesses of that element, the
-element-level form of the per-storage access log the pure-Python detector walked.
+element-level form of the per-block access log that the per-access checks walk
+(:mod:`overlap_harness.model.shadow_per_access`).
 
 Compiled with numba (``cache=True``: the machine code is kept beside this file after the first
 run). Why compiled: the checks are a few integer comparisons per element and agent, and the
 benchmark's 4 million element accesses per 100,000 ops cost seconds as numpy calls per access
-(docs/benchmarks.md). Nothing here allocates per access or holds Python objects.
+(docs/benchmarks.md). Nothing here holds Python objects; only the hits are collected into
+a list that grows as they are found.
 """
 
 from __future__ import annotations
