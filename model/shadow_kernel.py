@@ -24,6 +24,8 @@ a list that grows as they are found.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit
 
@@ -31,7 +33,17 @@ from numba import njit
 PRIOR_WRITE, PRIOR_READ = 0, 1
 
 
-@njit(cache=True, nogil=True)
+def _compiled(function: Callable) -> Callable:
+    """``function`` compiled by numba, its machine code cached on disk; where numba finds
+    no writable place for the cache (neither beside this file nor in the user's cache
+    folder, it raises when asked to cache), compiled afresh in each process instead."""
+    try:
+        return njit(cache=True, nogil=True)(function)
+    except RuntimeError:
+        return njit(nogil=True)(function)
+
+
+@_compiled
 def _hit_array(hits):
     """The hits, a list of 5-tuples, as one (n, 5) int64 array."""
     out = np.empty((len(hits), 5), dtype=np.int64)
@@ -45,7 +57,7 @@ def _hit_array(hits):
     return out
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def check_batch(acc_op, acc_agent, acc_base, acc_numel, acc_write, acc_lo, acc_hi, elements,
                 acc_clock, n_agents, stride, epoch, last_op, last_slot,
                 slot_op, slot_prev, slot_write, slot_count, max_scan):
@@ -115,7 +127,7 @@ def check_batch(acc_op, acc_agent, acc_base, acc_numel, acc_write, acc_lo, acc_h
     return _hit_array(hits), slot_count, truncated, -1
 
 
-@njit(cache=True, nogil=True)
+@_compiled
 def compact_slots(last_slot, slot_op, slot_prev, slot_write, slot_count, epoch, op_agent,
                   floor):
     """Drop the slots every agent's clock has passed (``epoch[op] <= floor[agent of op]``):
