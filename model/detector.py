@@ -58,7 +58,12 @@ from overlap_harness.model.node_rows import (  # re-exported: the detector's pub
     node_info,
     node_row,
 )
-from overlap_harness.model.shadow import RacingPairs, ShadowMemory, compiled_loaded
+from overlap_harness.model.shadow import (
+    RacingPairs,
+    ShadowMemory,
+    compiled_available,
+    compiled_loaded,
+)
 from overlap_harness.model.shadow_per_access import PerAccessShadow
 from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
@@ -276,12 +281,14 @@ class HBDetector:
 
     def _shadow_memory(self, long_run: bool) -> ShadowMemory | PerAccessShadow:
         """The run's shadow memory, chosen at its first check: the compiled pass for a long
-        run (the queue filled, or history is off) or once this process has loaded it, the
-        per-access one otherwise (:mod:`model.shadow_per_access` says why); ``checks``
+        run (the queue filled, or history is off) or once this process has loaded it, when
+        numba is installed; the per-access one otherwise (:mod:`model.shadow_per_access` says
+        why); ``checks``
         other than ``"auto"`` forces one. Both find the same pairs in the same order."""
         if self._shadow is None:
             if self.checks == "auto":
-                compiled = long_run or not self.history or compiled_loaded()
+                compiled = (long_run or not self.history or compiled_loaded()) and \
+                    compiled_available()
             else:
                 compiled = self.checks == "compiled"
             self._shadow = ShadowMemory() if compiled else PerAccessShadow()

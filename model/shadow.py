@@ -20,6 +20,7 @@ slot arrays would grow while most of them can no longer be reached.
 
 from __future__ import annotations
 
+import importlib.util
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -306,6 +307,12 @@ def _resized(values: np.ndarray, size: int, used: int) -> np.ndarray:
 def compiled_loaded() -> bool:
     """Has this process loaded the compiled pass already (so using it costs nothing more)?"""
     return _loaded
+
+
+def compiled_available() -> bool:
+    """Is numba installed? Without it every run checks one access at a time (the same
+    races, slower on long runs)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def warm_up() -> None:

@@ -177,3 +177,12 @@ def test_a_batch_of_many_elements_is_checked_in_parts_with_the_same_pairs(monkey
     monkeypatch.setattr(shadow_module.ShadowMemory, "check", counted)
     assert random_program(3, 500).races() == whole
     assert max(calls) > 40 > min(calls)  # the queue came in whole and was checked in parts
+
+
+def test_without_numba_a_long_run_checks_one_access_at_a_time(monkeypatch) -> None:
+    monkeypatch.setattr(detector_module, "compiled_available", lambda: False)
+    monkeypatch.setattr(detector_module, "CHECK_EVERY", 8)
+    long = Program(streams=2, checks="auto")
+    for k in range(8):
+        long.kernel(1, [k], write=True)
+    assert isinstance(long.det._shadow, PerAccessShadow)
