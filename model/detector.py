@@ -59,6 +59,7 @@ from overlap_harness.model.node_rows import (  # re-exported: the detector's pub
     node_row,
 )
 from overlap_harness.model.shadow import (
+    MAX_AGENTS,
     RacingPairs,
     ShadowMemory,
     compiled_available,
@@ -74,10 +75,12 @@ __all__ = ["DROP_HISTORY_EVERY", "HOST_AGENT", "MAX_AGENTS", "AccessReq", "Acces
            "HBDetector", "NodeAccesses", "NodeInfo", "NodeRow", "NodeTable",
            "collector_paused"]
 
-MAX_AGENTS = 16
 HOST_AGENT = 0
 DROP_HISTORY_EVERY = 4096  # nodes fed between drops of old history (history=False)
 CHECK_EVERY = 4096  # nodes with accesses queued before the shadow memory checks them
+# nodes fed before a run's checks move to the compiled pass (checks="auto"): loading it costs
+# a process about 0.6 CPU s, what checking some 100,000 accesses one at a time costs
+COMPILED_FROM = 65536
 CHECKS = ("auto", "compiled", "per_access")  # HBDetector(checks=...)
 DEFAULT_CHECKS = "auto"  # what HBDetector() uses; tests set it to run each shadow memory
 
@@ -101,10 +104,9 @@ class HBDetector:
     since a record or wait node is not followed by a sync.
 
     ``checks`` picks the shadow memory: ``"auto"`` (the default, :data:`DEFAULT_CHECKS`)
-    chooses at the run's first check, the compiled pass of :mod:`model.shadow` for a long
-    run and the per-access one of :mod:`model.shadow_per_access` for a short one
-    (:meth:`_shadow_memory`); ``"compiled"`` and ``"per_access"`` force one. The races are
-    the same either way."""
+    checks a short run one access at a time (:mod:`model.shadow_per_access`) and moves a run
+    that grows long to the compiled pass of :mod:`model.shadow` (:meth:`_shadow_memory`);
+    ``"compiled"`` and ``"per_access"`` force one. The races are the same either way."""
 
     def __init__(self, history: bool = True, shadow: bool = True,
                  checks: str | None = None) -> None:
@@ -243,7 +245,7 @@ class HBDetector:
             queued = self._queued
             queued.append(op)
             if len(queued) >= CHECK_EVERY:
-                self._check_queue(long_run=True)
+                self.check_queued()
         if not history:
             self._live[a].append(op)
             self._fed_since_drop += 1
@@ -277,31 +279,11 @@ class HBDetector:
         """Check the queued accesses against the shadow memory (:mod:`model.shadow`) and
         keep the racing pairs found. Called when the queue is long, before old history is
         dropped, and when :attr:`races` is read."""
-        self._check_queue(long_run=False)
-
-    def _shadow_memory(self, long_run: bool) -> ShadowMemory | PerAccessShadow:
-        """The run's shadow memory, chosen at its first check: the compiled pass for a long
-        run (the queue filled, or history is off) or once this process has loaded it, when
-        numba is installed; the per-access one otherwise (:mod:`model.shadow_per_access` says
-        why); ``checks``
-        other than ``"auto"`` forces one. Both find the same pairs in the same order."""
-        if self._shadow is None:
-            if self.checks == "auto":
-                compiled = (long_run or not self.history or compiled_loaded()) and \
-                    compiled_available()
-            else:
-                compiled = self.checks == "compiled"
-            self._shadow = ShadowMemory() if compiled else PerAccessShadow()
-            for storage, numel in self._numels.items():
-                self._shadow.add_storage(storage, numel)
-        return self._shadow
-
-    def _check_queue(self, long_run: bool) -> None:
         queued = self._queued
         if not queued:
             return
         n_agents = len(self.agent_names)
-        batches = self._shadow_memory(long_run).check(
+        batches = self._shadow_memory().check(
             queued, self.node_accesses._rows, self.node_vc, self.node_epoch, self.node_agent,
             n_agents, self._floor(n_agents))
         self._queued = []
@@ -316,6 +298,44 @@ class HBDetector:
                 for node in named:
                     if node not in kept:
                         kept[node] = (rows[node], accesses[node])
+
+    def _shadow_memory(self) -> ShadowMemory | PerAccessShadow:
+        """The run's shadow memory. With ``checks="auto"``: the compiled pass once the run
+        is long (:data:`COMPILED_FROM` nodes fed, or history off) or once this process has
+        loaded it, when numba is installed; the per-access checks before that
+        (:mod:`model.shadow_per_access` says why). A run that grows long moves over: its
+        accesses checked so far are replayed into the compiled pass's state (history keeps
+        them), and the pairs the replay finds again are dropped. ``checks`` other than
+        ``"auto"`` forces one. Both find the same pairs in the same order."""
+        compiled = self._wants_compiled()
+        if self._shadow is None:
+            self._shadow = ShadowMemory() if compiled else PerAccessShadow()
+            for storage, numel in self._numels.items():
+                self._shadow.add_storage(storage, numel)
+        elif compiled and isinstance(self._shadow, PerAccessShadow) and self.history:
+            self._shadow = self._replayed()
+        return self._shadow
+
+    def _wants_compiled(self) -> bool:
+        if self.checks != "auto":
+            return self.checks == "compiled"
+        long_run = len(self.node_epoch) >= COMPILED_FROM or not self.history
+        return (long_run or compiled_loaded()) and compiled_available()
+
+    def _replayed(self) -> ShadowMemory:
+        """A compiled shadow memory holding the state of every access checked so far (the
+        nodes with accesses before the queue), its pairs dropped: they were found already."""
+        shadow = ShadowMemory()
+        for storage, numel in self._numels.items():
+            shadow.add_storage(storage, numel)
+        rows = self.node_accesses._rows
+        checked = [op for op in range(self._queued[0]) if rows[op]]
+        n_agents = len(self.agent_names)
+        if checked:
+            shadow.check(checked, rows, self.node_vc, self.node_epoch, self.node_agent,
+                         n_agents, [0] * n_agents)
+        shadow.older_scan_truncated = self._shadow.older_scan_truncated
+        return shadow
 
     @property
     def older_scan_truncated(self) -> int:

@@ -33,6 +33,8 @@ from overlap_harness.model.errors import DeviceUsageError
 
 #: Older accesses walked back per element and agent, per check (a walk cut short is counted).
 MAX_OLDER_SCAN = 1024
+#: Agents a detector tracks at most: the host and 15 streams.
+MAX_AGENTS = 16
 
 _FIRST_STRIDE = 4  # agent entries per cell at first: the host and three streams
 _FIRST_SLOTS = 1 << 12  # room for element accesses at first

@@ -79,11 +79,11 @@ def test_its_fixed_twin_orders_the_two_writes() -> None:
     assert prog.races() == set()
 
 
-def random_program(seed: int, steps: int) -> Program:
+def random_program(seed: int, steps: int, checks: str = "compiled") -> Program:
     """Three streams hammering one small block, fences dropped now and then: many races,
     many older pairs."""
     rng = random.Random(seed)
-    prog = Program(streams=3)
+    prog = Program(streams=3, checks=checks)
     for _ in range(steps):
         choice = rng.random()
         agent = rng.choice(prog.agents)
@@ -148,20 +148,49 @@ def test_the_per_access_checks_find_the_compiled_pass_s_pairs_in_its_order(seed)
 def test_auto_picks_the_per_access_checks_for_a_short_run_and_the_pass_for_a_long_one(
         monkeypatch) -> None:
     monkeypatch.setattr(shadow_module, "_loaded", False)  # as in a fresh process
+    monkeypatch.setattr(detector_module, "COMPILED_FROM", 8)
     short = Program(streams=2, checks="auto")
     short.kernel(1, [1], write=True)
     short.det.check_queued()
     assert isinstance(short.det._shadow, PerAccessShadow)
-    monkeypatch.setattr(detector_module, "CHECK_EVERY", 8)
     long = Program(streams=2, checks="auto")
     for k in range(8):
-        long.kernel(1, [k], write=True)  # the eighth fills the queue: a long run
+        long.kernel(1, [k], write=True)
+    long.det.check_queued()  # 8 nodes fed: a long run
     assert isinstance(long.det._shadow, shadow_module.ShadowMemory)
     # once loaded, even a short run uses the pass: it costs nothing more
+    monkeypatch.setattr(detector_module, "COMPILED_FROM", 1 << 30)
     again = Program(streams=2, checks="auto")
     again.kernel(1, [1], write=True)
     again.det.check_queued()
     assert isinstance(again.det._shadow, shadow_module.ShadowMemory)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_that_grows_long_moves_to_the_pass_with_the_same_pairs(monkeypatch,
+                                                                     seed) -> None:
+    def pairs(prog: Program) -> list[tuple]:
+        return [(str(r.kind), r.first.op, r.second.op, r.elements, r.older)
+                for r in prog.det.races]
+
+    expected = [pairs(random_program(seed, 600, checks)) for checks in ("per_access", "compiled")]
+    assert expected[0] and expected[0] == expected[1]
+    monkeypatch.setattr(shadow_module, "_loaded", False)
+    monkeypatch.setattr(detector_module, "CHECK_EVERY", 16)  # many checks before and after
+    monkeypatch.setattr(detector_module, "COMPILED_FROM", 300)
+    kinds = []
+    original = detector_module.HBDetector._shadow_memory
+
+    def noted(self):
+        memory = original(self)
+        kinds.append(type(memory).__name__)
+        return memory
+
+    monkeypatch.setattr(detector_module.HBDetector, "_shadow_memory", noted)
+    prog = random_program(seed, 600, "auto")
+    got = pairs(prog)
+    assert kinds[0] == "PerAccessShadow" and kinds[-1] == "ShadowMemory"
+    assert got == expected[0]
 
 
 def test_a_batch_of_many_elements_is_checked_in_parts_with_the_same_pairs(monkeypatch) -> None:
