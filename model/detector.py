@@ -65,7 +65,7 @@ from overlap_harness.model.shadow import (
     compiled_available,
     compiled_loaded,
 )
-from overlap_harness.model.shadow_per_access import PerAccessShadow
+from overlap_harness.model.shadow_per_access import PerAccessShadow, RaceRows
 from overlap_harness.model.trace import HOST, Access, OpId, OpKind, Race, RaceKind
 
 if TYPE_CHECKING:  # annotations only: graph() imports networkx when called
@@ -140,7 +140,7 @@ class HBDetector:
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
         # racing pairs found and not yet read, as the shadow memory's arrays;
         # :attr:`races` builds their Race records when read
-        self._found: list[RacingPairs | list[tuple]] = []
+        self._found: list[RacingPairs | RaceRows] = []
         self._races: list[Race] = []
         # history=False: per agent, its nodes whose rows are still kept, oldest first; the
         # rows and accesses of the nodes a race names, copied when it is found
@@ -284,18 +284,14 @@ class HBDetector:
             return
         n_agents = len(self.agent_names)
         batches = self._shadow_memory().check(
-            queued, self.node_accesses._rows, self.node_vc, self.node_epoch, self.node_agent,
+            queued, self._access_rows, self.node_vc, self.node_epoch, self.node_agent,
             n_agents, self._floor(n_agents))
         self._queued = []
         self._found += batches
         if not self.history:  # the rows a race record needs outlive the history
-            kept, rows, accesses = self._kept, self.nodes._rows, self.node_accesses._rows
+            kept, rows, accesses = self._kept, self._node_rows, self._access_rows
             for found in batches:
-                if isinstance(found, RacingPairs):  # its node ids, without building its rows
-                    named = set(found.prior.tolist()) | set(found.op.tolist())
-                else:
-                    named = {row[0] for row in found} | {row[1] for row in found}
-                for node in named:
+                for node in found.named_nodes():
                     if node not in kept:
                         kept[node] = (rows[node], accesses[node])
 
@@ -309,12 +305,17 @@ class HBDetector:
         ``"auto"`` forces one. Both find the same pairs in the same order."""
         compiled = self._wants_compiled()
         if self._shadow is None:
-            self._shadow = ShadowMemory() if compiled else PerAccessShadow()
-            for storage, numel in self._numels.items():
-                self._shadow.add_storage(storage, numel)
+            self._shadow = self._registered(ShadowMemory() if compiled else PerAccessShadow())
         elif compiled and isinstance(self._shadow, PerAccessShadow) and self.history:
             self._shadow = self._replayed()
         return self._shadow
+
+    def _registered(self, shadow: ShadowMemory | PerAccessShadow
+                    ) -> ShadowMemory | PerAccessShadow:
+        """``shadow`` with every block registered so far added to it."""
+        for storage, numel in self._numels.items():
+            shadow.add_storage(storage, numel)
+        return shadow
 
     def _wants_compiled(self) -> bool:
         if self.checks != "auto":
@@ -325,10 +326,8 @@ class HBDetector:
     def _replayed(self) -> ShadowMemory:
         """A compiled shadow memory holding the state of every access checked so far (the
         nodes with accesses before the queue), its pairs dropped: they were found already."""
-        shadow = ShadowMemory()
-        for storage, numel in self._numels.items():
-            shadow.add_storage(storage, numel)
-        rows = self.node_accesses._rows
+        shadow = self._registered(ShadowMemory())
+        rows = self._access_rows
         checked = [op for op in range(self._queued[0]) if rows[op]]
         n_agents = len(self.agent_names)
         if checked:
@@ -394,8 +393,7 @@ class HBDetector:
             infos: dict = {}  # one record per node (and per node access) while building
             with collector_paused():
                 for found in self._found:
-                    rows = found.rows() if isinstance(found, RacingPairs) else found
-                    built.extend([self._race(infos, *row) for row in rows])
+                    built.extend([self._race(infos, *row) for row in found.rows()])
             self._found.clear()  # built: the pairs are not kept twice
         return built
 

@@ -20,6 +20,7 @@ slot arrays would grow while most of them can no longer be reached.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from array import array
 from collections.abc import Sequence
@@ -69,6 +70,10 @@ class RacingPairs:
 
     def __len__(self) -> int:
         return int(self.prior.shape[0])
+
+    def named_nodes(self) -> set[int]:
+        """The ops the pairs name (either side), without building the rows."""
+        return set(self.prior.tolist()) | set(self.op.tolist())
 
     def rows(self) -> list[tuple]:
         """Each pair as the detector's race row: (prior op, op, storage, buffer id, buffer
@@ -139,10 +144,6 @@ class ShadowMemory:
         self.last_op = _restrided(self.last_op, self.stride, new_stride, groups=2)
         self.last_slot = _restrided(self.last_slot, self.stride, new_stride)
         self.stride = new_stride
-
-    def shape_known(self, storage: int) -> bool:
-        """Is ``storage`` registered?"""
-        return storage in self._base
 
     # -- the check ------------------------------------------------------------------------
     def check(self, ops: Sequence[int], node_accesses: Sequence,
@@ -311,6 +312,7 @@ def compiled_loaded() -> bool:
     return _loaded
 
 
+@functools.cache
 def compiled_available() -> bool:
     """Is numba installed? Without it every run checks one access at a time (the same
     races, slower on long runs)."""

@@ -57,6 +57,19 @@ class _Block:
         self.agents = agents
 
 
+class RaceRows(list):
+    """The race rows one batch of per-access checks found: :class:`model.shadow.RacingPairs`'
+    reading interface over rows that are built already."""
+
+    def rows(self) -> list[tuple]:
+        """The rows themselves."""
+        return self
+
+    def named_nodes(self) -> set[int]:
+        """The ops the rows name (either side)."""
+        return {row[0] for row in self} | {row[1] for row in self}
+
+
 class PerAccessShadow:
     """:class:`model.shadow.ShadowMemory`'s interface, checked one access at a time."""
 
@@ -72,7 +85,7 @@ class PerAccessShadow:
 
     def check(self, ops: Sequence[int], node_accesses: Sequence,
               node_clocks: Sequence[tuple[int, ...]], node_epoch: array, node_agent: array,
-              n_agents: int, floor: Sequence[int]) -> list[list[tuple]]:
+              n_agents: int, floor: Sequence[int]) -> list[RaceRows]:
         """:meth:`model.shadow.ShadowMemory.check`, its one batch the race rows themselves."""
         self._agents = n_agents
         epochs = np.zeros(len(node_epoch) + 1, dtype=np.int64)  # op -1 (none) reads 0
@@ -82,7 +95,7 @@ class PerAccessShadow:
             for agent, known in enumerate(node_clocks[op]):
                 if agent < n_agents and known < reachable[agent]:
                     reachable[agent] = known
-        rows: list[tuple] = []
+        rows = RaceRows()
         for op in ops:
             clock = node_clocks[op]
             vc = list(clock) + [0] * (n_agents - len(clock))
