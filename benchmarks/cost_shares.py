@@ -105,7 +105,7 @@ def sample(n_ops: int, seed: int) -> tuple[Counter, float, float]:
             gc.callbacks.remove(on_gc)
             on_tick(0, None)  # the time since the last tick, as "other"
 
-    _ops, _races, _wall, cpu, _digest = sim_throughput.measure(n_ops, seed, sampled)
+    cpu = sim_throughput.measure(n_ops, seed, sampled).cpu
     return counts, gc_seconds[0], cpu
 
 

@@ -397,6 +397,13 @@ class HBDetector:
             self._found.clear()  # built: the pairs are not kept twice
         return built
 
+    @property
+    def race_count(self) -> int:
+        """How many racing pairs have been found so far, every queued access checked; the
+        records are not built (:attr:`races` builds them)."""
+        self.check_queued()
+        return len(self._races) + sum([len(found) for found in self._found])
+
     def happens_before(self, u: int, v: int) -> bool:
         """True when node ``u`` happens before node ``v`` (u != v)."""
         self._need_history("happens_before")

@@ -7,7 +7,8 @@ Times are integer nanoseconds (no float drift); ``None`` where a device cannot k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import NewType
 
@@ -200,14 +201,78 @@ class QuerySite:
         return f"query({self.event})@{self.iteration}#{self.occurrence} = {self.outcome}"
 
 
-@dataclass(slots=True)
 class DeviceRun:
-    """Everything one device run produced: the timeline, the races, the syncs skipped."""
+    """Everything one device run produced: the timeline, the races, the syncs skipped.
 
-    timeline: list[OpRecord] = field(default_factory=list)
-    races: list[Race] = field(default_factory=list)
-    skipped_syncs: list[tuple[str, int]] = field(default_factory=list)
-    end_ns: int = 0
-    uninit_reads: list[str] = field(default_factory=list)  # reads of never-written memory
-    dup_writes: list[str] = field(default_factory=list)  # one op writing an element twice
-    query_sites: list[QuerySite] = field(default_factory=list)  # branching queries, in order
+    ``timeline`` and ``races`` may be given as lists or as zero-argument functions that build
+    them: a device passes its builders, and the records are made the first time each is read
+    (then kept). The run's work (every op simulated, every racing pair found) is done when
+    the device returns it; a caller that reads only the verdicts it needs, or a count, does
+    not pay for a record per op and per race (docs/benchmarks.md, session 7)."""
+
+    __slots__ = (
+        "_races",
+        "_timeline",
+        "dup_writes",
+        "end_ns",
+        "query_sites",
+        "skipped_syncs",
+        "uninit_reads",
+    )
+
+    def __init__(
+        self,
+        timeline: list[OpRecord] | Callable[[], list[OpRecord]] | None = None,
+        races: list[Race] | Callable[[], list[Race]] | None = None,
+        skipped_syncs: list[tuple[str, int]] | None = None,
+        end_ns: int = 0,
+        uninit_reads: list[str] | None = None,  # reads of never-written memory
+        dup_writes: list[str] | None = None,  # one op writing an element twice
+        query_sites: list[QuerySite] | None = None,  # branching queries, in order
+    ) -> None:
+        self._timeline = [] if timeline is None else timeline
+        self._races = [] if races is None else races
+        self.skipped_syncs = [] if skipped_syncs is None else skipped_syncs
+        self.end_ns = end_ns
+        self.uninit_reads = [] if uninit_reads is None else uninit_reads
+        self.dup_writes = [] if dup_writes is None else dup_writes
+        self.query_sites = [] if query_sites is None else query_sites
+
+    @property
+    def timeline(self) -> list[OpRecord]:
+        """Every op, in issue order (built when first read, if the device deferred it)."""
+        if not isinstance(self._timeline, list):
+            self._timeline = list(self._timeline())
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, records: list[OpRecord]) -> None:
+        self._timeline = records
+
+    @property
+    def races(self) -> list[Race]:
+        """Every racing pair, in the order found (built when first read, if deferred)."""
+        if not isinstance(self._races, list):
+            self._races = list(self._races())
+        return self._races
+
+    @races.setter
+    def races(self, records: list[Race]) -> None:
+        self._races = records
+
+    def _fields(self) -> tuple:
+        return (self.timeline, self.races, self.skipped_syncs, self.end_ns, self.uninit_reads,
+                self.dup_writes, self.query_sites)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not DeviceRun:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # mutable, as the dataclass it was
+
+    def __repr__(self) -> str:
+        return (f"DeviceRun(timeline={self.timeline!r}, races={self.races!r}, "
+                f"skipped_syncs={self.skipped_syncs!r}, end_ns={self.end_ns!r}, "
+                f"uninit_reads={self.uninit_reads!r}, dup_writes={self.dup_writes!r}, "
+                f"query_sites={self.query_sites!r})")

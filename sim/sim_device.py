@@ -510,13 +510,18 @@ class SimDevice(BlockTracking, Device):
 
     # -- results --------------------------------------------------------------------------
     def finish(self) -> DeviceRun:
-        """Let all issued work land (no HB edge: nothing in the program waits) and return
-        the run's timeline, races and skipped syncs."""
+        """Let all issued work land (no HB edge: nothing in the program waits), check every
+        access, and return the run: its timeline, races and skipped syncs (the records of
+        the first two are built when first read; the run keeps this device until then)."""
         self.env.run()
         end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
-        return DeviceRun(self.timeline, list(self.det.races), list(self.skipped_syncs), end,
-                         list(self._uninit.values()), list(self._dups.values()),
-                         list(self.query_sites))
+        # every access is checked now; the records of the ops and pairs so far are built
+        # when the run's timeline or races are first read (DeviceRun), not here
+        n_ops = len(self._issue)
+        n_races = self.det.race_count
+        return DeviceRun(lambda: self.timeline[:n_ops], lambda: self.det.races[:n_races],
+                         list(self.skipped_syncs), end, list(self._uninit.values()),
+                         list(self._dups.values()), list(self.query_sites))
 
     def drain(self) -> None:
         """Let all issued work land, as :meth:`finish` does, without building the run's
