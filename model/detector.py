@@ -118,7 +118,8 @@ class HBDetector:
             raise DeviceUsageError(f"checks: expected one of {', '.join(CHECKS)}, got {checks!r}")
         self.checks = checks
         self.agent_names: list[str] = [HOST]
-        self._vc: list[list[int]] = [[0] * MAX_AGENTS]
+        # per agent, its current clock over the agents registered so far (grown by add_agent)
+        self._vc: list[list[int]] = [[0]]
         self._host_version = 0
         self._joined_host: list[int] = [0]
         self._last: list[OpId | None] = [None]
@@ -136,7 +137,11 @@ class HBDetector:
         self.node_vc: list[tuple[int, ...] | None] = []
         self.node_epoch = array("q")  # each node's epoch (its agent's clock entry)
         self.node_agent = array("b")  # each node's agent
-        self.edges: list[tuple[int, int]] = []  # program edges (and program order)
+        # the program edges of joins (host syncs, bound waits), in order; :attr:`edges`
+        # adds program and issue order to them when read (and keeps the list it built)
+        self._join_edges: list[tuple[int, int]] = []
+        self._edges: list[tuple[int, int]] = []
+        self._edges_through = 0  # nodes the kept edge list covers
         self.observation_edges: list[tuple[int, int]] = []  # what the host observed
         # racing pairs found and not yet read, as the shadow memory's arrays;
         # :attr:`races` builds their Race records when read
@@ -154,7 +159,9 @@ class HBDetector:
         if len(self.agent_names) >= MAX_AGENTS:
             raise DeviceUsageError(f"more than {MAX_AGENTS - 1} streams: {name!r}")
         self.agent_names.append(name)
-        self._vc.append([0] * MAX_AGENTS)
+        for clock in self._vc:
+            clock.append(0)
+        self._vc.append([0] * len(self.agent_names))
         self._joined_host.append(-1)
         self._last.append(None)
         self._live.append(deque())
@@ -195,48 +202,26 @@ class HBDetector:
         """:meth:`on_op` without the records: ``row`` is the node as a :data:`NodeRow` and
         ``accesses`` its declared accesses as plain :data:`AccessRow` tuples (kept as given).
         The simulator's issue path calls this: one plain tuple per op, which the cyclic GC
-        stops tracking, instead of a record per op and per access."""
+        stops tracking, instead of a record per op and per access. Program order and host
+        issue order are kept as the nodes' agents, not as edge tuples (:attr:`edges` builds
+        them when read); only the explicit joins are logged."""
         op = row[0]
         a = row[2]
         vc = self._vc[a]
-        n_agents = len(self.agent_names)
-        history = self.history
-        edges = self.edges
-        last = self._last
-        if a != HOST_AGENT:
-            if self._joined_host[a] != self._host_version:
-                _join(vc, self._vc[HOST_AGENT], n_agents)
-                self._joined_host[a] = self._host_version
-            host_last = last[HOST_AGENT]
-            if host_last is not None and history:
-                edges.append((host_last, op))
-        node_vc = self.node_vc
-        if joins:
-            for j in joins:
-                joined = node_vc[j]
-                if joined is not None:  # None: dropped, every agent knows it (_drop_history)
-                    _join(vc, joined, n_agents)
-                if history:
-                    edges.append((j, op))
-        if observed:
-            for j in observed:
-                joined = node_vc[j]
-                if joined is not None:
-                    _join(vc, joined, n_agents)
-                if history:
-                    self.observation_edges.append((j, op))
+        if a != HOST_AGENT and self._joined_host[a] != self._host_version:
+            _join(vc, self._vc[HOST_AGENT], len(vc))
+            self._joined_host[a] = self._host_version
+        if joins or observed:
+            self._join_all(op, vc, joins, observed)
         epoch = vc[a] + 1
         vc[a] = epoch
         node_epoch = self.node_epoch
         if op != len(node_epoch):
             raise DeviceUsageError(f"node ids must be dense and in issue order, got {op}")
-        previous = last[a]
-        if previous is not None and history:
-            edges.append((previous, op))
-        last[a] = op
+        self._last[a] = op
         self._node_rows.append(row)
         self._access_rows.append(accesses)
-        node_vc.append(tuple(vc[:n_agents]))  # agents registered later read as 0
+        self.node_vc.append(tuple(vc))  # over the agents registered now; later ones read as 0
         node_epoch.append(epoch)
         self.node_agent.append(a)
         if a == HOST_AGENT:
@@ -246,11 +231,61 @@ class HBDetector:
             queued.append(op)
             if len(queued) >= CHECK_EVERY:
                 self.check_queued()
-        if not history:
+        if not self.history:
             self._live[a].append(op)
             self._fed_since_drop += 1
             if self._fed_since_drop >= DROP_HISTORY_EVERY:
-                self._drop_history(n_agents)
+                self._drop_history(len(self.agent_names))
+
+    def _join_all(self, op: int, vc: list[int], joins: Sequence[OpId],
+                  observed: Sequence[OpId]) -> None:
+        """Join the clocks of ``joins`` (program edges) and ``observed`` (observations) into
+        ``vc``, the clock of node ``op``'s agent, and log the edges (with history)."""
+        node_vc = self.node_vc
+        history = self.history
+        width = len(vc)
+        for j in joins:
+            joined = node_vc[j]
+            if joined is not None:  # None: dropped, every agent knows it (_drop_history)
+                _join(vc, joined, width)
+            if history:
+                self._join_edges.append((j, op))
+        for j in observed:
+            joined = node_vc[j]
+            if joined is not None:
+                _join(vc, joined, width)
+            if history:
+                self.observation_edges.append((j, op))
+
+    @property
+    def edges(self) -> list[tuple[int, int]]:
+        """The program edges, in the order the nodes were fed: per node, the edge from the
+        host's latest node before it (for a stream's node), those of its joins, and the one
+        from its agent's previous node (program order). Built from the nodes' agents and
+        the logged joins when read, and kept until more nodes are fed; empty without
+        history."""
+        if not self.history:
+            return []
+        built = self._edges
+        if self._edges_through == len(self.node_agent):
+            return built
+        built.clear()
+        joins = self._join_edges
+        at = 0
+        last: list[int | None] = [None] * len(self.agent_names)
+        for op, agent in enumerate(self.node_agent):
+            host_last = last[HOST_AGENT]
+            if agent != HOST_AGENT and host_last is not None:
+                built.append((host_last, op))
+            while at < len(joins) and joins[at][1] == op:
+                built.append(joins[at])
+                at += 1
+            previous = last[agent]
+            if previous is not None:
+                built.append((previous, op))
+            last[agent] = op
+        self._edges_through = len(self.node_agent)
+        return built
 
     def _drop_history(self, n_agents: int) -> None:
         """history=False: drop the row, accesses and clock of every node that every agent's
