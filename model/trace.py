@@ -264,6 +264,11 @@ class DeviceRun:
         return (self.timeline, self.races, self.skipped_syncs, self.end_ns, self.uninit_reads,
                 self.dup_writes, self.query_sites)
 
+    def __reduce__(self) -> tuple:
+        """Pickled with its records built (a builder holds its device, which does not
+        travel): a run sent to another process arrives whole."""
+        return (DeviceRun, self._fields())
+
     def __eq__(self, other: object) -> bool:
         if type(other) is not DeviceRun:
             return NotImplemented

@@ -4,6 +4,9 @@ run read late equals one read at once. Racy programs have their fenced twins."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import torch
 
@@ -64,3 +67,14 @@ def test_a_run_built_from_lists_or_builders_compares_by_its_records() -> None:
     listed.races = []
     assert listed != run and listed.races == []
     assert "races=[]" in repr(listed)
+
+
+def test_a_deferred_run_pickles_and_copies_with_its_records() -> None:
+    dev = SimDevice()
+    two_writers(dev, False, "0")
+    run = dev.finish()
+    two_writers(dev, False, "1")  # issued after finish: not in the run
+    sent = pickle.loads(pickle.dumps(run))
+    assert sent == run and summary(sent) == summary(run)
+    assert "wb1" not in {r.name for r in sent.timeline}
+    assert copy.deepcopy(run) == run
