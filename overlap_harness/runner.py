@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import json
 import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from overlap_harness.model.protocol.oracle import compare_runs
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, QuerySite, Race
 from overlap_harness.outcomes import Outcomes, explore_outcomes
-from overlap_harness.scenarios.expand import RunSpec, expand, scenario_to_dict
+from overlap_harness.scenarios.expand import RunSpec, expand, scenario_to_dict, to_data
 from overlap_harness.sim.sim_device import SimDevice
 
 #: ``watch(done, total, ops)`` is told, at each scheduler iteration of a run, how many of the
@@ -210,6 +211,17 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
 
     A mutation that removes a sync the run never reached gets the verdict ``error`` and
     fails whatever it expects (see :func:`unused_removals`)."""
+    return judge(spec, execute(spec, delays=delays, jitter=jitter, seed=seed, watch=watch))
+
+
+def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
+            jitter: float | None = None, seed: int | None = None,
+            watch: Watch | None = None) -> CaseResult:
+    """The runs of ``spec`` (overlapped, verdict, serial oracle) and what they computed, not
+    yet held against what ``spec`` expects: :func:`judge` does that (``ok``, ``missing``, a
+    removal never reached, the configuration). The verdict is ``error`` only when the harness
+    refused the run (``error`` says why). Everything here is a function of
+    :func:`run_key` (and the schedule arguments), so one result serves every spec of that key."""
     sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
     iterations = sc.workload.iterations
 
@@ -219,8 +231,7 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
         return lambda n, ops: watch(min(offset + n, 2 * iterations), 2 * iterations, ops)
     base = CaseResult(
         run_id=spec.run_id, scenario=sc.name, mutation=spec.mutation_name, path=sc.path,
-        expect=str(spec.expect), verdict="error", ok=False, removed=tuple(sorted(spec.removed)),
-        config=scenario_to_dict(sc),
+        expect=str(spec.expect), verdict=ERROR, ok=False, removed=tuple(sorted(spec.removed)),
     )
     started = time.perf_counter()
     try:
@@ -236,7 +247,6 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
         odev.drain()
     except HarnessError as exc:
         base.error = str(exc)
-        base.ok = str(spec.expect) == ERROR
         base.wall_s = time.perf_counter() - started
         return base
     base.wall_s = time.perf_counter() - started  # the run, its verdict run and its oracle
@@ -253,13 +263,37 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
     base.faults = [f"{f.check} at iteration {f.iteration} ({f.request}): {f.detail}"
                    for f in outcome.debug_failures]
     base.verdict = RACE if run.races else FAULT if base.faults else RACE_FREE
-    found = set(base.race_keys())
-    base.missing = [k for k in spec.races if k not in found]
-    base.ok = base.verdict == str(spec.expect) and not base.missing
-    unused = unused_removals(spec, dev.labels_used)
-    if unused:
-        base.verdict, base.ok, base.error = ERROR, False, "\n".join(unused)
     return base
+
+
+def judge(spec: RunSpec, done: CaseResult) -> CaseResult:
+    """``done`` (:func:`execute` of ``spec`` or of a spec of the same :func:`run_key`) held
+    against what ``spec`` expects: a copy named as ``spec``, with its configuration, ``ok``
+    and the expected races not found; a removal the run never reached makes it an error."""
+    sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
+    result = dataclasses.replace(
+        done, run_id=spec.run_id, scenario=sc.name, mutation=spec.mutation_name,
+        path=sc.path, expect=str(spec.expect), config=scenario_to_dict(sc))
+    if result.verdict == ERROR:  # refused by the harness: nothing else was computed
+        result.ok = str(spec.expect) == ERROR
+        return result
+    found = set(result.race_keys())
+    result.missing = [k for k in spec.races if k not in found]
+    result.ok = result.verdict == str(spec.expect) and not result.missing
+    unused = unused_removals(spec, result.labels_used)
+    if unused:
+        result.verdict, result.ok, result.error = ERROR, False, "\n".join(unused)
+    return result
+
+
+def run_key(spec: RunSpec) -> str:
+    """What decides the runs of ``spec``: its protocol (mutation applied), workload, timing,
+    seed and removed syncs, as canonical JSON. Two specs of one key run alike (the names,
+    the file and the expectations only enter in :func:`judge`); unlike the run id's hash,
+    this leaves nothing out (the ``late`` keys at their defaults, a profile's costs)."""
+    sc = spec.scenario
+    return json.dumps([to_data(spec.protocol), to_data(sc.workload), to_data(sc.timing),
+                       sc.check.seed, sorted(spec.removed)], sort_keys=True, default=str)
 
 
 def run_scenarios(
@@ -273,16 +307,47 @@ def run_scenarios(
     and through ``watch`` per iteration inside each run). ``on_result`` is handed each
     result as its run ends (the plot workers start drawing while later runs simulate).
 
+    Specs of one :func:`run_key` (the bundled suite has 115 runs of 103 keys: scenarios
+    written for different syncs share a base configuration) are run once; each gets its
+    own copy, named and judged as it (:func:`judge`), as if it had been run (``wall_s`` is
+    that of the one run).
+
     ``jobs > 1``: the runs are shared among that many processes forked from this one (each
     run is a function of its spec alone, so the results, in spec order, are those of one
     process); ``watch`` then sees nothing, since it cannot cross into them."""
     specs = [s for sc in scenarios for s in expand(sc)]
+    first = first_of_key(specs)
+    unique = [spec for i, spec in enumerate(specs) if first[i] == i]
     gc.freeze()  # what the imports made lives as long as the process: out of every collection
-    if jobs > 1 and len(specs) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        return _map_specs(run_spec, specs, progress, min(jobs, len(specs)),
-                          on_result=on_result, start="fork")
-    work = functools.partial(run_spec, watch=watch) if watch is not None else run_spec
-    return _map_specs(work, specs, progress, on_result=on_result)
+    if jobs > 1 and len(unique) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        done = _in_order(execute, unique, min(jobs, len(unique)), start="fork")
+    else:
+        done = _in_order(functools.partial(execute, watch=watch) if watch is not None
+                         else execute, unique)
+    executed: dict[int, CaseResult] = {}  # by the index of the first spec of its key
+    out: list[CaseResult] = []
+    try:
+        for i, spec in enumerate(specs):
+            if progress is not None:
+                progress(i, len(specs), spec.run_id)
+            if first[i] == i:
+                executed[i] = next(done)
+            out.append(judge(spec, executed[first[i]]))
+            if on_result is not None:
+                on_result(out[-1])
+        next(done, None)  # the end: the pool is closed and joined
+    finally:
+        done.close()  # stops the pool at once if runs are left (an error, Ctrl-C)
+    if progress is not None:
+        progress(len(specs), len(specs), "")
+    return out
+
+
+def first_of_key(specs: list[RunSpec]) -> list[int]:
+    """For each spec, the index of the first spec of its :func:`run_key` (itself if none
+    comes before it)."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(run_key(spec), i) for i, spec in enumerate(specs)]
 
 
 def _ignore_interrupts() -> None:
@@ -290,32 +355,41 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _in_order(fn: Callable[[RunSpec], Any], specs: list[RunSpec], jobs: int = 1,
+              start: str = "spawn") -> Iterator[Any]:
+    """``fn`` over ``specs``, each result as it comes, in spec order (in a ``jobs``-process
+    pool of the ``start`` method when > 1). The pool ends with the iterator; closing the
+    iterator early (an error or Ctrl-C in the caller) stops the pool at once."""
+    if jobs <= 1:
+        yield from map(fn, specs)
+        return
+    # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
+    pool = multiprocessing.get_context(start).Pool(jobs, _ignore_interrupts)
+    try:
+        yield from pool.imap(fn, specs)
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.close()
+        pool.join()
+
+
 def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
                progress: Callable[[int, int, str], None] | None, jobs: int = 1,
-               on_result: Callable[[Any], None] | None = None,
                start: str = "spawn") -> list[Any]:
     """``fn`` over ``specs`` in order (in a ``jobs``-process pool of the ``start`` method
-    when > 1), with progress; ``on_result`` sees each result as it comes."""
+    when > 1), with progress."""
     out: list[Any] = []
-    pool = None
-    if jobs > 1:  # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
-        pool = multiprocessing.get_context(start).Pool(jobs, _ignore_interrupts)
+    results = _in_order(fn, specs, jobs, start)
     try:
-        results = pool.imap(fn, specs) if pool is not None else map(fn, specs)  # in order
         for i, spec in enumerate(specs):
             if progress is not None:
                 progress(i, len(specs), spec.run_id)
             out.append(next(results))
-            if on_result is not None:
-                on_result(out[-1])
-    except BaseException:
-        if pool is not None:
-            pool.terminate()
-        raise
+        next(results, None)  # the end: the pool is closed and joined
     finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
+        results.close()
     if progress is not None:
         progress(len(specs), len(specs), "")
     return out
