@@ -20,6 +20,7 @@ shows up as a wrong value, not a crash of the simulator.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -44,40 +45,43 @@ def mix(*xs: torch.Tensor | int) -> torch.Tensor:
     Python ints stay host constants, so the result lives on the tensors' device (a CPU
     0-dim tensor when every argument is an int).
 
-    Each step is ``h = (h * 7919 + (x mod MOD) * 104729 + 12345) mod MOD``. A tensor ``h`` is
-    reduced every :data:`_MIX_STEPS_PER_REDUCTION` steps, not every step, and a step's sums
-    run in place: the result mod MOD is the same (exact int64 arithmetic; the bound below keeps
-    every intermediate under 2**63), at about two thirds of the time per call (a torch op on
-    these tiny tensors costs microseconds of dispatch, whatever its size).
+    The definition is a chain of steps ``h = (h * A + (x mod MOD) * B + C) mod MOD`` from
+    ``h = 17`` (:data:`_STEP`). A chain of such affine steps is one affine map: after ``n``
+    steps ``h = 17 A^n + sum_i A^(n-i) (B (x_i mod MOD) + C)`` mod MOD. So the ints and the
+    constants fold into one host constant, and each tensor costs a reduction and one
+    multiply-add with its own coefficient ``B A^(n-i) mod MOD``: two torch ops, where the
+    chain took four (a torch op on these tiny tensors costs microseconds of dispatch,
+    whatever its size). Every product is below MOD**2 and the sum of ``n`` of them below
+    ``n`` MOD**2 + MOD, far under 2**63: exact int64 arithmetic, the same values.
     """
-    h: torch.Tensor | int = 17
-    unreduced = 0  # steps since a tensor ``h`` was last reduced
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            xr = torch.remainder(x if x.dtype is torch.int64 else x.to(torch.int64), MOD)
-            if isinstance(h, torch.Tensor):  # out of place: xr may broadcast h to more dims
-                h = torch.add(h * 7919, xr, alpha=104729).add_(12345)
-            else:
-                h = (xr * 104729).add_(h * 7919 + 12345)
-        elif isinstance(h, torch.Tensor):
-            h = (h * 7919).add_((x % MOD) * 104729 + 12345)
-        else:
-            h = (h * 7919 + (x % MOD) * 104729 + 12345) % MOD
+    n = len(xs)
+    constant, coefficients = _affine(n)
+    acc: torch.Tensor | None = None
+    for x, coefficient in zip(xs, coefficients, strict=True):
+        if not isinstance(x, torch.Tensor):
+            constant += (x % MOD) * coefficient
             continue
-        unreduced += 1
-        if unreduced == _MIX_STEPS_PER_REDUCTION:
-            h = torch.remainder(h, MOD)
-            unreduced = 0
-    if not isinstance(h, torch.Tensor):
-        return torch.tensor(h, dtype=torch.int64)
-    return torch.remainder(h, MOD) if unreduced else h
+        reduced = torch.remainder(x if x.dtype is torch.int64 else x.to(torch.int64), MOD)
+        if acc is None:
+            acc = reduced.mul_(coefficient)  # a fresh tensor: scaled in place
+        else:  # out of place: ``reduced`` may broadcast ``acc`` to more dims
+            acc = torch.add(acc, reduced, alpha=coefficient)
+    if acc is None:
+        return torch.tensor(constant % MOD, dtype=torch.int64)
+    return torch.remainder(acc.add_(constant % MOD), MOD)
 
 
-# With h and x mod MOD below MOD = 1_000_003, one unreduced step gives h < 1.13e11, two
-# < 8.92e14, three < 7.07e18, all below 2**63 ~ 9.22e18; a fourth could wrap. So three steps
-# between reductions keep every intermediate exact (tests/model/test_mix.py holds mix against
-# the definition in Python's unbounded ints).
-_MIX_STEPS_PER_REDUCTION = 3
+#: One step of :func:`mix`: ``h = (h * A + (x mod MOD) * B + C) mod MOD``, as (A, B, C).
+_STEP = (7919, 104729, 12345)
+
+
+@functools.cache
+def _affine(n: int) -> tuple[int, tuple[int, ...]]:
+    """``n`` steps of :data:`_STEP` from ``h = 17`` as one affine map (mod MOD): its
+    constant, and the coefficient of each argument's residue, first argument first."""
+    a, b, c = _STEP
+    constant = 17 * pow(a, n, MOD) + c * sum(pow(a, k, MOD) for k in range(n))
+    return constant % MOD, tuple(b * pow(a, n - 1 - i, MOD) % MOD for i in range(n))
 
 
 def prompt_token(seed: int, pos: int) -> int:
