@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any, NewType, TypeAlias
 
 import numpy as np
@@ -135,32 +136,46 @@ _HERE = str(Path(__file__).resolve().parent.parent)
 _SKIP_SOURCE = ("model/device.py", "sim/", "gpu_check/cuda_device.py")
 
 
-_REL_PATH: dict[str, str | None] = {}  # co_filename -> as reported, None in device layers
-# (co_filename, line) -> "file:line", interned: every op of a protocol line gets the one string
-_SOURCES: dict[tuple[str, int], str] = {}
+# (id of a code object, offset of its instruction) -> "file:line" of that call site, interned
+# (every op of a protocol line gets the one string), or "" in a device layer. Keyed by the
+# code object's id, not the object: a code object hashes its whole body, and the line number
+# of an instruction is found by walking the code's line table, both in time that grows with
+# the function (about 3 us for a 300-line function); the id and the offset cost nothing.
+# _CODES keeps every code object keyed alive, so no other can take its id.
+_SOURCES: dict[tuple[int, int], str] = {}
+_CODES: dict[int, CodeType] = {}
+_SOURCES_KEPT = 1 << 16  # call sites remembered before starting afresh (code made at run time)
 
 
 def caller_source() -> str:
     """``file:line`` of the first frame outside the device layers: the protocol line.
 
-    Built once per line (a run issues thousands of ops from a few hundred lines) and
+    Found once per call site (a run issues thousands of ops from a few hundred lines) and
     interned, so the nodes of one line share one string."""
     f = sys._getframe(2)
     while f is not None:
-        fn = f.f_code.co_filename
-        try:
-            rel = _REL_PATH[fn]
-        except KeyError:
-            rel = fn[len(_HERE) + 1 :] if fn.startswith(_HERE) else fn
-            rel = _REL_PATH[fn] = None if rel.startswith(_SKIP_SOURCE) else rel
-        if rel is not None:
-            key = (fn, f.f_lineno)
-            source = _SOURCES.get(key)
-            if source is None:
-                source = _SOURCES[key] = sys.intern(f"{rel}:{key[1]}")
+        source = _SOURCES.get((id(f.f_code), f.f_lasti))
+        if source is None:
+            source = _call_site(f)
+        if source:
             return source
         f = f.f_back
     return ""
+
+
+def _call_site(f: FrameType) -> str:
+    """What :func:`caller_source` keeps for the instruction ``f`` is at: its ``file:line``
+    (the file relative to the package root), or "" where ``f`` runs device-layer code."""
+    if len(_SOURCES) >= _SOURCES_KEPT:
+        _SOURCES.clear()
+        _CODES.clear()
+    code = f.f_code
+    path = code.co_filename
+    rel = path[len(_HERE) + 1 :] if path.startswith(_HERE) else path
+    source = "" if rel.startswith(_SKIP_SOURCE) else sys.intern(f"{rel}:{f.f_lineno}")
+    _CODES[id(code)] = code
+    _SOURCES[(id(code), f.f_lasti)] = source
+    return source
 
 
 def norm_accesses(specs: Iterable[AccessSpec]) -> list[tuple[Buffer, Sel]]:
