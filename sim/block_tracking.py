@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from overlap_harness.model.detector import AccessRow
-from overlap_harness.model.device import Buffer, Sel
+from overlap_harness.model.device import AccessSpec, Buffer, Sel
+from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.sim.op_values import may_repeat
 
 
@@ -38,6 +39,35 @@ class MemoryBlock:
 
 
 
+def access_rows(specs: Sequence[AccessSpec], write: bool
+                ) -> tuple[list[tuple[Buffer, Sel]], tuple[AccessRow, ...]]:
+    """``specs`` as :func:`overlap_harness.model.device.norm_accesses` gives them (``(buffer,
+    sel)`` pairs, a freed buffer refused), with the access rows the detector keeps: plain
+    tuples in :class:`overlap_harness.model.detector.AccessReq` order, the element ids as
+    :meth:`Buffer.elements` gives them. One pass for both: this is every kernel's path. An
+    index array is applied to the buffer's ids at once (``elements`` does the same), which
+    checks its bounds, maps negative ids and leaves the row its own array."""
+    pairs = []
+    rows = []
+    for spec in specs:
+        if type(spec) is tuple and len(spec) == 2:  # already a pair (the usual form)
+            buf, sel = spec
+        else:
+            buf, sel = (spec, None) if isinstance(spec, Buffer) else spec
+            spec = (buf, sel)
+        if buf.freed:
+            raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
+        pairs.append(spec)
+        if type(sel) is np.ndarray:
+            e = buf.ids[sel]
+            if e.ndim != 1:
+                e = e.reshape(-1)
+        else:
+            e = buf.elements(sel)
+        rows.append((buf.storage, buf.id, buf.name, e, write, buf.pinned))
+    return pairs, tuple(rows)
+
+
 class BlockTracking:
     """The written/landed masks of the device's blocks and the messages they give. The
     device keeps ``_blocks`` (by storage), ``_uninit`` and ``_dups`` (message by key),
@@ -60,14 +90,15 @@ class BlockTracking:
         A block whose every element was written skips the mask (``all_written``); a count
         of the set mask entries stands for ``all()``, a third of its cost on small arrays."""
         blocks = self._blocks
-        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
-            block = blocks[storage]
-            if not block.all_written and e.size and \
-                    np.count_nonzero(block.written[e]) != e.size:
-                key = (name, buffer)
-                if key not in self._uninit:
-                    self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
-                                        f"elements of {buffer}"
+        for acc in reads:
+            block = blocks[acc[0]]
+            if not block.all_written:
+                e = acc[3]
+                if e.size and np.count_nonzero(block.written[e]) != e.size:
+                    key = (name, acc[2])
+                    if key not in self._uninit:
+                        self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
+                                            f"elements of {acc[2]}"
         repeated = False
         for w, (_b, sel) in zip(writes, write_sels, strict=True):
             e = w[3]
@@ -76,7 +107,7 @@ class BlockTracking:
                 block.written[e] = True
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
-            if e.size > 1 and may_repeat(sel) and self._repeats(e):
+            if e.size > 1 and (type(sel) is np.ndarray or may_repeat(sel)) and self._repeats(e):
                 repeated = True
                 key = (name, w[2])
                 if key not in self._dups:

@@ -77,7 +77,7 @@ from overlap_harness.model.trace import (
     OpRecord,
     QuerySite,
 )
-from overlap_harness.sim.block_tracking import BlockTracking
+from overlap_harness.sim.block_tracking import BlockTracking, access_rows
 from overlap_harness.sim.block_tracking import MemoryBlock as _Block
 from overlap_harness.sim.op_values import (
     OpValues,
@@ -332,8 +332,8 @@ class SimDevice(BlockTracking, Device):
     def launch(self, stream: Stream, name: str, fn: OpFn, reads: Sequence[AccessSpec] = (),
                writes: Sequence[AccessSpec] = (), cost_us: float = 0.0,
                observe: str | None = None) -> None:
-        self._enqueue(stream, name, _KERNEL, fn, norm_accesses(reads),
-                      norm_accesses(writes), cost_us, observe, caller_source())
+        self._enqueue(stream, name, _KERNEL, fn, reads, writes, cost_us, observe,
+                      caller_source())
 
     def copy(self, stream: Stream, src: AccessSpec, dst: AccessSpec, *, non_blocking: bool,
              cost_us: float = 0.0, label: SyncLabel | None = None, name: str = "copy") -> None:
@@ -346,8 +346,13 @@ class SimDevice(BlockTracking, Device):
             self._host_wait(f"{name}.sync", [op], self._sstate[stream.id].free_at, label)
 
     def _enqueue(self, stream: Stream, name: str, kind: int, fn: OpFn,
-                 reads: list[tuple[Buffer, Sel]], writes: list[tuple[Buffer, Sel]],
+                 reads: Sequence[AccessSpec], writes: Sequence[AccessSpec],
                  cost_us: float, observe: str | None, source: str) -> OpId:
+        """Issue one kernel or copy (``reads`` and ``writes`` as the protocol gave them): its
+        timing, its node, and its value event. This is the path every kernel takes, so the
+        node is fed as :meth:`_node` would feed it, written out."""
+        read_pairs, rq = access_rows(reads, False)
+        write_pairs, wq = access_rows(writes, True)
         st = self._sstate[stream.id]
         self.host_ns += self._launch_ns
         issue = self.host_ns
@@ -356,18 +361,16 @@ class SimDevice(BlockTracking, Device):
             start += self._delays.get((name, self.iteration), 0)
         end = start + (self._dur(cost_us) if self._jitter else round(cost_us * 1000))
         st.free_at = end
-        rq = tuple([(b.storage, b.id, b.name, b.elements(s), False, b.pinned) for b, s in reads])
-        wq = tuple([(b.storage, b.id, b.name, b.elements(s), True, b.pinned) for b, s in writes])
-        repeated = self._track_init(name, rq, wq, writes)
-        # the node, as _node feeds it, written out: this is the path every kernel takes
+        repeated = self._track_init(name, rq, wq, write_pairs)
         op = len(self._issue)
         row = (op, name, st.agent, st.name, kind, self.iteration, source, None, start, end)
         self.det.feed(row, rq + wq)
         self._issue.append(issue)
-        values = OpValues(self, row, fn, reads, writes, observe, rq, wq, repeated)
+        values = OpValues(self, row, fn, write_pairs,
+                          None if observe is None else (observe, read_pairs), rq, wq, repeated)
         if self._issue_order:  # the function runs and its writes land now: issue order
             values.run()
-            if writes:
+            if write_pairs:
                 values.land()
         else:
             values.schedule(start, end)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from overlap_harness.model.detector import AccessReq, HBDetector, NodeInfo
+from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.model.trace import HOST, OpKind
+from overlap_harness.sim.block_tracking import access_rows
 from overlap_harness.sim.op_values import RepeatCheck, may_repeat, repeats
 from overlap_harness.sim.sim_device import SimDevice
 
@@ -65,3 +68,36 @@ def test_whole_block_flags_reset_when_the_block_is_reused() -> None:
     assert run.uninit_reads == ["k@-1 reads never-written elements of b"]
     assert run.dup_writes == ["k@-1 writes some elements of b twice in one op "
                               "(order device-defined)"]
+
+
+def test_long_writes_are_checked_past_the_kept_positions() -> None:
+    check = RepeatCheck()
+    check.reserve(5000)
+    ids = np.random.default_rng(2).permutation(5000)
+    for n in (9, 1024, 1025, 3000):  # kept position views, then sliced ones
+        assert not check(ids[:n])
+        assert check(np.concatenate([ids[:n - 1], ids[n // 2: n // 2 + 1]]))
+
+
+def test_access_rows_give_the_flat_ids_and_refuse_a_freed_buffer() -> None:
+    dev = SimDevice()
+    flat = dev.buffer("flat", (10,), torch.int64, fill=0)
+    grid = dev.buffer("grid", (3, 4), torch.int64, fill=0)
+    specs = [flat, (flat, None), (flat, np.array([2, -1, 2])), (flat, [7, 0]),
+             (flat, slice(1, 4)), (grid, np.array([2, 0])), (grid, 1), (grid, (0, slice(1, 3)))]
+    pairs, rows = access_rows(specs, True)
+    assert pairs[0] == (flat, None) and pairs[2] is specs[2]
+    # by hand: a grid row r is elements 4r..4r+3; negative ids count from the end
+    expected = [list(range(10)), list(range(10)), [2, 9, 2], [7, 0], [1, 2, 3],
+                [8, 9, 10, 11, 0, 1, 2, 3], [4, 5, 6, 7], [1, 2]]
+    assert [row[3].tolist() for row in rows] == expected
+    assert [row[:3] + row[4:] for row in rows] == \
+        [(flat.storage, flat.id, "flat", True, False)] * 5 + \
+        [(grid.storage, grid.id, "grid", True, False)] * 3
+    index = np.array([1, 2])
+    (_pair,), (row,) = access_rows([(flat, index)], False)
+    index[0] = 5  # the caller changes its array after the launch: the row keeps its own
+    assert row[3].tolist() == [1, 2] and row[4] is False
+    dev.free(flat)
+    with pytest.raises(DeviceUsageError, match="access to freed buffer 'flat'"):
+        access_rows([(flat, [0])], False)
