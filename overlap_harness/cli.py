@@ -246,9 +246,10 @@ def _run_and_report(args: argparse.Namespace, scenarios: Sequence[Any],
     from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
 
     progress = _Progress(not args.quiet)
+    # without reports nothing reads a timeline (tables, --json, JUnit): runs send none back
     results = run_scenarios(scenarios, progress=progress, watch=progress.watch,
                             on_result=None if plots is None else plots.offer,
-                            jobs=_run_jobs(args))
+                            jobs=_run_jobs(args), timelines=plots is not None)
     print(results_table(results), file=human)
     for r in results:
         if not r.ok:

@@ -223,12 +223,15 @@ def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = 
 
 def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
             jitter: float | None = None, seed: int | None = None,
-            watch: Watch | None = None) -> CaseResult:
+            watch: Watch | None = None, timeline: bool = True) -> CaseResult:
     """The runs of ``spec`` (overlapped, verdict, serial oracle) and what they computed, not
     yet held against what ``spec`` expects: :func:`judge` does that (``ok``, ``missing``, a
     removal never reached, the configuration). The verdict is ``error`` only when the harness
     refused the run (``error`` says why). Everything here is a function of
-    :func:`run_key` (and the schedule arguments), so one result serves every spec of that key."""
+    :func:`run_key` (and the schedule arguments), so one result serves every spec of that key.
+
+    ``timeline=False`` leaves the result's timeline empty (its metrics are computed from it
+    first): most of a result's bytes, for callers that neither plot nor save it."""
     sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
     iterations = sc.workload.iterations
 
@@ -259,7 +262,7 @@ def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = N
     base.wall_s = time.perf_counter() - started  # the run, its verdict run and its oracle
     base.races = run.races
     base.query_sites = run.query_sites
-    base.timeline = run.timeline
+    base.timeline = run.timeline if timeline else []
     base.skipped_syncs = run.skipped_syncs
     base.labels_used = sorted(dev.labels_used)
     base.uninit_reads = run.uninit_reads
@@ -309,10 +312,13 @@ def run_scenarios(
     watch: Watch | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
     jobs: int = 1,
+    timelines: bool = True,
 ) -> list[CaseResult]:
     """Expand every scenario into its runs and run them all, reporting progress (per run,
     and through ``watch`` per iteration inside each run). ``on_result`` is handed each
     result as its run ends (the plot workers start drawing while later runs simulate).
+    ``timelines=False``: the results come without their timelines (:func:`execute`), which
+    spares a pool's workers and this process sending and receiving them.
 
     Specs of one :func:`run_key` (the bundled suite has 115 runs of 103 keys: scenarios
     written for different syncs share a base configuration) are run once; each gets its
@@ -329,21 +335,23 @@ def run_scenarios(
     thresholds = gc.get_threshold()
     gc.set_threshold(GC_THRESHOLD_0, *thresholds[1:])  # here and in the forked workers
     try:
-        return _run_specs(specs, first, unique, progress, watch, on_result, jobs)
+        work = functools.partial(execute, timeline=timelines)
+        return _run_specs(specs, first, unique, work, progress, watch, on_result, jobs)
     finally:
         gc.set_threshold(*thresholds)
 
 
 def _run_specs(specs: list[RunSpec], first: list[int], unique: list[RunSpec],
+               work: Callable[..., CaseResult],
                progress: Callable[[int, int, str], None] | None, watch: Watch | None,
                on_result: Callable[[CaseResult], None] | None, jobs: int) -> list[CaseResult]:
-    """:func:`run_scenarios` once its specs are expanded: ``unique`` executed (in ``jobs``
-    processes), every spec judged, in spec order."""
+    """:func:`run_scenarios` once its specs are expanded: ``work`` (:func:`execute`) over
+    ``unique`` (in ``jobs`` processes), every spec judged, in spec order."""
     if jobs > 1 and len(unique) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        done = _in_order(execute, unique, min(jobs, len(unique)), start="fork")
+        done = _in_order(work, unique, min(jobs, len(unique)), start="fork")
     else:
-        done = _in_order(functools.partial(execute, watch=watch) if watch is not None
-                         else execute, unique)
+        done = _in_order(functools.partial(work, watch=watch) if watch is not None
+                         else work, unique)
     executed: dict[int, CaseResult] = {}  # by the index of the first spec of its key
     out: list[CaseResult] = []
     try:

@@ -123,3 +123,11 @@ def test_the_key_holds_what_a_run_does_and_nothing_else() -> None:
     ]
     keys = [runner.run_key(spec) for spec in changed]
     assert key not in keys and len(set(keys)) == len(keys)
+
+
+def test_results_without_timelines_keep_everything_else(alone) -> None:
+    bare = runner.run_scenarios(SUITE, jobs=2, timelines=False)
+    assert [r.timeline for r in bare] == [[]] * len(alone)
+    assert all(r.timeline for r in alone if r.verdict != "error")
+    assert [case_to_dict(r) for r in bare] == [case_to_dict(r) for r in alone]
+    assert [r.metrics for r in bare] == [r.metrics for r in alone]
