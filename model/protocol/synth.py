@@ -275,19 +275,25 @@ def draft_steps(
     slot_key = torch.remainder(ocl.to(torch.int64).sum(dim=1), MOD)
     aux = (hk + slot_key)[:, None]
     tok = draft_token(topk_index, seq_lens[:, None] + 1, aux + bonus[:, None])  # (b,k)
-    scores = [topk_p.to(torch.float32)[:, None, :]]
+    first = topk_p.to(torch.float32)
+    scores = [first[:, None, :]]
     tokens = [tok]
     parents = [torch.arange(-1, k, dtype=torch.int64, device=dev).repeat(b, 1)]
-    prev_scores, prev_tok = topk_p.to(torch.float32), tok
+    prev_scores, prev_tok = first, tok
+    lens, child_aux = seq_lens[:, None, None], aux[:, :, None] + ar  # the same every step
     for i in range(1, num_steps):
-        child = draft_token(prev_tok[:, :, None], seq_lens[:, None, None] + 1 + i,
-                            aux[:, :, None] + ar[None, None, :])  # (b,k,k)
-        pc = (torch.remainder(child, 97) + 1).to(torch.float32) / 128.0  # exact: 2**-7
+        # (lens + 1) + i as lens + (1 + i): int64 addition wraps, so it associates
+        child = draft_token(prev_tok[:, :, None], lens + (1 + i), child_aux)  # (b,k,k)
+        pc = torch.remainder(child, 97).add_(1).to(torch.float32).div_(128.0)  # exact: 2**-7
         cum = prev_scores[:, :, None] * pc
         scores.append(cum)
-        tokens.append(child.reshape(b, k * k))
-        parents.append((ar + k * k * (i - 1) + k).repeat(b, 1))
+        flat = child.reshape(b, k * k)
+        tokens.append(flat)
+        parents.append((ar + (k * k * (i - 1) + k)).repeat(b, 1))
+        if k == 1:  # the top 1 of one score is that score, its token that token
+            prev_scores, prev_tok = cum.reshape(b, 1), flat
+            continue
         best = cum.reshape(b, k * k).topk(k, dim=1)
         prev_scores = best.values
-        prev_tok = torch.gather(child.reshape(b, k * k), 1, best.indices)
+        prev_tok = torch.gather(flat, 1, best.indices)
     return scores, tokens, parents
