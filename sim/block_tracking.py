@@ -39,6 +39,9 @@ class MemoryBlock:
 
 
 
+_NDARRAY = np.ndarray  # the usual selection's type, one global load on the issue path
+
+
 def access_rows(specs: Sequence[AccessSpec], write: bool
                 ) -> tuple[list[tuple[Buffer, Sel]], tuple[AccessRow, ...]]:
     """``specs`` as :func:`overlap_harness.model.device.norm_accesses` gives them (``(buffer,
@@ -58,7 +61,7 @@ def access_rows(specs: Sequence[AccessSpec], write: bool
         if buf.freed:
             raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
         pairs.append(spec)
-        if type(sel) is np.ndarray:
+        if type(sel) is _NDARRAY:
             e = buf.ids[sel]
             if e.ndim != 1:
                 e = e.reshape(-1)
@@ -100,14 +103,16 @@ class BlockTracking:
                         self._uninit[key] = f"{name}@{self.iteration} reads never-written " \
                                             f"elements of {acc[2]}"
         repeated = False
-        for w, (_b, sel) in zip(writes, write_sels, strict=True):
+        for i in range(len(writes)):
+            w = writes[i]
             e = w[3]
             block = blocks[w[0]]
             if not block.all_written:
                 block.written[e] = True
                 if e.size >= block.written.size:
                     block.all_written = bool(block.written.all())
-            if e.size > 1 and (type(sel) is np.ndarray or may_repeat(sel)) and self._repeats(e):
+            if e.size > 1 and (type(sel := write_sels[i][1]) is _NDARRAY or
+                               may_repeat(sel)) and self._repeats.check(e):
                 repeated = True
                 key = (name, w[2])
                 if key not in self._dups:

@@ -101,8 +101,9 @@ class RepeatCheck:
             self._positions = np.arange(numel, dtype=np.int64)
             self._prefixes = []
 
-    def __call__(self, e: np.ndarray) -> bool:
-        """Does ``e`` name some element twice?"""
+    def check(self, e: np.ndarray) -> bool:
+        """Does ``e`` name some element twice? (A method, not ``__call__``: calling an
+        instance takes Python's slow call path.)"""
         n = e.size
         if n <= _SET_CHECK_MAX:
             return n > 1 and len(set(e.tolist())) != n
@@ -156,6 +157,9 @@ def _snapshot(view: torch.Tensor, source: np.ndarray | None) -> torch.Tensor:
     ``clone()``, at about half its cost), by ``clone()`` otherwise (``source`` None)."""
     return view.clone() if source is None else torch.from_numpy(source.copy())
 
+
+_NDARRAY = np.ndarray  # the types the value engine tests for, one global load each
+_TENSOR = torch.Tensor
 
 # the torch dtypes whose tensors have a numpy view (bfloat16 and the other torch-only ones lack
 # one); sim_device.numpy_view makes the same test by trying
@@ -306,7 +310,7 @@ class OpValues:
         if fast and len(writes) == 1 and len(out) == 1:  # the usual op: one index-array write
             b, s = writes[0]
             v = out[0]
-            if type(s) is np.ndarray and type(v) is torch.Tensor and v.dtype is b.dtype and \
+            if type(s) is _NDARRAY and type(v) is _TENSOR and v.dtype is b.dtype and \
                     (target := np_views[b.id]) is not None:
                 target[s] = v.numpy()
                 return

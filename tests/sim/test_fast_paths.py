@@ -49,11 +49,11 @@ def test_linear_repeat_check_agrees_with_unique() -> None:
     for n in (0, 1, 2, 16, 17, 40, 64):
         for _ in range(50):
             e = rng.integers(0, 64, n)  # ids of a 64-element block, repeats likely
-            assert check(e) == (np.unique(e).size != e.size), e
+            assert check.check(e) == (np.unique(e).size != e.size), e
             distinct = rng.permutation(64)[:n]
-            assert not check(distinct), distinct
+            assert not check.check(distinct), distinct
     check.reserve(5000)
-    assert check(np.arange(4990, 5000)) is False and check(np.array([4999] * 20))
+    assert check.check(np.arange(4990, 5000)) is False and check.check(np.array([4999] * 20))
 
 
 def test_whole_block_flags_reset_when_the_block_is_reused() -> None:
@@ -75,8 +75,8 @@ def test_long_writes_are_checked_past_the_kept_positions() -> None:
     check.reserve(5000)
     ids = np.random.default_rng(2).permutation(5000)
     for n in (9, 1024, 1025, 3000):  # kept position views, then sliced ones
-        assert not check(ids[:n])
-        assert check(np.concatenate([ids[:n - 1], ids[n // 2: n // 2 + 1]]))
+        assert not check.check(ids[:n])
+        assert check.check(np.concatenate([ids[:n - 1], ids[n // 2: n // 2 + 1]]))
 
 
 def test_access_rows_give_the_flat_ids_and_refuse_a_freed_buffer() -> None:
