@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from overlap_harness.model.results import CaseResult
-from overlap_harness.model.trace import OpRecord
+from overlap_harness.model.trace import OpRecord, Race
 
 _encode_text = json.encoder.encode_basestring_ascii  # what json.dumps uses for text (ASCII)
 _CASE_KEY_DEPTH = 3  # {"cases": [{"timeline": ...: a case's keys are indented 3 spaces
@@ -23,7 +23,7 @@ def case_to_dict(r: CaseResult, with_timeline: bool = False) -> dict[str, Any]:
         "run_id": r.run_id, "scenario": r.scenario, "mutation": r.mutation, "path": r.path,
         "expect": r.expect, "verdict": r.verdict, "ok": r.ok, "manifest": r.manifest,
         "removed": list(r.removed), "missing": r.missing, "error": r.error,
-        "races": [{**dataclasses.asdict(x), "kind": str(x.kind), "key": x.key,
+        "races": [{**_race_dict(x), "kind": str(x.kind), "key": x.key,
                    "report": x.describe()} for x in r.races],
         "value_diffs": r.value_diffs,
         "faults": r.faults,
@@ -49,6 +49,18 @@ def _record_dict(record: OpRecord) -> dict[str, Any]:
     was nearly half of writing a suite's results.json (issue 17 item 2)."""
     d = {name: getattr(record, name) for name in _field_names(type(record))}
     d["kind"] = str(record.kind)
+    return d
+
+
+def _race_dict(race: Race) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a race as json writes it: its accesses as dicts of their
+    fields, the rest as they are. asdict copies every element id of a tuple one call at a
+    time (the races' element lists were half of writing ``--json`` results); json writes a
+    tuple as the list it copied, so the text is the same."""
+    d = {name: getattr(race, name) for name in _field_names(type(race))}
+    for side in ("first", "second"):
+        access = d[side]
+        d[side] = {name: getattr(access, name) for name in _field_names(type(access))}
     return d
 
 

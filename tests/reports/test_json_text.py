@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlap_harness.model.results import CaseResult
-from overlap_harness.model.trace import OpKind, OpRecord
+from overlap_harness.model.trace import Access, OpKind, OpRecord, Race, RaceKind
 from overlap_harness.reports.jsonout import to_json
 
 records = st.builds(
@@ -60,3 +60,28 @@ def test_a_timeline_is_written_under_its_case() -> None:
         {"op": 7, "name": 'say "hi"\n', "agent": "forward", "kind": "kernel", "issue_ns": 1,
          "start_ns": 2, "end_ns": 3, "label": None, "iteration": 0, "source": "é"}]
     assert "timeline" not in json.loads(to_json([case]))["cases"][0]
+
+
+accesses = st.builds(
+    Access, op=st.integers(0, 2**40), op_name=st.text(max_size=8), agent=st.text(max_size=6),
+    buffer=st.text(max_size=8), mode=st.sampled_from(["read", "write"]),
+    iteration=st.integers(-1, 10**6), source=st.text(max_size=12),
+    label=st.none() | st.text(max_size=6), time_ns=st.none() | st.integers(0, 10**12))
+races = st.builds(
+    Race, kind=st.sampled_from(list(RaceKind)), buffer=st.text(max_size=8),
+    shape=st.lists(st.integers(1, 64), min_size=1, max_size=3).map(tuple),
+    elements=st.lists(st.integers(0, 2**20), max_size=40).map(tuple), first=accesses,
+    second=accesses, manifest=st.none() | st.booleans(), reused_as=st.none() | st.text(max_size=4),
+    older=st.booleans(), needs=st.lists(st.text(max_size=5), max_size=2).map(tuple))
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(races, max_size=4))
+def test_races_are_written_as_json_writes_their_asdict(found) -> None:
+    case = CaseResult(run_id="r", scenario="s", mutation="", path="p", expect="race",
+                      verdict="race", ok=True, races=found)
+    doc = json.loads(to_json([case]))
+    as_before = [{**dataclasses.asdict(x), "kind": str(x.kind), "key": x.key,
+                  "report": x.describe()} for x in found]
+    assert to_json([case]) == json.dumps({"summary": doc["summary"], "cases": [
+        {**doc["cases"][0], "races": as_before}]}, indent=1, default=str) + "\n"
