@@ -71,6 +71,12 @@ def mix(*xs: torch.Tensor | int) -> torch.Tensor:
     return torch.remainder(acc.add_(constant % MOD), MOD)
 
 
+def mix_ints(*xs: int) -> int:
+    """:func:`mix` of host ints, as a Python int (no tensor made)."""
+    constant, coefficients = _affine(len(xs))
+    return (constant + sum(x % MOD * c for x, c in zip(xs, coefficients, strict=True))) % MOD
+
+
 #: One step of :func:`mix`: ``h = (h * A + (x mod MOD) * B + C) mod MOD``, as (A, B, C).
 _STEP = (7919, 104729, 12345)
 
@@ -86,7 +92,7 @@ def _affine(n: int) -> tuple[int, tuple[int, ...]]:
 
 def prompt_token(seed: int, pos: int) -> int:
     """Token ``pos`` of a request's prompt (host-side, from the request's seed)."""
-    return int(mix(seed, pos, 11)) % VOCAB
+    return mix_ints(seed, pos, 11) % VOCAB
 
 
 def kv_value(tok: torch.Tensor, pos: torch.Tensor | int, slot: torch.Tensor) -> torch.Tensor:
