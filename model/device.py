@@ -260,7 +260,7 @@ class Device(ABC):
 
     def record_stream(self, buf: Buffer, stream: Stream, label: SyncLabel | None = None) -> None:
         """Tell the allocator ``stream`` uses ``buf``: reuse waits for that stream's work."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_record_stream(buf, stream, label)
 
     # -- work ----------------------------------------------------------------------------
@@ -314,24 +314,24 @@ class Device(ABC):
     # -- sync ----------------------------------------------------------------------------
     def record(self, event: Event, stream: Stream, label: SyncLabel | None = None) -> None:
         """Capture the work enqueued on ``stream`` so far; re-recording replaces it."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_record(event, stream, label)
 
     def wait_event(self, stream: Stream, event: Event, label: SyncLabel | None = None) -> None:
         """Later ops on ``stream`` wait for the record that is latest now (no-op if none)."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_wait_event(stream, event, label)
 
     def wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None = None) -> None:
         """``waiter`` waits for all work enqueued on ``other`` so far."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_wait_stream(waiter, other, label)
 
     def synchronize(
         self, target: Stream | Event | None = None, label: SyncLabel | None = None
     ) -> None:
         """Block the host until ``target`` (a stream, an event, or the whole device) is done."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_synchronize(target, label)
 
     def query(self, event: Event, label: SyncLabel | None = None) -> bool:
@@ -359,7 +359,7 @@ class Device(ABC):
     def poll(self, event: Event, label: SyncLabel | None = None) -> None:
         """``while not event.query(): pass``: a polling loop always ends on True, so it orders
         the host after the event's work like ``synchronize(event)``, as an observation."""
-        if self.sync_enabled(label):
+        if label is None or self.sync_enabled(label):  # None: never removed
             self._do_poll(event, label)
 
     @abstractmethod

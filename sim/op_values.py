@@ -229,7 +229,7 @@ class OpValues:
         if self.writes:
             env = self.dev.env
             row = self.row
-            self.callbacks = _AT_END  # simpy set them to None before calling this one
+            self.callbacks = _AT_LAND  # simpy set them to None before calling this one
             env.schedule(self, row[0], row[9] - env.now)
 
     def _on_end(self) -> None:
@@ -337,4 +337,5 @@ class OpValues:
 
 # the callbacks of the two phases, shared by every op's event (simpy calls each with the event)
 _AT_START = (OpValues._on_start,)
-_AT_END = (OpValues._on_end,)
+_AT_END = (OpValues._on_end,)  # a zero-length op: it runs there, then lands
+_AT_LAND = (OpValues.land,)  # an op that ran at its start

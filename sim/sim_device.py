@@ -187,6 +187,7 @@ class SimDevice(BlockTracking, Device):
         self._dups: dict[tuple[str, str], str] = {}
         # by (other, waiter) stream ids: wait_stream's record and wait node names
         self._wait_stream_names: dict[tuple[StreamId, StreamId], tuple[str, str]] = {}
+        self._node_names: dict[str, tuple[str, str]] = {}  # by event name: (record, wait)
         self._serial_state = None
         if serial:
             self._serial_state = _StreamState(self.det.add_agent("serial"), "serial")
@@ -354,13 +355,11 @@ class SimDevice(BlockTracking, Device):
         read_pairs, rq = access_rows(reads, False)
         write_pairs, wq = access_rows(writes, True)
         st = self._sstate[stream.id]
-        self.host_ns += self._launch_ns
-        issue = self.host_ns
+        issue = self.host_ns = self.host_ns + self._launch_ns
         start = issue if issue >= st.free_at else st.free_at
         if self._delays:
             start += self._delays.get((name, self.iteration), 0)
-        end = start + (self._dur(cost_us) if self._jitter else round(cost_us * 1000))
-        st.free_at = end
+        end = st.free_at = start + (self._dur(cost_us) if self._jitter else round(cost_us * 1000))
         repeated = self._track_init(name, rq, wq, write_pairs)
         op = len(self._issue)
         row = (op, name, st.agent, st.name, kind, self.iteration, source, None, start, end)
@@ -421,32 +420,42 @@ class SimDevice(BlockTracking, Device):
 
     # -- sync -----------------------------------------------------------------------------
     def _do_record(self, event: Event, stream: Stream, label: SyncLabel | None) -> None:
-        self._record(event.id, f"record:{event.name}", stream, label, caller_source())
+        self._record(event.id, self._event_nodes(event.name)[0], stream, label, caller_source())
+
+    def _event_nodes(self, name: str) -> tuple[str, str]:
+        """The names of an event's record and wait nodes, made once per event name."""
+        names = self._node_names.get(name)
+        if names is None:
+            names = self._node_names[name] = (f"record:{name}", f"wait:{name}")
+        return names
 
     def _record(self, event_id: EventId, node_name: str, stream: Stream,
                 label: SyncLabel | None, source: str) -> None:
         st = self._sstate[stream.id]
-        self.host_ns += self._launch_ns
-        at = max(self.host_ns, st.free_at)
-        self.det.feed_record(event_id, self._row(node_name, st.agent, st.name, _RECORD, at, at,
-                                                 label, source))
-        self._issue.append(self.host_ns)
+        host_ns = self.host_ns = self.host_ns + self._launch_ns
+        at = host_ns if host_ns >= st.free_at else st.free_at
+        # the node row, as _row makes it, written out (every fence takes this path)
+        self.det.feed_record(event_id, (len(self._issue), node_name, st.agent, st.name, _RECORD,
+                                        self.iteration, source,
+                                        None if label is None else str(label), at, at))
+        self._issue.append(host_ns)
         self._event_done[event_id] = at
 
     def _do_wait_event(self, stream: Stream, event: Event, label: SyncLabel | None) -> None:
-        self._wait(stream, event.id, f"wait:{event.name}", label, caller_source())
+        self._wait(stream, event.id, self._event_nodes(event.name)[1], label, caller_source())
 
     def _wait(self, stream: Stream, event_id: EventId, node_name: str, label: SyncLabel | None,
               source: str) -> None:
         st = self._sstate[stream.id]
-        self.host_ns += self._launch_ns
+        host_ns = self.host_ns = self.host_ns + self._launch_ns
         done = self._event_done[event_id]
-        if done is not None:
-            st.free_at = max(st.free_at, done)
-        at = max(self.host_ns, st.free_at)
-        self.det.feed_wait(event_id, self._row(node_name, st.agent, st.name, _WAIT, at, at,
-                                               label, source))
-        self._issue.append(self.host_ns)
+        if done is not None and done > st.free_at:
+            st.free_at = done
+        at = host_ns if host_ns >= st.free_at else st.free_at
+        self.det.feed_wait(event_id, (len(self._issue), node_name, st.agent, st.name, _WAIT,
+                                      self.iteration, source,
+                                      None if label is None else str(label), at, at))
+        self._issue.append(host_ns)
 
     def _do_wait_stream(self, waiter: Stream, other: Stream, label: SyncLabel | None) -> None:
         """A record of a fresh event on ``other`` and a wait for it on ``waiter``; the event
@@ -457,7 +466,7 @@ class SimDevice(BlockTracking, Device):
             tmp = f"{other.name}->{waiter.name}"
             names = self._wait_stream_names[(other.id, waiter.id)] = (f"record:{tmp}",
                                                                       f"wait:{tmp}")
-        event_id = EventId(len(self._event_done))
+        event_id = len(self._event_done)
         self._event_done.append(None)
         source = caller_source()
         self._record(event_id, names[0], other, label, source)
