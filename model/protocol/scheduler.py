@@ -272,7 +272,7 @@ class Scheduler:
         finished here (a stop condition, not ``max_new``), after the batch that still holds it
         was launched.
         """
-        ctx, device = self.ctx, self.ctx.device
+        ctx, device = self.ctx, self.ctx.device  # results read as lists: cheaper to index
         if batch.parts:  # mixed: each part has its results and copy_done
             for part in batch.parts:
                 self.pop_and_process(part)
@@ -280,7 +280,7 @@ class Scheduler:
         assert batch.copy_done is not None
         device.synchronize(batch.copy_done, SyncLabel.COPY_DONE_HOST_SYNC)
         device.host_work("process_results", ctx.timing.process_results)
-        vals = {k: device.host_read(b, None, name=f"read_{k}") for k, b in batch.results.items()}
+        vals = {k: device.host_read(b, name=f"read_{k}").tolist() for k, b in batch.results.items()}
         for i, r in enumerate(batch.reqs):
             out = ctx.outcome.request(r.id)
             for flag, check, what in DEBUG_FLAGS:
@@ -294,7 +294,7 @@ class Scheduler:
                 continue  # intermediate chunk
             if batch.kind == "decode" and ctx.is_spec:
                 a = int(vals["accept_lens"][i])
-                new = [int(t) for t in vals["out_tokens"][i, :a]]
+                new = [int(t) for t in vals["out_tokens"][i][:a]]
                 out.accept_lens[batch.iteration] = a
                 r.kv_committed += a
             else:
