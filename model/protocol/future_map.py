@@ -161,7 +161,7 @@ class FutureMap:
                         non_blocking=True, cost_us=ctx.d2h_us, name="d2h_seq_lens")
             device.synchronize(ctx.d2h_stream, SyncLabel.D2H_HOST_SYNC)
             vals = device.host_read(self.seq_lens_mirror, rows, name="select_seq_lens")
-            return [int(v) for v in vals]
+            return [int(v) for v in vals.tolist()]  # a list: iterating a tensor costs more
         return self._cpu_on_schedule(batch)
 
     def _consume_publish(self, batch: Batch) -> None:
@@ -185,7 +185,7 @@ class FutureMap:
         pinned = device.buffer("seq_lens_cpu", (batch.m,), I64, pinned=True)
         device.copy(ctx.schedule_stream, batch.seq_lens, pinned, non_blocking=False,
                     cost_us=ctx.d2h_us, label=SyncLabel.SEQ_LENS_CPU_SYNC, name="seq_lens_cpu")
-        return [int(v) for v in device.host_read(pinned, None, name="read_seq_lens_cpu")]
+        return [int(v) for v in device.host_read(pinned, None, name="read_seq_lens_cpu").tolist()]
 
     # -- gather (step 4c) ----------------------------------------------------------------------
     def gather(self, batch: Batch) -> dict[str, Buffer | None]:

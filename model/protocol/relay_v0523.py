@@ -156,4 +156,4 @@ def resolve_mixed_spec_tails(future_map: FutureMap, batch: Batch) -> list[int] |
         device.copy(forward, fresh, pinned, non_blocking=False, cost_us=ctx.d2h_us,
                     name="mixed_tail_lens_cpu")
         values = device.host_read(pinned, None, name="read_mixed_tail_lens")
-    return [int(v) for v in values]
+    return [int(v) for v in values.tolist()]  # a list: iterating a tensor costs more
