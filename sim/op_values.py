@@ -11,6 +11,7 @@ from its inputs as they were at the op's start."""
 
 from __future__ import annotations
 
+from heapq import heappush
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -167,28 +168,31 @@ _NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, tor
                            torch.int64, torch.float16, torch.float32, torch.float64})
 
 
-# Heap priorities of the value events. simpy orders events by (time, priority, insertion
-# count). Writes land before reads at one instant, and among equal-time writes (or reads) issue
-# order decides: an op's end takes priority ``op`` and its start ``_START_PRIORITY + op``. That
-# is the order two events per op made at issue gave (URGENT ends, NORMAL starts, both created
-# in issue order), so one event can serve both phases: scheduled at the start, it schedules
-# itself again for the end, whose key sorts the same whenever it is pushed.
+# The order of the value phases. Writes land before reads at one instant, and among
+# equal-time writes (or reads) issue order decides: the order of two simpy events per op made
+# at issue (URGENT ends, NORMAL starts, both created in issue order). An op's start is a simpy
+# event of priority ``_START_PRIORITY + op`` (simpy orders by time, then priority); its end is
+# no simpy event but an entry ``(end, op, values)`` in the device's heap of landings, which
+# every start drains up to its own time before it reads (ends at its instant included) and
+# the host drains up to its clock before it reads memory. So the phases keep that order, and
+# an op costs one simpy event (its schedule and its step are Python calls; the landing heap's
+# are two C calls).
 _START_PRIORITY = 1 << 62  # above every op id
 
 
 class OpValues:
-    """The value side of one op and its one engine event: at its start the reads are snapshot
-    and the function runs; at its end the writes land. A zero-length op with writes is
-    scheduled at its end only (the end of an instant comes before its starts), and runs
-    there.
+    """The value side of one op: at its start (its one simpy event) the reads are snapshot
+    and the function runs; at its end (its entry in the device's landing heap) the writes
+    land. A zero-length op with writes has no start event: its landing entry runs it (the
+    end of an instant comes before its starts).
 
     Built once per op on the issue path, so it keeps only what the two phases read: the
-    device, the detector's row of the op (its id, name, iteration and end time are there),
-    the function, the declared ``(buffer, sel)`` pairs of the writes, the access rows, the
-    observation's name and read pairs (None without one) and whether a write repeats an
-    element. It is simpy's event as ``Environment.step`` reads one and no more (a slotted
-    object, not a :class:`simpy.Event`, so an op costs one object and no attribute dict):
-    ``callbacks`` is one of two shared tuples (``step`` only iterates it and then sets it to
+    device, the detector's row of the op (its id, name, iteration, start and end time are
+    there), the function, the declared ``(buffer, sel)`` pairs of the writes, the access
+    rows, the observation's name and read pairs (None without one) and whether a write
+    repeats an element. It is simpy's event as ``Environment.step`` reads one and no more (a
+    slotted object, not a :class:`simpy.Event`, so an op costs one object and no attribute
+    dict): ``callbacks`` is a shared tuple (``step`` only iterates it and then sets it to
     None), and the triggered, successful state (``_ok``, ``_value``) is a class attribute, as
     the value engine never fails an event (an exception of the op's function propagates from
     ``step``)."""
@@ -215,24 +219,28 @@ class OpValues:
         self.out: tuple | None = None  # the function's results, once it ran
 
     def schedule(self, start_ns: int, end_ns: int) -> None:
-        """Put the op's first event in the heap: its start, or its end when it has no length."""
-        env = self.dev.env
+        """Put the op's first phase in the engine: its start, or, when it has no length, its
+        landing (which runs it)."""
         if end_ns == start_ns and self.writes:
-            self.callbacks = _AT_END
-            env.schedule(self, self.row[0], end_ns - env.now)
+            heappush(self.dev._landings, (end_ns, self.row[0], self))
         else:
+            env = self.dev.env
             self.callbacks = _AT_START
             env.schedule(self, _START_PRIORITY + self.row[0], start_ns - env.now)
 
     def _on_start(self) -> None:
+        dev = self.dev
+        row = self.row
+        landings = dev._landings
+        if landings and landings[0][0] <= row[8]:  # what ends by this start lands first
+            dev._land_until(row[8])
         self.run()
         if self.writes:
-            env = self.dev.env
-            row = self.row
-            self.callbacks = _AT_LAND  # simpy set them to None before calling this one
-            env.schedule(self, row[0], row[9] - env.now)
+            heappush(landings, (row[9], row[0], self))
 
-    def _on_end(self) -> None:
+    def finish_landing(self) -> None:
+        """The op's end, from the device's landing heap: its writes land (a zero-length op
+        runs first)."""
         if self.out is None:
             self.run()
         self.land()
@@ -335,7 +343,5 @@ class OpValues:
                 view[torch_sel(s, "cpu")] = torch.as_tensor(v, dtype=b.dtype)
 
 
-# the callbacks of the two phases, shared by every op's event (simpy calls each with the event)
+# the callback of an op's start, shared by every op's event (simpy calls it with the event)
 _AT_START = (OpValues._on_start,)
-_AT_END = (OpValues._on_end,)  # a zero-length op: it runs there, then lands
-_AT_LAND = (OpValues.land,)  # an op that ran at its start

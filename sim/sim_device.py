@@ -36,6 +36,7 @@ import random
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from heapq import heappop
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,7 @@ _KERNEL, _COPY, _RECORD, _WAIT, _HOST_SYNC, _HOST_READ, _HOST_WRITE, _FREE, _QUE
                                      OpKind.HOST_SYNC, OpKind.HOST_READ, OpKind.HOST_WRITE,
                                      OpKind.FREE, OpKind.QUERY, OpKind.HOST_WORK))
 
+_NEVER = float("inf")  # a time after every op's end
 GARBAGE = -7777  # what never-written memory holds (torch.empty); fixed so runs compare
 
 
@@ -176,6 +178,9 @@ class SimDevice(BlockTracking, Device):
         self._blocks: list[_Block] = []
         self._ids_by_shape: dict[tuple[int, ...], np.ndarray] = {}
         self._pool = BlockPool()
+        # the writes of ops that started, by (end, op): a heap the value events drain
+        # (op_values.OpValues)
+        self._landings: list[tuple[int, int, OpValues]] = []
         self._repeats = RepeatCheck()  # reserved for every block (buffer)
         self.query_sites: list[QuerySite] = []
         # each node's host issue time, by op; with the detector's node rows (plain tuples the
@@ -248,6 +253,20 @@ class SimDevice(BlockTracking, Device):
         peek, step, now = self.env.peek, self.env.step, self.host_ns
         while peek() <= now:
             step()
+        if self._landings and self._landings[0][0] <= now:
+            self._land_until(now)
+
+    def _land_until(self, t_ns: int) -> None:
+        """Land, in (end, op) order, every queued write whose op ends at or before ``t_ns``
+        (:class:`overlap_harness.sim.op_values.OpValues` says why ends wait in this queue)."""
+        landings = self._landings
+        while landings and landings[0][0] <= t_ns:
+            heappop(landings)[2].finish_landing()
+
+    def _run_all(self) -> None:
+        """Let every issued op start and land: simpy's events, then the landings left."""
+        self.env.run()
+        self._land_until(_NEVER)
 
     def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> tuple[AccessRow, ...]:
         """The accesses as the detector keeps them: plain tuples in :class:`AccessReq` order."""
@@ -525,7 +544,7 @@ class SimDevice(BlockTracking, Device):
         """Let all issued work land (no HB edge: nothing in the program waits), check every
         access, and return the run: its timeline, races and skipped syncs (the records of
         the first two are built when first read; the run keeps this device until then)."""
-        self.env.run()
+        self._run_all()
         end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
         # every access is checked now; the records of the ops and pairs so far are built
         # when the run's timeline or races are first read (DeviceRun), not here
@@ -538,7 +557,7 @@ class SimDevice(BlockTracking, Device):
     def drain(self) -> None:
         """Let all issued work land, as :meth:`finish` does, without building the run's
         records: for a run read only for its values and observations (the serial oracle)."""
-        self.env.run()
+        self._run_all()
 
     def value(self, buf: Buffer, sel: Sel = None) -> torch.Tensor:
         """Out-of-band look at memory now (tests, oracle): no access is recorded."""

@@ -69,3 +69,22 @@ def test_a_write_landing_after_a_reads_start_is_not_seen() -> None:
     for write_cost in (0, 2):
         for read_first in (False, True):
             assert read_against_write(write_cost, 11, read_first) == 0, (write_cost, read_first)
+
+
+def host_reads_at(host_wait_us: float) -> int:
+    """Op "w" writes 7 into pinned memory from 1 to 6 µs; the host, at 1 µs after issuing
+    it, works ``host_wait_us`` and then reads. Returns what it read."""
+    dev = SimDevice(host_launch_us=1.0)
+    s = dev.stream("schedule")
+    pin = dev.buffer("pin", (1,), torch.int64, pinned=True, fill=0)
+    dev.launch(s, "w", lambda: ints(7), writes=[pin], cost_us=5)
+    dev.host_work("wait", host_wait_us)
+    return int(dev.host_read(pin)[0])
+
+
+def test_the_host_sees_a_write_that_lands_at_its_clock() -> None:
+    assert host_reads_at(5.0) == 7  # the landing at 6 µs is drained before the read at 6 µs
+
+
+def test_the_host_does_not_see_a_write_that_lands_after_its_clock() -> None:
+    assert host_reads_at(4.999) == 0  # twin: 1 ns short of the landing
