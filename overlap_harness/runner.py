@@ -12,9 +12,8 @@ import gc
 import json
 import multiprocessing
 import os
-import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from overlap_harness.model.protocol.oracle import compare_runs
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, QuerySite, Race
 from overlap_harness.outcomes import Outcomes, explore_outcomes
+from overlap_harness.run_pool import in_order, map_in_order
 from overlap_harness.scenarios.expand import RunSpec, expand, scenario_to_dict, to_data
 from overlap_harness.sim.sim_device import SimDevice
 
@@ -348,9 +348,9 @@ def _run_specs(specs: list[RunSpec], first: list[int], unique: list[RunSpec],
     """:func:`run_scenarios` once its specs are expanded: ``work`` (:func:`execute`) over
     ``unique`` (in ``jobs`` processes), every spec judged, in spec order."""
     if jobs > 1 and len(unique) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        done = _in_order(work, unique, min(jobs, len(unique)), start="fork")
+        done = in_order(work, unique, min(jobs, len(unique)), start="fork")
     else:
-        done = _in_order(functools.partial(work, watch=watch) if watch is not None
+        done = in_order(functools.partial(work, watch=watch) if watch is not None
                          else work, unique)
     executed: dict[int, CaseResult] = {}  # by the index of the first spec of its key
     out: list[CaseResult] = []
@@ -376,67 +376,6 @@ def first_of_key(specs: list[RunSpec]) -> list[int]:
     comes before it)."""
     seen: dict[str, int] = {}
     return [seen.setdefault(run_key(spec), i) for i, spec in enumerate(specs)]
-
-
-#: In a pool's worker: the function and the specs of its pool (:func:`_adopt_work`).
-_pool_work: tuple[Callable[[RunSpec], Any], list[RunSpec]] | None = None
-
-
-def _adopt_work(fn: Callable[[RunSpec], Any], specs: list[RunSpec]) -> None:
-    """Pool initializer: leave SIGINT to the parent process, and keep the pool's function
-    and specs, so that a task is an index. A forked worker has them from the parent's
-    memory; sent per task, each spec was pickled and unpickled again (its scenario is a tree
-    of frozen dataclasses: about 1 ms a spec, 0.1 CPU s of the bundled suite)."""
-    global _pool_work
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _pool_work = (fn, specs)
-
-
-def _work_on(index: int) -> Any:
-    """In a pool's worker: its function over spec ``index`` (see :func:`_adopt_work`)."""
-    assert _pool_work is not None, "a pool task outside a pool's worker"
-    fn, specs = _pool_work
-    return fn(specs[index])
-
-
-def _in_order(fn: Callable[[RunSpec], Any], specs: list[RunSpec], jobs: int = 1,
-              start: str = "spawn") -> Iterator[Any]:
-    """``fn`` over ``specs``, each result as it comes, in spec order (in a ``jobs``-process
-    pool of the ``start`` method when > 1). The pool ends with the iterator; closing the
-    iterator early (an error or Ctrl-C in the caller) stops the pool at once."""
-    if jobs <= 1:
-        yield from map(fn, specs)
-        return
-    # workers ignore Ctrl-C: the parent stops them, with one line, no tracebacks
-    pool = multiprocessing.get_context(start).Pool(jobs, _adopt_work, (fn, specs))
-    try:
-        yield from pool.imap(_work_on, range(len(specs)))
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.close()
-        pool.join()
-
-
-def _map_specs(fn: Callable[[RunSpec], Any], specs: list[RunSpec],
-               progress: Callable[[int, int, str], None] | None, jobs: int = 1,
-               start: str = "spawn") -> list[Any]:
-    """``fn`` over ``specs`` in order (in a ``jobs``-process pool of the ``start`` method
-    when > 1), with progress."""
-    out: list[Any] = []
-    results = _in_order(fn, specs, jobs, start)
-    try:
-        for i, spec in enumerate(specs):
-            if progress is not None:
-                progress(i, len(specs), spec.run_id)
-            out.append(next(results))
-        next(results, None)  # the end: the pool is closed and joined
-    finally:
-        results.close()
-    if progress is not None:
-        progress(len(specs), len(specs), "")
-    return out
 
 
 def _trial(spec: RunSpec):
@@ -507,6 +446,6 @@ def explore_specs(
     specs = [s for sc in scenarios for s in expand(sc)]
     work = functools.partial(explore_spec, budget=budget, time_limit_s=time_limit_s,
                              watch=watch if jobs <= 1 else None)
-    found = _map_specs(work, specs, progress, jobs)
+    found = map_in_order(work, specs, progress, jobs)
     rows = [r for r in found if r is not None]
     return rows, sum(r[2] != "yes" for r in rows)
