@@ -1,5 +1,6 @@
 """The value side of a simulated op: one engine event that snapshots the op's reads and runs
-its function at the op's start, then lands its writes at its end (:class:`OpValues`), and
+its function at the op's start, and one entry in the device's heap of landings that lands its
+writes at its end (:class:`OpValues`), and
 the scatter checks the device uses to flag device-defined values (:func:`may_repeat`,
 :func:`repeats`, :class:`RepeatCheck`). Split from :mod:`overlap_harness.sim.sim_device`,
 which schedules these.

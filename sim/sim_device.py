@@ -4,12 +4,14 @@ Timing. The host is one sequential agent with its own clock: each issue costs
 ``host_launch_us``; a host sync advances the host clock to the completion of the synced work.
 An op starts at max(issue time, end of the previous op on its stream, completion of every
 record waited on before it) and runs for its cost. Every one of those inputs was issued before
-the op, so its start is known when it is issued. The op then becomes two simpy events, its
-start (reads: snapshot the inputs, run the tensor function) and its end (writes land), in
-simpy's heap; the host drives ``env`` forward to its own clock before it reads memory, so a
-host read sees exactly the writes that landed by then. Writes landing at an instant take
-effect before reads starting at that instant (end events are URGENT), so an op ordered after
-another on its stream sees its writes. Times are integer nanoseconds.
+the op, so its start is known when it is issued. The op then has two phases: its start
+(reads: snapshot the inputs, run the tensor function), a simpy event, and its end (writes
+land), an entry in the device's heap of landings that each start drains up to its own time
+(:class:`overlap_harness.sim.op_values.OpValues`); the host drives ``env`` and the landings
+forward to its own clock before it reads memory, so a host read sees exactly the writes that
+landed by then. Writes landing at an instant take effect before reads starting at that
+instant, so an op ordered after another on its stream sees its writes. Times are integer
+nanoseconds.
 
 Races. Every op is fed, in issue order, to :class:`model.detector.HBDetector`. Nothing the
 clock says adds an edge: a freed block is reused by the happens-before rule of
