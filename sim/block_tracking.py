@@ -50,6 +50,16 @@ def access_rows(specs: Sequence[AccessSpec], write: bool
     :meth:`Buffer.elements` gives them. One pass for both: this is every kernel's path. An
     index array is applied to the buffer's ids at once (``elements`` does the same), which
     checks its bounds, maps negative ids and leaves the row its own array."""
+    if len(specs) == 1:  # the usual kernel: one (buffer, index array) pair, no lists made
+        spec = specs[0]
+        if type(spec) is tuple and len(spec) == 2 and type(spec[1]) is _NDARRAY:
+            buf, sel = spec
+            if buf.freed:
+                raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
+            e = buf.ids[sel]
+            if e.ndim != 1:
+                e = e.reshape(-1)
+            return [spec], ((buf.storage, buf.id, buf.name, e, write, buf.pinned),)
     pairs = []
     rows = []
     for spec in specs:

@@ -12,7 +12,7 @@ from its inputs as they were at the op's start."""
 
 from __future__ import annotations
 
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -230,21 +230,14 @@ class OpValues:
             env.schedule(self, _START_PRIORITY + self.row[0], start_ns - env.now)
 
     def _on_start(self) -> None:
-        dev = self.dev
         row = self.row
-        landings = dev._landings
-        if landings and landings[0][0] <= row[8]:  # what ends by this start lands first
-            dev._land_until(row[8])
+        landings = self.dev._landings
+        start = row[8]
+        while landings and landings[0][0] <= start:  # what ends by this start lands first
+            heappop(landings)[2].land()
         self.run()
         if self.writes:
             heappush(landings, (row[9], row[0], self))
-
-    def finish_landing(self) -> None:
-        """The op's end, from the device's landing heap: its writes land (a zero-length op
-        runs first)."""
-        if self.out is None:
-            self.run()
-        self.land()
 
     def run(self) -> None:
         """Snapshot the reads and run the function (the op's start).
@@ -305,7 +298,10 @@ class OpValues:
         through the buffer's numpy view: the same assignment (the same
         elements, broadcasting, no conversion) at a quarter of torch indexing's cost. Anything
         else (a conversion, a tuple selection, an index set that repeats an element, whose
-        winner numpy does not define) goes through torch as before."""
+        winner numpy does not define) goes through torch as before. A zero-length op, which
+        has no start event, runs here first."""
+        if self.out is None:
+            self.run()
         dev = self.dev
         blocks = dev._blocks
         for w in self.wq:  # the landed masks (:meth:`SimDevice._check_landed`)

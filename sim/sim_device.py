@@ -263,7 +263,7 @@ class SimDevice(BlockTracking, Device):
         (:class:`overlap_harness.sim.op_values.OpValues` says why ends wait in this queue)."""
         landings = self._landings
         while landings and landings[0][0] <= t_ns:
-            heappop(landings)[2].finish_landing()
+            heappop(landings)[2].land()
 
     def _run_all(self) -> None:
         """Let every issued op start and land: simpy's events, then the landings left."""
