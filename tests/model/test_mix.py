@@ -1,9 +1,8 @@
-"""``synth.mix`` reduces its tensor modulo MOD every few steps instead of every step; its
-values must be those of the definition, one reduction per step. The oracle here is that
-definition in Python's unbounded ints, element by element (no torch arithmetic), over int64
-extremes, negatives, floats, 0-dim tensors, Python ints in every position and broadcast
-shapes; with the steps between reductions raised from 3 to 4, the last case wraps past 2**63
-and fails."""
+"""``synth.mix`` folds its chain of steps into one affine map (one reduction and one
+multiply-add per tensor); its values must be those of the definition, one reduction per step.
+The oracle here is that definition in Python's unbounded ints, element by element (no torch
+arithmetic), over int64 extremes, negatives, floats, 0-dim tensors, Python ints in every
+position and broadcast shapes."""
 
 from __future__ import annotations
 
