@@ -6,6 +6,7 @@ read's simulated time), and scatter writes that name an element twice. Split fro
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,10 @@ class MemoryBlock:
     # (set only after a whole-block write, found by one ``all()``; reset with the arrays)
     all_written: bool = False
     all_landed: bool = False
+    # the buffer that owns the block now (the masks above are its); an op of an earlier owner
+    # that starts or ends after the block was handed on uses that owner's retired landed mask
+    # (BlockTracking._retire)
+    owner: int = -1
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
     # by buffer shape: the block's memory as a torch view and a numpy view (None: no numpy
     # dtype); a reused block keeps them
@@ -83,10 +88,15 @@ def access_rows(specs: Sequence[AccessSpec], write: bool
 
 class BlockTracking:
     """The written/landed masks of the device's blocks and the messages they give. The
-    device keeps ``_blocks`` (by storage), ``_uninit`` and ``_dups`` (message by key),
-    ``iteration`` and ``_repeats`` (a :class:`overlap_harness.sim.op_values.RepeatCheck`)."""
+    device keeps ``_blocks`` (by storage), ``_retired_landed`` and ``_retired_until``
+    (:meth:`_retire`), ``_uninit`` and ``_dups`` (message by key), ``iteration`` and
+    ``_repeats`` (a :class:`overlap_harness.sim.op_values.RepeatCheck`)."""
 
     _blocks: list[MemoryBlock]
+    # by buffer id: the landed mask of a buffer whose block went to a new owner while some
+    # element had not landed, and (until, buffer id) in the order they were kept
+    _retired_landed: dict[int, np.ndarray]
+    _retired_until: deque[tuple[int, int]]
     _uninit: dict[tuple, str]
     _dups: dict[tuple, str]
     iteration: int
@@ -133,24 +143,62 @@ class BlockTracking:
     def _check_landed(self, name: str, iteration: int, reads: Sequence[AccessRow]) -> None:
         """At a read's simulated time: elements no write of this owner has landed on yet
         hold allocator-defined contents, even where a write was issued earlier (a race
-        brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it."""
+        brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it.
+        A read through a buffer that no longer owns its block (freed, and the block handed
+        to a new buffer before the read's op started) is checked against that buffer's own
+        landed mask, kept when the block was handed on (:meth:`_retire`), not the new
+        owner's."""
         blocks = self._blocks
-        for storage, _buffer_id, buffer, e, _write, _pinned in reads:
+        for storage, buffer_id, buffer, e, _write, _pinned in reads:
             block = blocks[storage]
-            if not block.all_landed and e.size and \
-                    np.count_nonzero(block.landed[e]) != e.size:
+            if block.owner == buffer_id:
+                if block.all_landed:
+                    continue
+                landed = block.landed
+            else:
+                landed = self._retired_landed.get(buffer_id)
+                if landed is None:  # every element had landed when it was handed on
+                    continue
+            if e.size and np.count_nonzero(landed[e]) != e.size:
                 key = (name, buffer, "landed")
                 if key not in self._uninit and (name, buffer) not in self._uninit:
                     self._uninit[key] = f"{name}@{iteration} reads elements of {buffer} " \
                                         "before any write of them landed"
 
     def _land(self, writes: Sequence[AccessRow]) -> None:
-        """Mark the written elements landed (:meth:`_check_landed` reads the marks)."""
+        """Mark the written elements landed (:meth:`_check_landed` reads the marks): in the
+        block's masks, or in the retired mask of the buffer that wrote them when the block
+        has been handed on since."""
         blocks = self._blocks
         for w in writes:
             block = blocks[w[0]]
-            if not block.all_landed:
+            if block.owner != w[1]:
+                self._land_retired(w)
+            elif not block.all_landed:
                 self._land_block(block, w[3])
+
+    def _land_retired(self, write: AccessRow) -> None:
+        """A write of a buffer whose block has a new owner lands: in that buffer's retired
+        mask, if one is kept (none: every element had landed already)."""
+        landed = self._retired_landed.get(write[1])
+        if landed is not None:
+            landed[write[3]] = True
+
+    def _retire(self, block: MemoryBlock, last_end_ns: int) -> None:
+        """``block`` goes to a new owner: keep its current owner's landed mask (unless every
+        element has landed) for that owner's ops still to start or end, until the simulated
+        clock passes ``last_end_ns``, by which every op issued so far has ended
+        (:meth:`_forget_retired`)."""
+        if block.owner >= 0 and not block.all_landed:
+            self._retired_landed[block.owner] = block.landed
+            self._retired_until.append((last_end_ns, block.owner))
+
+    def _forget_retired(self, now_ns: int) -> None:
+        """Drop the retired masks whose owners' ops have all started and ended by ``now_ns``
+        (every value event at or before it has run)."""
+        retired = self._retired_until
+        while retired and retired[0][0] <= now_ns:
+            self._retired_landed.pop(retired.popleft()[1], None)
 
     @staticmethod
     def _land_block(block: MemoryBlock, e: np.ndarray) -> None:

@@ -259,7 +259,8 @@ class OpValues:
         dev = self.dev
         blocks = dev._blocks
         for acc in rq:
-            if not blocks[acc[0]].all_landed:  # else nothing to check (the usual case)
+            block = blocks[acc[0]]
+            if not block.all_landed or block.owner != acc[1]:  # else nothing to check (usual)
                 row = self.row
                 dev._check_landed(row[1], row[5], rq)
                 break
@@ -306,7 +307,9 @@ class OpValues:
         blocks = dev._blocks
         for w in self.wq:  # the landed masks (:meth:`SimDevice._check_landed`)
             block = blocks[w[0]]
-            if not block.all_landed:
+            if block.owner != w[1]:  # the block has a new owner since: the writer's own mask
+                dev._land_retired(w)
+            elif not block.all_landed:
                 dev._land_block(block, w[3])
         np_views = dev._np_views
         fast = not self.repeated

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heappop
@@ -191,6 +192,8 @@ class SimDevice(BlockTracking, Device):
         self._issue = array("q")
         self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
+        self._retired_landed: dict[int, np.ndarray] = {}  # BlockTracking._retire
+        self._retired_until: deque[tuple[int, int]] = deque()
         self._dups: dict[tuple[str, str], str] = {}
         # by (other, waiter) stream ids: wait_stream's record and wait node names
         self._wait_stream_names: dict[tuple[StreamId, StreamId], tuple[str, str]] = {}
@@ -257,6 +260,8 @@ class SimDevice(BlockTracking, Device):
             step()
         if self._landings and self._landings[0][0] <= now:
             self._land_until(now)
+        if self._retired_until:
+            self._forget_retired(now)
 
     def _land_until(self, t_ns: int) -> None:
         """Land, in (end, op) order, every queued write whose op ends at or before ``t_ns``
@@ -300,7 +305,9 @@ class SimDevice(BlockTracking, Device):
         key = (numel, dtype, pinned, agent)
         freed = self._pool.take(key, self.det.host_knows)
         block = None if freed is None else freed.payload
-        if block is None:
+        if block is not None:  # its old owner's ops may still start or land: keep its mask
+            self._retire(block, max([self.host_ns, *(s.free_at for s in self._sstate.values())]))
+        else:
             data = torch.full((numel,), GARBAGE, dtype=dtype)
             block = _Block(len(self._blocks), data, key)
             self._blocks.append(block)
@@ -311,6 +318,7 @@ class SimDevice(BlockTracking, Device):
         block.all_written = block.all_landed = False
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id,
                      ids=self._element_ids(shape))
+        block.owner = buf.id  # the masks are this buffer's (ops of an earlier owner skip them)
         self._buffers.append(buf)
         # the block's memory in this shape, as torch and numpy see it; made once per shape
         views = block.views.get(shape)
