@@ -106,14 +106,8 @@ def run_layer(layer: int, n_ops: int, seed: int) -> tuple[int, float, float]:
     """The drawn program on a :class:`StrippedDevice`; returns (ops, wall s, CPU s)."""
     pools, steps = sim_throughput.build_program(n_ops, seed)
     buffers = [np.zeros(4096, dtype=np.int64) for _ in range(4)]
-    zero = torch.zeros(64, dtype=torch.int64)
-    kernels = []
-    for step in steps:
-        if step[0] == "kernel":
-            _kind, stream, b, r, w, cost = step
-            out = zero[: len(pools[b][w])]
-            kernels.append((stream, lambda v, out=out: out, [(buffers[b], pools[b][r])],
-                            [(buffers[b], pools[b][w])], cost * 1000))
+    kernels = [(stream, fn, reads, writes, cost * 1000) for stream, fn, reads, writes, cost
+               in sim_throughput.drawn_kernels(pools, steps, [0, 1, 2], buffers)]
     copy_in, copy_out = [(buffers[0], slice(0, 64))], [(buffers[0], slice(64, 128))]
 
     def copy_fn(value: np.ndarray) -> torch.Tensor:

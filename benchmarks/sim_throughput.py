@@ -103,6 +103,23 @@ def build_program(n_ops: int, seed: int) -> tuple[list[list[np.ndarray]], list[t
     return pools, steps
 
 
+def drawn_kernels(pools: list[list[np.ndarray]], steps: list[tuple], streams: list,
+                  buffers: list) -> list[tuple]:
+    """Each kernel step's (stream, function, reads, writes, cost_us), made before anything is
+    timed, as a user's code holds them: ``streams`` and ``buffers`` by index are the device's
+    (or a stand-in's). A kernel's function returns a fixed tensor of its write's size and
+    reads nothing."""
+    zero = torch.zeros(64, dtype=torch.int64)
+    kernels = []
+    for step in steps:
+        if step[0] == "kernel":
+            _kind, stream, b, r, w, cost = step
+            out = zero[: len(pools[b][w])]
+            kernels.append((streams[stream], lambda v, out=out: out,
+                            [(buffers[b], pools[b][r])], [(buffers[b], pools[b][w])], cost))
+    return kernels
+
+
 def measure(n_ops: int, seed: int, timed_region: Callable[[], contextlib.AbstractContextManager]
             = contextlib.nullcontext) -> Measurement:
     """Issue ``n_ops`` device ops and let them land (:class:`Measurement`). What is timed is
@@ -122,15 +139,7 @@ def measure(n_ops: int, seed: int, timed_region: Callable[[], contextlib.Abstrac
     bufs = [dev.buffer(f"b{i}", (4096,), torch.int64, fill=0) for i in range(4)]
     pin = dev.buffer("pin", (64,), torch.int64, pinned=True, fill=0)
     ev = dev.event("ready")
-    zero = torch.zeros(64, dtype=torch.int64)
-    # each kernel's function and accesses, made here like the steps: the user's side
-    kernels = []
-    for step in steps:
-        if step[0] == "kernel":
-            _kind, stream, b, r, w, cost = step
-            out = zero[: len(pools[b][w])]
-            kernels.append((streams[stream], lambda v, out=out: out,
-                            [(bufs[b], pools[b][r])], [(bufs[b], pools[b][w])], cost))
+    kernels = drawn_kernels(pools, steps, streams, bufs)
     warm_up()
     gc.freeze()
     with timed_region():
