@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from overlap_harness.model.detector import AccessRow
-from overlap_harness.model.device import AccessSpec, Buffer, Sel
+from overlap_harness.model.device import AccessSpec, Buffer, Sel, norm_accesses
 from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.sim.op_values import may_repeat
 
@@ -65,25 +65,17 @@ def access_rows(specs: Sequence[AccessSpec], write: bool
             if e.ndim != 1:
                 e = e.reshape(-1)
             return [spec], ((buf.storage, buf.id, buf.name, e, write, buf.pinned),)
-    pairs = []
-    rows = []
-    for spec in specs:
-        if type(spec) is tuple and len(spec) == 2:  # already a pair (the usual form)
-            buf, sel = spec
-        else:
-            buf, sel = (spec, None) if isinstance(spec, Buffer) else spec
-            spec = (buf, sel)
-        if buf.freed:
-            raise DeviceUsageError(f"access to freed buffer {buf.name!r}")
-        pairs.append(spec)
-        if type(sel) is _NDARRAY:
-            e = buf.ids[sel]
-            if e.ndim != 1:
-                e = e.reshape(-1)
-        else:
-            e = buf.elements(sel)
-        rows.append((buf.storage, buf.id, buf.name, e, write, buf.pinned))
-    return pairs, tuple(rows)
+    pairs = norm_accesses(specs)
+    return pairs, tuple([(buf.storage, buf.id, buf.name, _element_ids(buf, sel), write,
+                          buf.pinned) for buf, sel in pairs])
+
+
+def _element_ids(buf: Buffer, sel: Sel) -> np.ndarray:
+    """:meth:`Buffer.elements`, an index array applied to the ids at once."""
+    if type(sel) is _NDARRAY:
+        e = buf.ids[sel]
+        return e if e.ndim == 1 else e.reshape(-1)
+    return buf.elements(sel)
 
 
 class BlockTracking:
