@@ -209,7 +209,7 @@ class HBDetector:
         a = row[2]
         vc = self._vc[a]
         if a != HOST_AGENT and self._joined_host[a] != self._host_version:
-            _join(vc, self._vc[HOST_AGENT], len(vc))
+            _join(vc, self._vc[HOST_AGENT])
             self._joined_host[a] = self._host_version
         if joins or observed:
             self._join_all(op, vc, joins, observed)
@@ -243,19 +243,13 @@ class HBDetector:
         ``vc``, the clock of node ``op``'s agent, and log the edges (with history)."""
         node_vc = self.node_vc
         history = self.history
-        width = len(vc)
-        for j in joins:
-            joined = node_vc[j]
-            if joined is not None:  # None: dropped, every agent knows it (_drop_history)
-                _join(vc, joined, width)
-            if history:
-                self._join_edges.append((j, op))
-        for j in observed:
-            joined = node_vc[j]
-            if joined is not None:
-                _join(vc, joined, width)
-            if history:
-                self.observation_edges.append((j, op))
+        for sources, log in ((joins, self._join_edges), (observed, self.observation_edges)):
+            for j in sources:
+                joined = node_vc[j]
+                if joined is not None:  # None: dropped, every agent knows it (_drop_history)
+                    _join(vc, joined)
+                if history:
+                    log.append((j, op))
 
     @property
     def edges(self) -> list[tuple[int, int]]:
@@ -514,11 +508,11 @@ class HBDetector:
         return Race(kind, buffer, shape, elems, first, second, manifest, older=older)
 
 
-def _join(vc: list[int], other: Sequence[int], n_agents: int) -> None:
-    """``vc = max(vc, other)`` in place, over the first ``n_agents`` entries (the rest are 0
-    in every clock: no op has run on an agent not yet registered). A node's clock is kept
-    only over the agents that existed when it ran (``other`` may be shorter)."""
-    for x in range(min(n_agents, len(other))):
+def _join(vc: list[int], other: Sequence[int]) -> None:
+    """``vc = max(vc, other)`` in place. ``vc`` is an agent's current clock, over every agent
+    registered; a node's clock is kept only over the agents that existed when it ran
+    (``other`` may be shorter: the rest are 0, no op had run on them)."""
+    for x in range(min(len(vc), len(other))):
         if other[x] > vc[x]:
             vc[x] = other[x]
 
