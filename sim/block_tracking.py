@@ -34,7 +34,7 @@ class MemoryBlock:
     all_landed: bool = False
     # the buffer that owns the block now (the masks above are its); an op of an earlier owner
     # that starts or ends after the block was handed on uses that owner's retired landed mask
-    # (BlockTracking._retire)
+    # (BlockTracking._hand_over)
     owner: int = -1
     recorded: set[int] = field(default_factory=set)  # stream agents from record_stream
     # by buffer shape: the block's memory as a torch view and a numpy view (None: no numpy
@@ -81,7 +81,7 @@ def _element_ids(buf: Buffer, sel: Sel) -> np.ndarray:
 class BlockTracking:
     """The written/landed masks of the device's blocks and the messages they give. The
     device keeps ``_blocks`` (by storage), ``_retired_landed`` and ``_retired_until``
-    (:meth:`_retire`), ``_uninit`` and ``_dups`` (message by key), ``iteration`` and
+    (:meth:`_hand_over`), ``_uninit`` and ``_dups`` (message by key), ``iteration`` and
     ``_repeats`` (a :class:`overlap_harness.sim.op_values.RepeatCheck`)."""
 
     _blocks: list[MemoryBlock]
@@ -138,7 +138,7 @@ class BlockTracking:
         brought the read forward). Issue-order tracking (:meth:`_track_init`) cannot see it.
         A read through a buffer that no longer owns its block (freed, and the block handed
         to a new buffer before the read's op started) is checked against that buffer's own
-        landed mask, kept when the block was handed on (:meth:`_retire`), not the new
+        landed mask, kept when the block was handed on (:meth:`_hand_over`), not the new
         owner's."""
         blocks = self._blocks
         for storage, buffer_id, buffer, e, _write, _pinned in reads:
@@ -176,14 +176,20 @@ class BlockTracking:
         if landed is not None:
             landed[write[3]] = True
 
-    def _retire(self, block: MemoryBlock, last_end_ns: int) -> None:
-        """``block`` goes to a new owner: keep its current owner's landed mask (unless every
-        element has landed) for that owner's ops still to start or end, until the simulated
-        clock passes ``last_end_ns``, by which every op issued so far has ended
+    def _hand_over(self, block: MemoryBlock, buffer_id: int, last_end_ns: int) -> None:
+        """``block`` goes to the new buffer ``buffer_id``, with masks of its own (nothing
+        written or landed). The previous owner's landed mask is kept (unless every element
+        had landed) for that owner's ops still to start or end, until the simulated clock
+        passes ``last_end_ns``, by which every op issued so far has ended
         (:meth:`_forget_retired`)."""
         if block.owner >= 0 and not block.all_landed:
             self._retired_landed[block.owner] = block.landed
             self._retired_until.append((last_end_ns, block.owner))
+        numel = block.data.numel()
+        block.written = np.zeros(numel, dtype=bool)
+        block.landed = np.zeros(numel, dtype=bool)
+        block.all_written = block.all_landed = False
+        block.owner = buffer_id
 
     def _forget_retired(self, now_ns: int) -> None:
         """Drop the retired masks whose owners' ops have all started and ended by ``now_ns``

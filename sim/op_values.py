@@ -281,11 +281,9 @@ class OpValues:
                          else _snapshot(views[acc[1]], np_views[acc[1]])
                          for i, acc in enumerate(rq)]
             else:
-                snaps = [views[acc[1]].clone() if (source := np_views[acc[1]]) is None
-                         else torch.from_numpy(source.copy()) for acc in rq]
+                snaps = [_snapshot(views[acc[1]], np_views[acc[1]]) for acc in rq]
         else:  # an observing op copies every input: its observations come from them
-            snaps = [views[acc[1]].clone() if (source := np_views[acc[1]]) is None
-                     else torch.from_numpy(source.copy()) for acc in rq]
+            snaps = [_snapshot(views[acc[1]], np_views[acc[1]]) for acc in rq]
             vals = [_observed(v, s) for v, (_b, s) in zip(snaps, observe[1], strict=True)]
             dev.observations.setdefault((observe[0], self.row[5]), []).extend(vals)
         res = fn(*snaps)
@@ -304,13 +302,7 @@ class OpValues:
         if self.out is None:
             self.run()
         dev = self.dev
-        blocks = dev._blocks
-        for w in self.wq:  # the landed masks (:meth:`SimDevice._check_landed`)
-            block = blocks[w[0]]
-            if block.owner != w[1]:  # the block has a new owner since: the writer's own mask
-                dev._land_retired(w)
-            elif not block.all_landed:
-                dev._land_block(block, w[3])
+        dev._land(self.wq)  # the landed masks (:meth:`SimDevice._check_landed`)
         np_views = dev._np_views
         fast = not self.repeated
         writes = self.writes

@@ -192,7 +192,7 @@ class SimDevice(BlockTracking, Device):
         self._issue = array("q")
         self._timeline: list[OpRecord] = []
         self._uninit: dict[tuple[str, str], str] = {}
-        self._retired_landed: dict[int, np.ndarray] = {}  # BlockTracking._retire
+        self._retired_landed: dict[int, np.ndarray] = {}  # BlockTracking._hand_over
         self._retired_until: deque[tuple[int, int]] = deque()
         self._dups: dict[tuple[str, str], str] = {}
         # by (other, waiter) stream ids: wait_stream's record and wait node names
@@ -275,10 +275,9 @@ class SimDevice(BlockTracking, Device):
         self.env.run()
         self._land_until(_NEVER)
 
-    def _reqs(self, pairs: Sequence[tuple[Buffer, Sel]], write: bool) -> tuple[AccessRow, ...]:
-        """The accesses as the detector keeps them: plain tuples in :class:`AccessReq` order."""
-        return tuple([(b.storage, b.id, b.name, b.elements(s), write, b.pinned)
-                      for b, s in pairs])
+    def _all_done_ns(self) -> int:
+        """When every op issued so far has ended (and the host is where it is)."""
+        return max([self.host_ns, *(s.free_at for s in self._sstate.values())])
 
     # -- resources ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:
@@ -305,20 +304,17 @@ class SimDevice(BlockTracking, Device):
         key = (numel, dtype, pinned, agent)
         freed = self._pool.take(key, self.det.host_knows)
         block = None if freed is None else freed.payload
-        if block is not None:  # its old owner's ops may still start or land: keep its mask
-            self._retire(block, max([self.host_ns, *(s.free_at for s in self._sstate.values())]))
-        else:
+        if block is None:
             data = torch.full((numel,), GARBAGE, dtype=dtype)
             block = _Block(len(self._blocks), data, key)
             self._blocks.append(block)
             self.det.add_storage(block.id, numel, shape)
             self._repeats.reserve(numel)
-        block.written = np.zeros(numel, dtype=bool)  # nothing written by this owner yet
-        block.landed = np.zeros(numel, dtype=bool)  # ... nor landed
-        block.all_written = block.all_landed = False
         buf = Buffer(BufferId(len(self._buffers)), name, shape, dtype, pinned, block.id,
                      ids=self._element_ids(shape))
-        block.owner = buf.id  # the masks are this buffer's (ops of an earlier owner skip them)
+        # masks of its own (nothing written or landed); a reused block's old owner's ops may
+        # still start or land, so its mask is kept until every op issued so far has ended
+        self._hand_over(block, buf.id, self._all_done_ns())
         self._buffers.append(buf)
         # the block's memory in this shape, as torch and numpy see it; made once per shape
         views = block.views.get(shape)
@@ -415,7 +411,7 @@ class SimDevice(BlockTracking, Device):
     def host_read(self, buf: Buffer, sel: Sel = None, name: str = "host_read") -> torch.Tensor:
         self._check_host_access(buf, name)
         self._advance_values()
-        rq = self._reqs([(buf, sel)], False)
+        _pairs, rq = access_rows([(buf, sel)], False)
         self._track_init(name, rq, [], [])
         self._check_landed(name, self.iteration, rq)
         self._node(name, HOST_AGENT, HOST, _HOST_READ, self.host_ns, self.host_ns, None,
@@ -427,7 +423,7 @@ class SimDevice(BlockTracking, Device):
         if buf.pinned or not name.startswith("init:"):
             self._check_host_access(buf, name)
         self._advance_values()
-        wq = self._reqs([(buf, sel)], True)
+        _pairs, wq = access_rows([(buf, sel)], True)
         self._track_init(name, [], wq, [(buf, sel)])
         self._land(wq)
         self._node(name, HOST_AGENT, HOST, _HOST_WRITE, self.host_ns, self.host_ns, None,
@@ -555,7 +551,7 @@ class SimDevice(BlockTracking, Device):
         access, and return the run: its timeline, races and skipped syncs (the records of
         the first two are built when first read; the run keeps this device until then)."""
         self._run_all()
-        end = max([self.host_ns, *(s.free_at for s in self._sstate.values())])
+        end = self._all_done_ns()
         # every access is checked now; the records of the ops and pairs so far are built
         # when the run's timeline or races are first read (DeviceRun), not here
         n_ops = len(self._issue)
