@@ -195,14 +195,13 @@ def _collector_paused() -> Iterator[None]:
     frozen after (out of every later collection; :func:`gc.freeze`). Importing torch makes
     some 250,000 objects that live as long as the process and no garbage: collections during
     it cost about 0.15 CPU s, before anything can run."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
+    from overlap_harness.model.node_rows import collector_paused  # deferred: numpy
+
+    with collector_paused():
+        try:
+            yield
+        finally:
+            gc.freeze()  # before the collector is back on
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
