@@ -157,33 +157,28 @@ class FakeEvent:
         return f"<torch.cuda.Event {self.name} (faked on CPU)>"
 
 
-@contextmanager
-def _stream_context(stream: FakeStream | None) -> Iterator[FakeStream | None]:
-    """``torch.cuda.stream(s)``: ``s`` is the current stream inside (None: no change)."""
-    if stream is None:
-        yield None
-        return
-    cuda = state()
-    previous = cuda.current
-    cuda.current = stream
-    try:
-        yield stream
-    finally:
-        cuda.current = previous
-
-
 class _StreamContext:
-    """``torch.cuda.StreamContext``."""
+    """``torch.cuda.StreamContext`` (and what ``torch.cuda.stream(s)`` returns): ``s`` is the
+    current stream inside; None changes nothing. Like torch's, one object may be entered many
+    times and nested (SGLang makes ``forward_stream_ctx`` once and enters it every
+    iteration), so each entry keeps its own previous stream on a stack."""
 
     def __init__(self, stream: FakeStream | None) -> None:
         self.stream = stream
+        self._previous: list[FakeStream] = []
 
     def __enter__(self) -> FakeStream | None:
-        self._context = _stream_context(self.stream)
-        return self._context.__enter__()
+        if self.stream is None:
+            return None
+        cuda = state()
+        self._previous.append(cuda.current)
+        cuda.current = self.stream
+        return self.stream
 
     def __exit__(self, *exc: Any) -> None:
-        self._context.__exit__(*exc)
+        if self.stream is None:
+            return
+        state().current = self._previous.pop()
 
 
 def _set_stream(stream: FakeStream) -> None:
@@ -259,7 +254,7 @@ def cuda_patches() -> list[tuple[Any, str, Any]]:
         "current_stream": _current_stream,
         "default_stream": _default_stream,
         "set_stream": _set_stream,
-        "stream": _stream_context,
+        "stream": _StreamContext,
         "StreamContext": _StreamContext,
         "Stream": FakeStream,
         "Event": FakeEvent,

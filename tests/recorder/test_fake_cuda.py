@@ -215,3 +215,36 @@ def test_the_command_line_and_package_import_no_torch():
                          cwd=Path(__file__).resolve().parents[2], check=True).stdout
     assert out.strip() == "False"
     assert overlap_harness.watch is watch
+
+
+def _reused_context_loop(steps: int, barrier: bool) -> None:
+    """One ``torch.cuda.stream`` object entered every iteration (SGLang's forward_stream_ctx),
+    nested inside a second entry of itself; the side stream writes, the default stream reads."""
+    side = torch.cuda.Stream()
+    side_ctx = torch.cuda.stream(side)
+    out = torch.zeros(4, device="cuda")
+    for step in range(steps):
+        if barrier:  # the last iteration's read is done before the side stream rewrites
+            side.wait_stream(torch.cuda.current_stream())
+        with side_ctx:
+            with side_ctx:
+                out.fill_(step)  # site: writer
+            assert torch.cuda.current_stream() is side
+        assert torch.cuda.current_stream() is torch.cuda.default_stream()
+        if barrier:
+            torch.cuda.current_stream().wait_stream(side)
+        out.sum().item()  # site: reader
+
+
+@pytest.mark.parametrize("barrier", [False, True])
+def test_a_stream_context_object_is_reusable_and_nests(barrier):
+    with watch("cpu") as watcher:
+        _reused_context_loop(3, barrier)
+    lines = {(race.first.source.rsplit(":", 1)[1], race.second.source.rsplit(":", 1)[1])
+             for race in watcher.races}
+    if barrier:
+        assert watcher.races == []
+    else:
+        writer, reader = (line_of(_reused_context_loop, "site: writer"),
+                          line_of(_reused_context_loop, "site: reader"))
+        assert (str(writer), str(reader)) in lines
