@@ -43,6 +43,13 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
              aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
+# Ops whose output's size (or the bool they return) depends on device values: on a GPU the
+# host waits for the stream to finish them (torch copies the count back and synchronizes the
+# stream), so they order the host like ``.item()`` does. CPU mode must know it from the op.
+_VALUE_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
+                 aten.unique_dim.default, aten.unique_consecutive.default,
+                 aten.bincount.default, aten.equal.default}
+
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
 
 
@@ -210,8 +217,13 @@ class RecordingDispatchMode(TorchDispatchMode):
                      host_involved: bool) -> bool:
         """A blocking host<->device copy (``copy_``, ``.to``, ``.cpu()``) or a scalar read of
         device memory."""
-        if func is aten._local_scalar_dense.default:
+        if func is aten._local_scalar_dense.default or func in _VALUE_SHAPED:
             return True
+        if func is aten.repeat_interleave.Tensor:
+            return kwargs.get("output_size") is None
+        if func is aten.index.Tensor:  # a bool mask index is a nonzero() first
+            return any(isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+                       for index in args[1] if index is not None)
         if func is aten._to_copy.default:
             target = self.memory.lookup(out) if isinstance(out, torch.Tensor) else None
             to_host = target is None or target.pinned

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from overlap_harness.recorder.own_work import recorder_work
+
 aten = torch.ops.aten
 
 
@@ -67,7 +69,8 @@ def _dense_ids(t: torch.Tensor) -> np.ndarray:
 def _cpu(value: Any) -> Any:
     """Index values on the CPU (a no-op in CPU mode; a blocking copy on a GPU)."""
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        with recorder_work():  # a blocking copy on a GPU: not the program's sync
+            return value.cpu()
     if isinstance(value, list | tuple):
         return type(value)(_cpu(v) for v in value)
     return value
@@ -177,4 +180,4 @@ def index_elements(func: Any, args: tuple, kwargs: dict) -> tuple[np.ndarray, bo
 
 def row_elements(t: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
     """Element ids of the rows ``rows`` (of dim 0) of ``t``."""
-    return _selected(aten.index_select.default(_id_tensor(t), 0, rows.cpu().reshape(-1)))
+    return _selected(aten.index_select.default(_id_tensor(t), 0, _cpu(rows).reshape(-1)))

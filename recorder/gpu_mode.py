@@ -33,6 +33,7 @@ from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import Placement, access_of, register_storage
 from overlap_harness.recorder.fake_streams import patched
+from overlap_harness.recorder.own_work import in_recorder_work
 from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
 
 HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
@@ -106,7 +107,7 @@ class GpuMemory:
 
 def _forward(handler: str) -> Any:
     def hook(*args: Any) -> None:
-        if _ACTIVE:
+        if _ACTIVE and not in_recorder_work():
             getattr(_Hooks, handler)(_ACTIVE[-1], *args)
     return hook
 
