@@ -582,5 +582,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def console_main() -> None:
+    """The console script and ``python -m overlap_harness``: :func:`main`, then exit with its
+    status. After a GPU-mode recording the process leaves without interpreter teardown: torch
+    cannot unregister its GPU trace hooks, and during teardown every CUDA free calls them and
+    fails (``trace hook execution failed: KeyError: '__import__'``), one line per free."""
+    status = main()
+    gpu_mode = sys.modules.get("overlap_harness.recorder.gpu_mode")
+    if gpu_mode is not None and gpu_mode.trace_active():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -136,6 +136,12 @@ class _Hooks:
         memory.recording.sync_device()
 
 
+def trace_active() -> bool:
+    """True once this process has switched torch's GPU trace on (it stays on: torch has no
+    way to switch it off, so a command line leaves without teardown afterwards)."""
+    return bool(_HOOKS_REGISTERED)
+
+
 def _register_hooks() -> None:
     """Register the trace callbacks once per process and switch the trace on."""
     if _HOOKS_REGISTERED:

@@ -39,9 +39,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     last line would not be the summary CI reads. Once triton is loaded, the main process
     leaves at once with the session's status (everything is written and flushed by now);
     xdist workers, runs without triton and a caller of ``pytest.main`` that sets
-    OVERLAP_HARNESS_KEEP_PROCESS (tools/sglang_kernels_report.py) end normally."""
-    if "triton" in sys.modules and _FINAL_STATUS and "PYTEST_XDIST_WORKER" not in os.environ \
-            and "OVERLAP_HARNESS_KEEP_PROCESS" not in os.environ:
+    OVERLAP_HARNESS_KEEP_PROCESS (tools/sglang_kernels_report.py) end normally. The same after
+    a GPU-mode recording, whose trace hooks fail on every CUDA free during teardown."""
+    gpu_mode = sys.modules.get("overlap_harness.recorder.gpu_mode")
+    traced = gpu_mode is not None and gpu_mode.trace_active()  # see cli.console_main
+    if (("triton" in sys.modules or traced) and _FINAL_STATUS
+            and "PYTEST_XDIST_WORKER" not in os.environ
+            and "OVERLAP_HARNESS_KEEP_PROCESS" not in os.environ):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_FINAL_STATUS[-1])

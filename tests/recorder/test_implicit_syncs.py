@@ -88,3 +88,17 @@ def test_trace_hooks_ignore_the_recorders_own_device_work(monkeypatch):
     assert memory.recording.device_syncs == 0
     hook()
     assert memory.recording.device_syncs == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("name", sorted(SHAPED_BY_VALUES))
+def test_gpu_mode_orders_the_host_as_cpu_mode_does(name, fixed):
+    program = _side_write_then_host_write(SHAPED_BY_VALUES[name])
+    with watch("gpu") as watcher:
+        program(fixed)
+        torch.cuda.synchronize()
+    on_gpu = sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
+                     f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
+    assert on_gpu == races(program, fixed)
