@@ -138,14 +138,19 @@ class FakeCudaFunctionMode(TorchFunctionMode):
 
     def _adopt(self, out: Any, placement: str, name: str) -> None:
         """Watch fresh results that no aten op produced (``torch.tensor(data, device=...)``
-        builds its data in C++ and only lifts it through the dispatcher as an alias)."""
+        builds its data in C++ and only lifts it through the dispatcher as an alias). On a GPU
+        such a device tensor is a blocking copy from pageable host memory, which synchronizes
+        its stream: the host is ordered after it, as after ``.item()``."""
         for t in out if isinstance(out, tuple | list) else (out,):
             if isinstance(t, torch.Tensor) and t.numel() and self.memory.lookup(t) is None:
                 pinned = placement == Placement.PINNED
                 agent = HOST_AGENT if pinned else self.memory.current_agent()
                 info = self.memory.register(t, pinned, agent, name)
                 kind = OpKind.HOST_WRITE if pinned else OpKind.COPY
-                self.recording.op(name, agent, [access_of(info, t, True)], kind)
+                op = self.recording.op(name, agent, [access_of(info, t, True)], kind)
+                if not pinned:  # host data copied in from pageable memory: torch blocks the
+                    # host until the stream has run it (and everything before it there)
+                    self.recording.host_sync(f"{name} (blocking)", [op])
 
     # -- methods torch itself cannot run or would get wrong on a CPU-only build ------------
     def _to(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -46,6 +46,9 @@ SHAPED_BY_VALUES = {
     "bool_mask_index": lambda mask: mask[mask],
     "unique": lambda mask: torch.unique(mask.to(torch.int64)),
     "repeat_interleave": lambda mask: torch.repeat_interleave(mask.to(torch.int64)),
+    # host data made a device tensor: a blocking copy from pageable memory on the stream
+    "tensor_from_host_data": lambda mask: torch.tensor([1, 2], device="cuda"),
+    "new_tensor_from_host_data": lambda mask: mask.new_tensor([1, 0]),
 }
 
 
