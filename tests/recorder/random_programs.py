@@ -23,9 +23,11 @@ from overlap_harness.recorder import watch
 WIDTH = 64
 STREAM_OPS = ("fill", "add_row", "index_write", "index_read", "sum", "h2d", "h2d_to", "d2h",
               "item", "tensor_from_list", "record", "wait_event", "wait_stream", "nonzero",
-              "mask_index", "to_cpu_nonblocking", "scratch", "stream_sync")
+              "mask_index", "to_cpu_nonblocking", "scratch", "stream_sync",
+              "pageable_d2h_nonblocking", "pageable_h2d_nonblocking", "cpu_copy",
+              "scratch_record_stream", "stream_query")
 HOST_OPS = ("host_fill", "host_slice_write", "host_read", "host_tolist", "event_sync",
-            "device_sync", "query")
+            "device_sync", "query", "scratch_free")
 ACTIONS = STREAM_OPS + HOST_OPS
 
 
@@ -103,6 +105,8 @@ class _Program:
             torch.cuda.synchronize()
         elif step.action == "query":
             event.query()
+        elif step.action == "scratch_free":
+            self.scratch = None
 
     def _on_stream(self, step: Step) -> None:
         device, host = self.devices[step.device], self.hosts[step.host]
@@ -146,6 +150,20 @@ class _Program:
             self.scratch.fill_(1.0)
         elif action == "stream_sync":
             stream.synchronize()
+        elif action == "pageable_d2h_nonblocking":  # then read on the host at once
+            pageable = torch.zeros(4, WIDTH)
+            pageable.copy_(device, non_blocking=True)
+            self.kept.append(pageable.sum())
+        elif action == "pageable_h2d_nonblocking":
+            device.copy_(torch.full((4, WIDTH), 3.0), non_blocking=True)
+        elif action == "cpu_copy":
+            self.kept.append(device.cpu())
+        elif action == "scratch_record_stream":
+            if self.scratch is not None:
+                self.scratch.add_(1.0)
+                self.scratch.record_stream(stream)
+        elif action == "stream_query":
+            stream.query()
 
 
 def run_steps(steps: list[Step], mode: str) -> list[tuple[str, str, str, str]]:
