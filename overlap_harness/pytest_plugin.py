@@ -16,10 +16,12 @@ walks (the command line's paths, else ``testpaths``), a ``.toml`` file is a scen
   the ini file's folder; a folder covers every ``.toml`` under it;
 - or it matches ``--overlap-scenarios PATH`` (the same, relative to the working folder;
   repeatable);
+- or it is a ``.toml`` file named on the command line (``pytest my_scenario.toml``; a folder
+  named there is only walked);
 - or it declares itself: a ``[check]`` table with an ``expect = "<verdict>"`` line, the
   verdict one of ``race_free``, ``race``, ``fault``, ``error`` (the way scenario files state
   what they expect; no tool configuration has that table). A file whose ``[check]`` table
-  does not say ``expect`` is a scenario only through the setting or the option.
+  does not say ``expect`` is a scenario only through the ways above.
 
 Options: ``--overlap-reports DIR`` writes the command line's reports for the runs that ran
 (each xdist worker into ``DIR/<worker id>``); ``--overlap-timing`` lists each run's wall and
@@ -77,9 +79,12 @@ def pytest_configure(config: pytest.Config) -> None:
     summary when asked."""
     config.stash[_RESULTS] = []
     here = config.invocation_params.dir
+    named = [here / arg.split("::")[0] for arg in config.args
+             if config.args_source == pytest.Config.ArgsSource.ARGS]
     config.stash[_PATTERNS] = [
         _real(Path(p)) for p in [*config.getini(INI_SETTING),
-                                 *(here / p for p in config.getoption("--overlap-scenarios"))]]
+                                 *(here / p for p in config.getoption("--overlap-scenarios")),
+                                 *(p for p in named if p.suffix == ".toml")]]
     if config.getoption("--overlap-timing"):
         config.pluginmanager.register(_Timing(), "overlap-harness-timing")
 

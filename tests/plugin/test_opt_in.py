@@ -127,9 +127,30 @@ def test_the_option_with_a_glob_opts_in(with_suite: Path) -> None:
     assert got.stdout.splitlines()[-1].startswith("3 tests collected")
 
 
+def test_a_toml_file_named_on_the_command_line_is_asked_for(with_suite: Path) -> None:
+    got = run_pytest_in(with_suite, "-q", "--collect-only", "suite/twin.toml", "tests")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "suite/twin.toml::base" in got.stdout
+    assert got.stdout.splitlines()[-1].startswith("3 tests collected")
+
+
 def test_a_file_that_declares_itself_is_collected_without_configuration(stranger: Path) -> None:
     write(stranger, "suite/twin.toml", TWIN)
     got = run_pytest_in(stranger, "-q", "--collect-only", ".")
     assert got.returncode == 0, got.stdout + got.stderr
     assert "suite/twin.toml::publish_ready.schedule_wait" in got.stdout
     assert got.stdout.splitlines()[-1].startswith("3 tests collected")
+
+
+# --- this project ------------------------------------------------------------------------------
+
+def test_this_projects_suite_is_collected_and_its_test_data_is_not() -> None:
+    """``pytest scenarios/`` (the README's) collects every bundled file; the walk of
+    ``tests`` leaves the loader's test data (some of it self-declared) alone."""
+    got = run_pytest_in(REPO, "-q", "--collect-only", "scenarios")
+    assert got.returncode == 0, got.stdout + got.stderr
+    collected = {line.split("::")[0] for line in got.stdout.splitlines() if "::" in line}
+    assert collected == {str(f.relative_to(REPO)) for f in (REPO / "scenarios").rglob("*.toml")}
+    got = run_pytest_in(REPO, "-q", "--collect-only", "--ignore-glob=*.py", "tests")
+    assert ".toml" not in got.stdout, got.stdout
+    assert "no tests collected" in got.stdout
