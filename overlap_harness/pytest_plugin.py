@@ -8,25 +8,35 @@ naming both accesses of each race. A file with bad keys fails to collect, with t
 one line per problem. So ``-k``, ``-x``, ``--junitxml`` and pytest-xdist (``-n 2``, and its
 remote workers) work as for any test.
 
-Which ``.toml`` files are collected (the project's own ``pytest`` must not change):
+The plugin is installed into every pytest session of an environment that has the package,
+so it collects only where asked; any other ``.toml`` is left alone. Among the files pytest
+walks (the command line's paths, else ``testpaths``), a ``.toml`` file is a scenario when
 
-- a file named on the command line, or a file under a folder named on the command line,
-  except under a ``testpaths`` folder that the named folder contains (``pytest tests`` and
-  ``pytest .`` leave the loader's deliberately bad test data alone) and except tool
-  configuration files (``pyproject.toml`` and the like);
-- a file under a folder listed in the ``overlap_scenarios`` ini setting, always.
+- it matches the ``overlap_scenarios`` ini setting: paths or shell-style globs, relative to
+  the ini file's folder; a folder covers every ``.toml`` under it;
+- or it matches ``--overlap-scenarios PATH`` (the same, relative to the working folder;
+  repeatable);
+- or it is a ``.toml`` file named on the command line (``pytest my_scenario.toml``; a folder
+  named there is only walked);
+- or it declares itself: a ``[check]`` table with an ``expect = "<verdict>"`` line, the
+  verdict one of ``race_free``, ``race``, ``fault``, ``error`` (the way scenario files state
+  what they expect; no tool configuration has that table). A file whose ``[check]`` table
+  does not say ``expect`` is a scenario only through the ways above.
 
-Nothing is collected when pytest runs on its ``testpaths`` default. Options:
-``--overlap-reports DIR`` writes the command line's reports for the runs that ran (each
-xdist worker into ``DIR/<worker id>``); ``--overlap-timing`` lists each run's wall and CPU
-seconds in the summary (every item also carries them as ``user_properties``, so JUnit XML
+Options: ``--overlap-reports DIR`` writes the command line's reports for the runs that ran
+(each xdist worker into ``DIR/<worker id>``); ``--overlap-timing`` lists each run's wall and
+CPU seconds in the summary (every item also carries them as ``user_properties``, so JUnit XML
 has them).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
+import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,73 +44,106 @@ import pytest
 
 from overlap_harness.model.errors import ScenarioError
 
-#: The ini setting naming folders whose scenario files are always collected.
-INI_FOLDERS = "overlap_scenarios"
-
-#: ``.toml`` names that configure tools and are never scenarios.
-NOT_SCENARIOS = frozenset({"pyproject.toml", "ruff.toml", ".ruff.toml", "Cargo.toml",
-                           "uv.toml", "pixi.toml"})
+#: The ini setting naming a project's scenario files (paths or globs).
+INI_SETTING = "overlap_scenarios"
 
 _RESULTS = pytest.StashKey[list]()
+_PATTERNS = pytest.StashKey[list]()
+
+#: A table header line, ``[check]`` or ``[[mutation]]`` (group 1: the table's name).
+_TABLE_HEADER = re.compile(r"""\s*\[\[?\s*(["']?)([\w.-]+)\1\s*\]\]?\s*(?:#.*)?$""")
+#: An ``expect = "..."`` line (group 2: the value).
+_EXPECT_LINE = re.compile(r"""\s*expect\s*=\s*(["'])(\w+)\1\s*(?:#.*)?$""")
+_GLOB_CHARS = frozenset("*?[")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """The plugin's options and ini setting."""
     group = parser.getgroup("overlap-harness", "overlap-harness scenario files")
+    group.addoption("--overlap-scenarios", metavar="PATH", action="append", default=[],
+                    help="collect the .toml files at PATH (a file, a folder, or a glob) as "
+                         "scenario files when pytest walks them; repeatable")
     group.addoption("--overlap-reports", metavar="DIR", default=None,
                     help="write the reports (summary.html, junit.xml, trace.json, ...) of the "
                          "scenario runs to DIR (each xdist worker to DIR/<worker id>)")
     group.addoption("--overlap-timing", action="store_true",
                     help="list each scenario run's wall and CPU seconds in the summary")
-    parser.addini(INI_FOLDERS, type="paths", default=[],
-                  help="folders whose scenario .toml files are collected even when they are "
-                       "not named on the command line")
+    parser.addini(INI_SETTING, type="paths", default=[],
+                  help="scenario files: paths or globs (a folder covers the .toml files "
+                       "under it); other .toml files are collected only when they declare "
+                       "themselves with a [check] table's expect line")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A per-session list of results (for reports); the timing summary when asked."""
+    """A per-session list of results (for reports); the scenario patterns; the timing
+    summary when asked."""
     config.stash[_RESULTS] = []
+    here = config.invocation_params.dir
+    named = [here / arg.split("::")[0] for arg in config.args
+             if config.args_source == pytest.Config.ArgsSource.ARGS]
+    config.stash[_PATTERNS] = [
+        _real(Path(p)) for p in [*config.getini(INI_SETTING),
+                                 *(here / p for p in config.getoption("--overlap-scenarios")),
+                                 *(p for p in named if p.suffix == ".toml")]]
     if config.getoption("--overlap-timing"):
         config.pluginmanager.register(_Timing(), "overlap-harness-timing")
 
 
-def asked_for(file: Path, named: list[Path], test_folders: list[Path],
-              ini_folders: list[Path]) -> bool:
-    """Whether the scenario-looking ``file`` is to be collected (see the module doc).
+def _real(path: Path) -> Path:
+    """``path`` absolute, with symbolic links resolved as far as it exists (globs kept)."""
+    return Path(os.path.realpath(path))
 
-    ``named`` are the command line's paths, ``test_folders`` the ``testpaths`` folders,
-    ``ini_folders`` those of the ``overlap_scenarios`` setting, all absolute."""
-    if file.suffix != ".toml" or file.name in NOT_SCENARIOS:
-        return False
-    if any(file.is_relative_to(folder) for folder in ini_folders):
-        return True
-    for root in named:
-        if file == root:
-            return True
-        if not file.is_relative_to(root):
-            continue
-        shielded = any(file.is_relative_to(test) and test.is_relative_to(root)
-                       for test in test_folders)
-        if not shielded:
-            return True
+
+def matches(file: Path, pattern: Path) -> bool:
+    """Whether ``file`` is covered by ``pattern`` (both absolute): the file itself, a folder
+    above it, or a glob matching it or a folder above it (``*`` also crosses folders)."""
+    if _GLOB_CHARS.isdisjoint(str(pattern)):
+        return file == pattern or file.is_relative_to(pattern)
+    return any(fnmatch.fnmatchcase(str(p), str(pattern)) for p in (file, *file.parents))
+
+
+@functools.cache
+def verdicts() -> frozenset[str]:
+    """The values a scenario's ``check.expect`` takes (imported on the first ``.toml``)."""
+    from overlap_harness.model.config import Expect  # deferred: keeps other projects' start-up lean
+
+    return frozenset(e.value for e in Expect)
+
+
+def declares_itself(text: str) -> bool:
+    """Whether a file's ``text`` has a ``[check]`` table with an ``expect = "<verdict>"``
+    line: the mark of a scenario file (see the module doc). A line scan, not a parse, so a
+    scenario file with a TOML syntax error is still collected, and fails with its line."""
+    table = ""
+    for line in text.splitlines():
+        header = _TABLE_HEADER.match(line)
+        if header:
+            table = header[2]
+        elif table == "check":
+            expect = _EXPECT_LINE.match(line)
+            if expect and expect[2] in verdicts():
+                return True
     return False
 
 
-def _named_paths(config: pytest.Config) -> list[Path]:
-    """The paths given on the command line (none when pytest fell back to ``testpaths``)."""
-    if config.args_source != pytest.Config.ArgsSource.ARGS:
-        return []
-    here = config.invocation_params.dir
-    return [(here / arg.split("::")[0]).resolve() for arg in config.args]
+def is_scenario_file(file: Path, patterns: Iterable[Path]) -> bool:
+    """Whether the walked ``file`` is to be collected as a scenario: a ``.toml`` that a
+    pattern covers, or that declares itself. Other files are not read."""
+    if file.suffix != ".toml":
+        return False
+    real = _real(file)
+    if any(matches(real, pattern) for pattern in patterns):
+        return True
+    try:
+        text = real.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return declares_itself(text)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
     """Collect a scenario file that was asked for."""
-    config = parent.config
-    root = config.rootpath
-    test_folders = [(root / p).resolve() for p in config.getini("testpaths")]
-    ini_folders = [Path(p).resolve() for p in config.getini(INI_FOLDERS)]
-    if asked_for(file_path.resolve(), _named_paths(config), test_folders, ini_folders):
+    if is_scenario_file(file_path, parent.config.stash[_PATTERNS]):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 
