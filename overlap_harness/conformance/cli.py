@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from overlap_harness.output_paths import prepare_outputs
+
 DEFAULT_OUT = Path("reports/conformance")
 
 
@@ -28,7 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run every variant and mutation, write the report, print where it is."""
+    """Run every variant and mutation, write the report, print where it is. The output
+    folder is prepared first (:func:`overlap_harness.output_paths.prepare_outputs`), before
+    sglang is looked for."""
+    prepare_outputs(folders={"--out": args.out})
     # deferred: sglang_env imports the recorder and torch; the command line starts without them
     from overlap_harness.conformance.sglang_env import unavailable_reason
 
