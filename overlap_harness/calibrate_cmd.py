@@ -289,7 +289,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.timing_compare:
         if not args.profile:
             raise HarnessError("calibrate --timing-compare needs --profile FILE")
-        _prepare_outputs(args, Path(args.timing_compare).parent)
+        _prepare_outputs(args, Path(args.report_out or Path(args.timing_compare).parent))
         from overlap_harness.timing_check import compare  # deferred: plots
 
         doc, _ = compare(args.timing_compare, args.profile, args.paths, args.report_out)
@@ -313,7 +313,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
         if not args.profile:
             raise HarnessError("calibrate --compare needs --profile FILE")
-        _prepare_outputs(args, Path(args.compare).parent)
+        _prepare_outputs(args, Path(args.report_out or Path(args.compare).parent))
         return compare_command(args.compare, args.profile, args.paths, args.report_out)
     out = Path(args.out)
     _prepare_outputs(args, Path(args.report_out or ".") if args.timing_suite else None)

@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "conformance", help="run SGLang 0.5.23's FutureMap under the recorder and compare "
         "with the model (needs the sglang extra)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help="folder for sglang-0.5.23.json and .md (default %(default)s)")
     parser.set_defaults(func=run)
     return parser
