@@ -42,6 +42,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``check`` on the CLI's subparsers; returns its parser."""
     c = subparsers.add_parser(
         "check", help="run a PyTorch script under the recorder and report its stream races",
+        usage="%(prog)s [-h] [--json FILE|-] [--out DIR] [--gpu|--cpu] SCRIPT [ARGS...]",
         description="Run SCRIPT (with ARGS) recording its CUDA streams, events and ops; "
                     "report every race. Exit 0: no race, 1: races, 2: bad input or the "
                     "script crashed.")

@@ -192,8 +192,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     folders={"--out": None if args.no_reports else args.out})
     plots = None
     if not args.no_reports:
-        # deferred: the plot workers, only when reports are written; forked before torch is
-        # imported (they import matplotlib meanwhile) to draw while the runs simulate
+        # deferred: the plot workers, only when reports are written; forked once the output
+        # folder is prepared, before the scenarios load (they import matplotlib meanwhile), to
+        # draw while the runs simulate
         from overlap_harness.reports.plot_jobs import start_plots
 
         plots = start_plots(Path(args.out) / "plots")
@@ -306,8 +307,10 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         if not (a.isdigit() and b.isdigit() and int(a) <= int(b)):
             raise UsageError(f"--window: expected A:B with A <= B, got {args.window!r}")
         window = (int(a), int(b))
-    stem = args.out or f"{DEFAULT_OUT}/plots/{safe_name(spec.run_id)}"
-    prepare_outputs(files={"--out": stem + ".png"})
+    stem = args.out
+    if not stem:
+        stem = f"{DEFAULT_OUT}/plots/{safe_name(spec.run_id)}"
+        prepare_outputs(files={"--out (default)": stem + ".png"})
     _check_memory([scenario], args.ignore_memory_estimate)
     progress = _Progress(True)
     result = run_spec(spec, watch=progress.watch)
