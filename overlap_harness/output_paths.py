@@ -15,8 +15,15 @@ folder, and one that exists must open for appending. A path component longer tha
 system allows is refused before anything is made. ``None`` and ``"-"`` (stdout) are skipped.
 
 Any problem raises :class:`OutputPathError` with one line, ``--out PATH: reason``; the
-command line prints it as ``overlap-harness: ...`` and exits 2 (no traceback). Folders made
-before a later problem stay made: an empty folder is harmless, and the next run uses it.
+command line (``overlap_harness.cli.main``, which runs every subcommand's handler) prints it
+as ``overlap-harness: ...`` and exits 2 (no traceback). A folder on a file system without
+storage (/proc, /sys) is named as such. Folders made before a later problem stay made: an
+empty folder is harmless, and the next run uses it.
+
+A new command registers its handler in ``overlap_harness.cli.SUBCOMMANDS`` and calls
+:func:`prepare_outputs` as its first step; tests/cli/test_output_paths.py finds every FILE or
+DIR option (and every ``--*out``) of every command and fails until the option has its case
+there, which runs it with each kind of bad path.
 
 Names that become file names (run ids, scenario names) go through :func:`safe_name`, which
 bounds their length and keeps only safe characters.
@@ -36,8 +43,7 @@ from overlap_harness.reports.file_names import MAX_STEM, safe_name
 __all__ = ["MAX_STEM", "OutputPathError", "prepare_outputs", "safe_name"]
 
 PathArg = str | os.PathLike[str] | None
-_SHOWN_AT_MOST = 120  # characters of a path a message shows (a 4000-character path stays one
-# readable line)
+_SHOWN_AT_MOST = 120  # characters of a path a message shows: a long path stays readable
 _DEFAULT_NAME_MAX = 255
 _DEFAULT_PATH_MAX = 4096
 _PROBE_PREFIX = ".overlap-harness-probe-"
