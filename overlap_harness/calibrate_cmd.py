@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.cli_options import count
 from overlap_harness.model.config import Scenario
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.op_list import replays_from_data, replays_to_data
@@ -41,6 +42,7 @@ from overlap_harness.model.profile import (
     load_profile,
 )
 from overlap_harness.model.trace import OpRecord
+from overlap_harness.output_paths import prepare_outputs
 
 DEFAULT_CALIBRATION = "profiles/calibration"
 
@@ -245,7 +247,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     c.add_argument("--calibration", nargs="+", default=[DEFAULT_CALIBRATION], metavar="PATH",
                    help=f"scenarios the harness costs are fitted on (default "
                         f"{DEFAULT_CALIBRATION}; keep them out of the suite you judge)")
-    c.add_argument("--runs", type=int, default=3, metavar="N",
+    c.add_argument("--runs", type=count(1), default=3, metavar="N",
                    help="measured replays of each calibration run (default 3)")
     c.add_argument("--compare", metavar="REPORT", help="a gpu-check report (.json) to predict")
     c.add_argument("--timelines", metavar="FILE", default=None,
@@ -257,7 +259,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --out: after measuring, replay these scenarios (the bundled "
                         "suite: scenarios) as prebuilt op lists and write the timing "
                         "measurement and its comparison with the new profile to --report-out")
-    c.add_argument("--repeats", type=int, default=5, metavar="N",
+    c.add_argument("--repeats", type=count(2), default=5, metavar="N",
                    help="timing replays of each suite run, one per interleaved round; the "
                         "calibration workloads are replayed in the same rounds (default 5)")
     c.add_argument("--refit-timing", metavar="REPLAYS", default=None,
@@ -279,13 +281,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     """The ``calibrate`` command; returns the exit status.
 
     Raises:
-        HarnessError: bad usage (one line): neither or both of --out and --compare.
+        HarnessError: bad usage (one line): neither or both of --out and --compare; an
+            output path that cannot be written (before any work).
     """
     if args.refit_timing:
         return refit_timing(args)
     if args.timing_compare:
         if not args.profile:
             raise HarnessError("calibrate --timing-compare needs --profile FILE")
+        _prepare_outputs(args, Path(args.report_out or Path(args.timing_compare).parent))
         from overlap_harness.timing_check import compare  # deferred: plots
 
         doc, _ = compare(args.timing_compare, args.profile, args.paths, args.report_out)
@@ -297,6 +301,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.refit:
         if not args.profile:
             raise HarnessError("calibrate --refit needs --profile FILE (the system group)")
+        _prepare_outputs(args)
         base = load_profile(args.profile)
         profile = with_harness(base, read_timelines(Path(args.refit)),
                                f"harness refitted on {Path(args.refit).name}")
@@ -308,18 +313,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
         if not args.profile:
             raise HarnessError("calibrate --compare needs --profile FILE")
+        _prepare_outputs(args, Path(args.report_out or Path(args.compare).parent))
         return compare_command(args.compare, args.profile, args.paths, args.report_out)
     out = Path(args.out)
-    if out.is_dir():
-        raise HarnessError(f"--out {out}: is a folder; give a file name such as "
-                           "profiles/h100.json")
-    if args.runs < 1:
-        raise HarnessError(f"--runs: expected at least 1, got {args.runs}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _prepare_outputs(args, Path(args.report_out or ".") if args.timing_suite else None)
     given = getattr(args, "argv", None) or sys.argv[2:]  # main() sets argv; the CLI has sys.argv
     command = " ".join(["overlap-harness", "calibrate", *given])
-    if args.timing_suite and args.repeats < 2:
-        raise HarnessError(f"--repeats: expected at least 2 (the spread), got {args.repeats}")
     t0, c0 = time.perf_counter(), time.process_time()
     profile, pairs, run_ids, timing_runs, suite_replays = measure_profile(
         args.calibration, args.runs, command, log=lambda s: print(s, flush=True),
@@ -333,6 +332,16 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.timing_suite:
         return timing_suite(args, profile, out, suite_replays, (t0, c0))
     return 0
+
+
+def _prepare_outputs(args: argparse.Namespace, report_folder: Path | None = None) -> None:
+    """Every path this calibrate run writes, prepared before it measures or reads anything
+    (:func:`overlap_harness.output_paths.prepare_outputs`): the profile (--out), the
+    timelines, and the folder of the comparison (``report_folder``: --report-out, or the
+    folder it defaults to)."""
+    flag = "--report-out" if args.report_out else "--report-out (default)"
+    prepare_outputs(files={"--out": args.out, "--timelines": args.timelines},
+                    folders={flag: report_folder})
 
 
 def write_replays(runs: list, path: Path) -> None:
@@ -356,6 +365,7 @@ def refit_timing(args: argparse.Namespace) -> int:
 
     if not (args.profile and args.out):
         raise HarnessError("calibrate --refit-timing needs --profile FILE and --out FILE")
+    _prepare_outputs(args)
     base = load_profile(args.profile)
     path = Path(args.refit_timing)
     group = group_from_runs(read_replays(path), f"timing replays in {path.name}")

@@ -1,4 +1,5 @@
-"""``overlap-harness check SCRIPT.py [ARGS...]``: run a real PyTorch script, report its races.
+"""``overlap-harness check [OPTIONS] SCRIPT.py [ARGS...]``: run a real PyTorch script, report its
+races.
 
 The script runs unmodified under the recorder (:mod:`recorder`): on a machine without a GPU
 with CUDA faked on the CPU, with ``--gpu`` on real streams. Its arguments and environment pass
@@ -8,7 +9,13 @@ traceback is shown; races found before the crash are still printed).
 ``--json FILE`` writes each race's kind, tensor (with its allocation site), elements and, for
 both accesses, file, line, op, stream and mode. ``--out DIR`` writes the timeline plot
 (``plots/<script>.png|svg``), the Perfetto trace (``trace.json``) and SARIF
-(``results.sarif``) that ``run`` writes for scenarios.
+(``results.sarif``) that ``run`` writes for scenarios. Both are prepared before the script
+runs (:func:`overlap_harness.output_paths.prepare_outputs`).
+
+check's own options go before the script; everything after it is the script's. A token after
+the script that is one of check's own options (``--json``, ``--out``, ``--gpu``, ``--cpu``) is
+refused with a hint, since it would reach the script and be ignored by check; after a ``--``
+following the script, every token passes through, colliding ones included.
 """
 
 from __future__ import annotations
@@ -19,18 +26,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.model.errors import HarnessError
+from overlap_harness.output_paths import prepare_outputs
+
 EXIT_OK, EXIT_RACES, EXIT_BAD_INPUT = 0, 1, 2
+#: The options of ``check`` itself (each spelling); after the script they are refused.
+OWN_OPTIONS = ("--json", "--out", "--gpu", "--cpu")
+
+
+class CheckUsageError(HarnessError):
+    """``check`` was given its arguments in a way it cannot run (one line)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``check`` on the CLI's subparsers; returns its parser."""
     c = subparsers.add_parser(
         "check", help="run a PyTorch script under the recorder and report its stream races",
+        usage="%(prog)s [-h] [--json FILE|-] [--out DIR] [--gpu|--cpu] SCRIPT [ARGS...]",
         description="Run SCRIPT (with ARGS) recording its CUDA streams, events and ops; "
                     "report every race. Exit 0: no race, 1: races, 2: bad input or the "
                     "script crashed.")
-    c.add_argument("script", help="the Python script to run")
-    c.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    c.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
+                   help="the Python script to run, then its arguments (check's own options go "
+                        "before the script; after `SCRIPT --`, every argument is the "
+                        "script's)")
     c.add_argument("--json", metavar="FILE", help="write the races as JSON ('-' for stdout)")
     c.add_argument("--out", metavar="DIR", default=None,
                    help="write the timeline plot, Perfetto trace and SARIF under DIR")
@@ -86,11 +105,47 @@ def write_reports(result: Any, out: Path) -> list[Path]:
     return [*paths, out / "trace.json", out / "results.sarif"]
 
 
+def split_command(command: list[str]) -> tuple[str, list[str]]:
+    """``SCRIPT [ARGS]`` as (script, its arguments).
+
+    Raises:
+        CheckUsageError: no script; or one of :data:`OWN_OPTIONS` after the script and before
+            any ``--`` (the ``--`` itself is dropped: what follows is the script's).
+    """
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise CheckUsageError("give the Python script to run: overlap-harness check "
+                              "[--json FILE] [--out DIR] [--gpu|--cpu] SCRIPT [ARGS]")
+    script, rest = command[0], command[1:]
+    for i, token in enumerate(rest):
+        if token == "--":
+            return script, rest[:i] + rest[i + 1:]
+        option = token.split("=", 1)[0]
+        if option in OWN_OPTIONS:
+            value = " ..." if option in ("--json", "--out") else ""
+            raise CheckUsageError(
+                f"{option} after the script would go to {script}, not to check: put it "
+                f"before the script (overlap-harness check {option}{value} {script}), or "
+                f"write {script} -- {option}{value} if the script takes it")
+    return script, rest
+
+
 def run_check(args: argparse.Namespace) -> int:
     """The ``check`` command; see the module docstring for the exit status."""
     # deferred: torch loads only when a script is checked (CLI start-up stays fast)
     from overlap_harness.recorder.api import RecorderError, check_script
 
+    try:
+        args.script, args.args = split_command(args.command)
+    except CheckUsageError as exc:
+        print(f"overlap-harness check: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if Path(args.script).is_dir():
+        print(f"overlap-harness check: {args.script}: is a directory, not a script; give the "
+              "Python file to run", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     mode = "gpu" if args.gpu else ("cpu" if args.cpu else "auto")
     try:
         result = check_script(args.script, args.args, mode=mode)

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from overlap_harness import __version__, calibrate_cmd, check_cmd
+from overlap_harness.cli_options import OneLineParser, count, seconds
 from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.model.errors import HarnessError, ScenarioError
+from overlap_harness.output_paths import prepare_outputs, safe_name
 from overlap_harness.replay.limits import SANITIZER_BUDGET_S
 from overlap_harness.reports import DEFAULT_OUT, tables
 
@@ -135,30 +137,6 @@ def results_table(results) -> str:
 
 # -- checks made before anything runs ---------------------------------------------------------
 
-def _writable_folder(path: str, flag: str) -> None:
-    """Raise UsageError unless ``path`` is, or can be made as, a writable folder."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{flag} {path}: is a file, not a folder")
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.is_symlink() or not existing.is_dir():
-        raise UsageError(f"{flag} {path}: {existing} is not a folder, so {path} cannot be made")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {existing} is not writable")
-
-
-def _writable_file(path: str, flag: str) -> None:
-    """Raise UsageError unless ``path`` can be written as a file."""
-    file = Path(path)
-    if file.is_dir():
-        raise UsageError(f"{flag} {path}: is a folder; give a file name")
-    if file.exists() and not os.access(file, os.W_OK):
-        raise UsageError(f"{flag} {path}: is not writable")
-    _writable_folder(str(file.parent), flag + " folder")
-
-
 def _check_memory(scenarios: Sequence[Any], override: bool) -> None:
     """Refuse (UsageError) a scenario whose largest run would not fit in this machine's
     memory, by :func:`overlap_harness.runner.estimate_run_bytes`; ``override`` only warns."""
@@ -210,18 +188,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from overlap_harness.scenarios.loader import load_paths
 
     human = _human(args)
-    if getattr(args, "jobs", None) is not None and args.jobs < 1:
-        raise UsageError(f"-j/--jobs: expected at least 1 process, got {args.jobs}")
-    if not args.no_reports:
-        _writable_folder(args.out, "--out")
-    if args.json and args.json != "-":
-        _writable_file(args.json, "--json")
-    if args.junit:
-        _writable_file(args.junit, "--junit")
+    prepare_outputs(files={"--json": args.json, "--junit": args.junit},
+                    folders={"--out": None if args.no_reports else args.out})
     plots = None
     if not args.no_reports:
-        # deferred: the plot workers, only when reports are written; forked before torch is
-        # imported (they import matplotlib meanwhile) to draw while the runs simulate
+        # deferred: the plot workers, only when reports are written; forked once the output
+        # folder is prepared, before the scenarios load (they import matplotlib meanwhile), to
+        # draw while the runs simulate
         from overlap_harness.reports.plot_jobs import start_plots
 
         plots = start_plots(Path(args.out) / "plots")
@@ -315,13 +288,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     # deferred: imports torch; the command line starts (and fails on bad input) without it
     from overlap_harness.reports.timeline import plot_timeline, save_plot
-    from overlap_harness.reports.writer import safe_name
     from overlap_harness.runner import run_spec
     from overlap_harness.scenarios.expand import expand
     from overlap_harness.scenarios.loader import load_scenario
 
     if args.out:
-        _writable_file(args.out + ".png", "--out")
+        prepare_outputs(files={"--out": args.out + ".png"})
     scenario = load_scenario(args.scenario, runnable=True)
     specs = expand(scenario)
     names = [s.mutation_name or "base" for s in specs]
@@ -335,13 +307,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         if not (a.isdigit() and b.isdigit() and int(a) <= int(b)):
             raise UsageError(f"--window: expected A:B with A <= B, got {args.window!r}")
         window = (int(a), int(b))
+    stem = args.out
+    if not stem:
+        stem = f"{DEFAULT_OUT}/plots/{safe_name(spec.run_id)}"
+        prepare_outputs(files={"--out (default)": stem + ".png"})
     _check_memory([scenario], args.ignore_memory_estimate)
     progress = _Progress(True)
     result = run_spec(spec, watch=progress.watch)
     if progress.tty:
         sys.stderr.write("\n")
-    stem = args.out or f"{DEFAULT_OUT}/plots/{safe_name(spec.run_id)}"
-    Path(stem).parent.mkdir(parents=True, exist_ok=True)
     paths = save_plot(plot_timeline(result, window=window), stem)
     print("\n".join(str(p) for p in paths))
     return EXIT_OK
@@ -369,10 +343,6 @@ def _cmd_explore(args: argparse.Namespace) -> int:
     from overlap_harness.runner import explore_specs
     from overlap_harness.scenarios.loader import load_paths
 
-    if args.explore < 1:
-        raise UsageError(f"--explore: expected at least 1 schedule, got {args.explore}")
-    if args.jobs < 1:
-        raise UsageError(f"-j/--jobs: expected at least 1 process, got {args.jobs}")
     scenarios = load_paths(args.paths, runnable=True)
     _check_memory(scenarios, args.ignore_memory_estimate)
     progress = _Progress(not args.quiet, unit="trials")
@@ -389,7 +359,7 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     from overlap_harness.replay.suite import run_gpu_check
     from overlap_harness.scenarios.loader import load_paths
 
-    _writable_folder(args.out, "--out")
+    prepare_outputs(folders={"--out": args.out})
     _check_memory(load_paths(args.paths, runnable=True), args.ignore_memory_estimate)
     argv = [*args.paths, "--trials", str(args.trials), "--out", args.out]
     if args.baseline_trials is not None:
@@ -426,7 +396,7 @@ def _command(sub: SubParsers, name: str, help_text: str) -> argparse.ArgumentPar
 
 
 def _jobs_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+    parser.add_argument("-j", "--jobs", type=count(1), default=None, metavar="N",
                         help="run the scenarios in N processes (default: one per CPU, at "
                              "most 8; 1: in this process, with progress inside each run, "
                              "and the least CPU on a busy machine)")
@@ -494,11 +464,11 @@ def _add_whatif(sub: SubParsers) -> None:
 def _add_explore(sub: SubParsers) -> None:
     e = _command(sub, "explore", "find and shrink a manifest schedule for every racy run")
     e.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
-    e.add_argument("--explore", type=int, default=64, metavar="N",
+    e.add_argument("--explore", type=count(1), default=64, metavar="N",
                    help="schedules to try per racy run (default 64)")
-    e.add_argument("--time-limit", type=float, default=None, metavar="S",
+    e.add_argument("--time-limit", type=seconds, default=None, metavar="S",
                    help="seconds per racy run")
-    e.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    e.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                    help="explore runs in N processes (multiprocessing pool)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress")
     _memory_flag(e)
@@ -509,22 +479,22 @@ def _add_gpu_check(sub: SubParsers) -> None:
     g = _command(sub, "gpu-check", "replay every run on real CUDA streams against the "
                                    "simulator; write reports/gpu/<date>-<device>.json and .md")
     g.add_argument("paths", nargs="+", help="scenario .toml files or folders of them")
-    g.add_argument("--trials", type=int, default=20, metavar="N",
+    g.add_argument("--trials", type=count(1), default=20, metavar="N",
                    help="trials per schedule (default 20)")
-    g.add_argument("--baseline-trials", type=int, default=None, metavar="N",
+    g.add_argument("--baseline-trials", type=count(0), default=None, metavar="N",
                    help="no-delay trials of each racy run (default: --trials)")
     g.add_argument("--with-torch-sanitizer", action="store_true",
                    help="also run each spec once under PyTorch's CUDA sanitizer")
-    g.add_argument("--sanitizer-budget", type=float, default=SANITIZER_BUDGET_S, metavar="S",
+    g.add_argument("--sanitizer-budget", type=seconds, default=SANITIZER_BUDGET_S, metavar="S",
                    help="seconds the sanitizer pass may take in all (default "
                    f"{SANITIZER_BUDGET_S:g}); runs it leaves are reported as not run")
     g.add_argument("--no-gates", action="store_true",
                    help="force racy runs by the timed delays alone, without gates")
     g.add_argument("--out", default="reports/gpu", metavar="DIR",
                    help="folder for the report (default reports/gpu)")
-    g.add_argument("--jobs", type=int, default=None, metavar="N",
+    g.add_argument("--jobs", type=count(1), default=None, metavar="N",
                    help="processes planning on the simulator (default: CPUs, at most 16)")
-    g.add_argument("--deadline", type=float, default=None, metavar="S",
+    g.add_argument("--deadline", type=seconds, default=None, metavar="S",
                    help="start no new run after S seconds; report the runs done")
     _memory_flag(g)
     calibrate_cmd.add_profile_argument(g)
@@ -541,7 +511,7 @@ SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to render the docs' usage)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="overlap-harness",
         description="Simulate and verify overlap-scheduling protocols: races by happens-before.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)

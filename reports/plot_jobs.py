@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import pickle
-import re
 import signal
 from collections.abc import Callable, Sequence
 from multiprocessing.pool import AsyncResult, Pool
@@ -31,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from overlap_harness.model.results import CaseResult
+from overlap_harness.reports.file_names import safe_name
 from overlap_harness.reports.summary import needs_plot
 
 #: The source of the drawing code: part of every plot's key (read as files, not imported).
@@ -44,11 +44,6 @@ GC_THRESHOLD_0 = 50_000
 """A plot worker's young-generation threshold: a plot allocates some 100,000 objects, and
 at the default (2,000) the collector ran dozens of times per plot, a tenth of its time; a
 figure's reference cycles are still freed within a plot or two."""
-
-
-def safe_name(run_id: str) -> str:
-    """A file-system-safe stem for a run id (``scenario/mutation-hash``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
 
 
 def plot_key(case: CaseResult) -> str:

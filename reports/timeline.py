@@ -48,6 +48,20 @@ MARKERS: dict[OpKind, tuple[str, str]] = {
     OpKind.FREE: ("|", "#888888"),
 }
 MAX_RACES_DRAWN = 200
+MAX_TITLE_LINES = 4
+"""A title wraps to at most this many lines, the last ending in an ellipsis: a name of any
+length leaves the axes their room."""
+MAX_TITLE_NAME = 80
+"""A run's name longer than this is cut, with an ellipsis, in its plot's title."""
+MAX_LANE_LABEL = 32
+"""A lane (stream) name longer than this is cut, with an ellipsis, in its tick label."""
+MIN_AXES_SHARE = 0.25
+"""The least share of the figure's width and height the axes keep, whatever the margins."""
+
+
+def lane_label(name: str) -> str:
+    """A lane's tick label: ``name``, or its first characters and an ellipsis."""
+    return name if len(name) <= MAX_LANE_LABEL else name[:MAX_LANE_LABEL - 1] + "\u2026"
 
 
 def iteration_starts(timeline: Sequence[OpRecord]) -> dict[int, int]:
@@ -222,7 +236,7 @@ def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race
     are those of ``timeline`` already."""
     lanes = _Lanes(lane_order(timeline))
     if not lanes_set:
-        ax.set_yticks([lanes.y(a) for a in lanes.names], lanes.names)
+        ax.set_yticks([lanes.y(a) for a in lanes.names], [lane_label(a) for a in lanes.names])
         ax.set_ylim(-0.7, len(lanes.names) - 0.2)
         ax.grid(axis="x", color="#eeeeee", zorder=0)
     ax.set_xlim(span[0] / 1e3, span[1] / 1e3)
@@ -289,8 +303,10 @@ def _paste_legend(fig: Figure) -> None:
 
 
 def case_title(case: CaseResult) -> str:
-    """``scenario[mutation]: removed X — race (2 races: RAW new_seq_lens_buf)``."""
-    parts = [case.name]
+    """``scenario[mutation]: removed X — race (2 races: RAW new_seq_lens_buf)``; a name longer
+    than :data:`MAX_TITLE_NAME` is cut, so the verdict stays in view."""
+    name = case.name
+    parts = [name if len(name) <= MAX_TITLE_NAME else name[:MAX_TITLE_NAME - 1] + "\u2026"]
     if case.removed:
         parts.append(f": removed {', '.join(case.removed)}")
     keys = ", ".join(case.race_keys())
@@ -301,14 +317,16 @@ def case_title(case: CaseResult) -> str:
 
 
 def wrap_title(title: str, width_in: float, fontsize: float = 11) -> str:
-    """``title`` broken into lines that fit ``width_in`` inches at ``fontsize`` points.
+    """``title`` broken into lines that fit ``width_in`` inches at ``fontsize`` points, at
+    most :data:`MAX_TITLE_LINES` of them (the last cut with an ellipsis).
 
     A character of the default sans font is about 0.6 em wide, so a line holds
     ``width_in * 72 / (0.6 * fontsize)`` characters; long removed-sync lists and race keys
-    used to run off the figure's right edge.
+    would otherwise run off the figure's right edge.
     """
     chars = max(20, int(width_in * 72 / (0.6 * fontsize)) - 2)
-    return textwrap.fill(title, width=chars, break_on_hyphens=False)
+    return textwrap.fill(title, width=chars, break_on_hyphens=False,
+                         max_lines=MAX_TITLE_LINES, placeholder=" \u2026")
 
 
 def _plot_failed_run(case: CaseResult, width: float) -> Figure:
@@ -415,14 +433,18 @@ def _fit_margins(fig: Figure, timeline: Sequence[OpRecord], gpu_tl: Sequence[OpR
                  title_lines: int) -> None:
     """Margins from what the figure holds, in inches: lane names on the left, the title's
     lines on top, the legend and axis label below. ``tight_layout`` measured the same by
-    drawing the whole figure once more (a fifth of a plot's time)."""
+    drawing the whole figure once more (a fifth of a plot's time). Each margin is capped so
+    the axes keep :data:`MIN_AXES_SHARE` of the figure both ways."""
     width, height = fig.get_size_inches()
-    names = lane_order(timeline) + lane_order(gpu_tl)
+    names = [lane_label(n) for n in lane_order(timeline) + lane_order(gpu_tl)]
     left_in = 0.25 + 0.075 * max((len(n) for n in names), default=4)  # 10 pt tick labels
     top_in = 0.25 + 0.2 * title_lines + 0.2  # 11 pt title lines, then the axes' heading
     bottom_in = 0.75  # x tick labels, "time (us)" and the legend row
-    fig.subplots_adjust(left=left_in / width, right=1 - 0.2 / width,
-                        top=1 - top_in / height, bottom=bottom_in / height, hspace=0.35)
+    right = 1 - 0.2 / width
+    left = min(left_in / width, right - MIN_AXES_SHARE)
+    bottom = min(bottom_in / height, (1 - MIN_AXES_SHARE) / 2)
+    top = max(1 - top_in / height, bottom + MIN_AXES_SHARE)
+    fig.subplots_adjust(left=left, right=right, top=top, bottom=bottom, hspace=0.35)
 
 
 def save_plot(fig: Figure, stem: str | Path, formats: Sequence[str] = ("png", "svg"),

@@ -27,12 +27,12 @@ from pathlib import Path
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.reports import DEFAULT_OUT
+from overlap_harness.reports.file_names import safe_name as safe_name
 from overlap_harness.reports.jsonout import to_json
 from overlap_harness.reports.junit import write_junit
 from overlap_harness.reports.perfetto import write_trace
 from overlap_harness.reports.plot_jobs import MAX_WORKERS, PlotJobs, cpu_count, plot_all
 from overlap_harness.reports.plot_jobs import plot_key as plot_key
-from overlap_harness.reports.plot_jobs import safe_name as safe_name
 from overlap_harness.reports.sarif import write_sarif
 from overlap_harness.reports.summary import latest_gpu_report, needs_plot, to_html, to_markdown
 

@@ -46,8 +46,9 @@ _RULES = """\
   `chunks <= prompt_len`; `prompt_len + max_new <= protocol.max_context`.
 - Events happen before `workload.iterations` and not before their request arrives;
   `idle` events name no request, every other kind names a known request id.
-- `check.races` and `mutation.races` entries read `"KIND buffer"`; `expect = "race_free"`
-  with races listed is a contradiction.
+- `check.races` and `mutation.races` entries read `"KIND buffer"`, the buffer one the
+  protocol allocates (`scenarios/buffers.py`); `expect = "race_free"` with races listed is a
+  contradiction.
 - A mutation removes at least one sync or sets at least one key; mutation names are unique
   and not `base`; `mutation.set` overrides obey the protocol rules above.
 - Scenario names are unique in a suite.

@@ -20,12 +20,13 @@ import errno
 import os
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from overlap_harness.model.config import Scenario
 from overlap_harness.model.errors import ScenarioError
+from overlap_harness.scenarios.buffers import check_race_buffers
 from overlap_harness.scenarios.locate import KeyLocator
 from overlap_harness.scenarios.rules import Problems, check_runnable, check_scenario
 from overlap_harness.scenarios.schema import (
@@ -84,13 +85,22 @@ def load_paths(paths: Iterable[str | Path], *, runnable: bool = False) -> list[S
     first: dict[str, Scenario] = {}
     for s in scenarios:
         if s.name in first:
-            lines.append(f"{s.path}: name: {show(s.name)} is already the name of "
-                         f"{first[s.name].path}; scenario names must be unique in a suite")
+            Problems(s.path, lines, _locator(Path(s.path))).add(
+                "name", f"{show(s.name)} is already the name of {first[s.name].path}; "
+                        "scenario names must be unique in a suite")
         else:
             first[s.name] = s
     if lines:
         raise ScenarioError(lines)
     return scenarios
+
+
+def _locator(file: Path) -> Callable[[str], int | None] | None:
+    """The key-path-to-line function of a file loaded before (None if it cannot be read)."""
+    try:
+        return KeyLocator(file.read_text(encoding="utf-8")).line
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _collect(paths: Iterable[str | Path], lines: list[str]) -> list[tuple[Path, str]]:
@@ -147,6 +157,7 @@ def _load_file(file: Path, shown: str, lines: list[str], runnable: bool) -> Scen
                            f"{file.parent / scenario.profile}); run `overlap-harness "
                            "calibrate` on a GPU to make one, or give --profile")
     check_scenario(scenario, out)
+    check_race_buffers(scenario, out)
     if runnable:
         check_runnable(scenario, out)
     return scenario
@@ -178,7 +189,9 @@ def _read(file: Path, shown: str, lines: list[str]) -> dict[str, Any] | None:
             return None
         return tomllib.loads(text)
     except UnicodeDecodeError as exc:
-        lines.append(f"{shown}: not UTF-8 text (byte {exc.start}); save it as UTF-8")
+        line = data.count(b"\n", 0, exc.start) + 1
+        lines.append(f"{shown}: line {line}: not UTF-8 text (byte {exc.start}); save it as "
+                     "UTF-8")
     except RecursionError:  # a nesting _too_deep missed (it does not parse TOML fully)
         lines.append(f"{shown}: arrays or tables nested too deep for the TOML reader")
     except tomllib.TOMLDecodeError as exc:

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from overlap_harness.output_paths import prepare_outputs
+
 DEFAULT_OUT = Path("reports/conformance")
 
 
@@ -21,14 +23,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "conformance", help="run SGLang 0.5.23's FutureMap under the recorder and compare "
         "with the model (needs the sglang extra)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help="folder for sglang-0.5.23.json and .md (default %(default)s)")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run every variant and mutation, write the report, print where it is."""
+    """Run every variant and mutation, write the report, print where it is. The output
+    folder is prepared first (:func:`overlap_harness.output_paths.prepare_outputs`), before
+    sglang is looked for."""
+    prepare_outputs(folders={"--out": args.out})
     # deferred: sglang_env imports the recorder and torch; the command line starts without them
     from overlap_harness.conformance.sglang_env import unavailable_reason
 

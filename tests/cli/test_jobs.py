@@ -40,7 +40,8 @@ def test_each_result_reaches_on_result_in_spec_order_from_the_processes(tmp_path
 def test_fewer_than_one_process_is_refused_with_one_line(jobs, capsys) -> None:
     assert main(["run", str(SUITE_PART[0]), "--no-reports", "-q", "-j", jobs]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"overlap-harness: -j/--jobs: expected at least 1 process, got {jobs}"]
+    assert err == [f"overlap-harness run: error: argument -j/--jobs: expected a whole number "
+                   f"of at least 1, got {jobs} (see overlap-harness run --help)"]
 
 
 def test_reports_from_processes_have_a_plot_per_racy_run(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -12,6 +13,7 @@ import pytest
 
 from overlap_harness.model.config import Expect, Mode, Scenario, WarBarrier
 from overlap_harness.model.errors import HarnessError, ScenarioError
+from overlap_harness.scenarios.buffers import PROTOCOL_BUFFERS, is_protocol_buffer
 from overlap_harness.scenarios.expand import expand, scenario_to_dict
 from overlap_harness.scenarios.keyref import render
 from overlap_harness.scenarios.loader import _keys, load_paths, load_scenario
@@ -292,6 +294,58 @@ def test_races_format_and_contradiction(tmp_path, monkeypatch) -> None:
     ]
 
 
+def test_a_race_on_a_buffer_the_protocol_lacks_names_the_buffers(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("x.toml").write_text(textwrap.dedent("""\
+        [check]
+        expect = "race"
+        races = ["RAW new_seq_lens_bf", "WAR conf_ring_2"]
+        [[mutation]]
+        remove = ["war_barrier"]
+        expect = "race"
+        races = ["WAR req_to_token", "reuse nothing_like_it"]
+        """))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario("x.toml")
+    known = "|".join(PROTOCOL_BUFFERS) + "|conf_ring_<N>"
+    assert info.value.problems == [
+        'x.toml: line 3: check.races[0]: unknown buffer "new_seq_lens_bf"; did you mean '
+        f"new_seq_lens_buf? the protocol's buffers are {known}",
+        'x.toml: line 7: mutation[0].races[1]: unknown buffer "nothing_like_it"; the '
+        f"protocol's buffers are {known}",
+    ]
+    Path("x.toml").write_text(Path("x.toml").read_text().replace("_bf", "_buf")
+                              .replace("nothing_like_it", "new_seq_lens_buf"))
+    assert load_scenario("x.toml").check.races[0] == "RAW new_seq_lens_buf"  # the fixed twin
+
+
+def test_the_buffer_list_is_what_the_protocol_allocates() -> None:
+    """Every buffer a bundled run allocates is in PROTOCOL_BUFFERS, and every name there is
+    allocated by some run (runs cut to 8 iterations: each buffer appears in the first few)."""
+    from overlap_harness.runner import simulate
+    from overlap_harness.sim.sim_device import SimDevice
+
+    allocated: set[str] = set()
+    original = SimDevice.buffer
+
+    def recording(self, name, *args, **kwargs):
+        allocated.add(name)
+        return original(self, name, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SimDevice, "buffer", recording)
+        for sc in load_paths([REPO / "scenarios"]):
+            for spec in expand(sc):
+                short = dataclasses.replace(sc.workload,
+                                            iterations=min(sc.workload.iterations, 8))
+                # a configuration the device refuses (HarnessError) is tested elsewhere
+                with contextlib.suppress(HarnessError):
+                    simulate(dataclasses.replace(sc, protocol=spec.protocol, workload=short),
+                             spec.removed)
+    assert sorted(n for n in allocated if not is_protocol_buffer(n)) == []
+    assert sorted(set(PROTOCOL_BUFFERS) - allocated) == []
+
+
 def test_workload_references(tmp_path, monkeypatch) -> None:
     lines = problems(tmp_path, monkeypatch, """\
         [workload]
@@ -361,6 +415,45 @@ def test_every_problem_in_one_file_is_reported() -> None:
     assert isinstance(info.value, HarnessError)
 
 
+#: One file per kind of problem the loader finds, each with the line it must name.
+EVERY_KIND = [
+    (b'[protocol]\nwar_barrier = "loop-top"\n', 2),  # enum
+    (b'[protocol]\nnum_stepz = 3\n', 2),  # unknown key
+    (b'[protocol]\ntopk = "2"\n', 2),  # type
+    (b'[protocol]\ntopk = 0\n', 2),  # range
+    (b'name = "a b"\n', 1),  # a rule on one key
+    (b'[check]\nexpect = "race"\nraces = ["RAW"]\n', 3),  # race format
+    (b'[check]\nexpect = "race"\nraces = ["RAW new_seq_lens_bf"]\n', 3),  # race buffer
+    (b'[[mutation]]\nremove = ["war_barier"]\n', 2),  # sync label
+    (b'profile = "nope.json"\n', 1),  # a missing profile
+    (b'[workload]\niterations = 2\n', 1),  # nothing to run: its table's line
+    (b'\n\nx = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n', 3),
+    (b'\xef\xbb\xbfname = "x"\n', 1),  # byte-order mark
+    (b'name = "x"\n# caf\xe9\n', 2),  # not UTF-8
+    (b'name = "x"\n[protocol\n', 2),  # TOML syntax
+]
+
+
+@pytest.mark.parametrize(("text", "line"), EVERY_KIND)
+def test_every_kind_of_problem_names_its_line(text: bytes, line: int, tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_bytes(text)
+    with pytest.raises(ScenarioError) as info:
+        load_paths([path], runnable=text.startswith(b"[workload]"))
+    assert [p.removeprefix(f"{path}: ").split(":")[0].split(",")[0]
+            for p in info.value.problems] == [f"line {line}"]
+
+
+def test_a_name_used_twice_names_the_line_of_the_second(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text('name = "same"\n')
+    (tmp_path / "b.toml").write_text('# the same name\n\nname = "same"\n')
+    with pytest.raises(ScenarioError) as info:
+        load_paths([tmp_path / "a.toml", tmp_path / "b.toml"])
+    assert info.value.problems == [f'{tmp_path / "b.toml"}: line 3: name: "same" is already '
+                                   f'the name of {tmp_path / "a.toml"}; scenario names must be '
+                                   "unique in a suite"]
+
+
 def test_problems_across_files_and_paths_are_all_reported(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -379,7 +472,7 @@ def test_duplicate_names_across_a_suite_name_both_files(monkeypatch) -> None:
     with pytest.raises(ScenarioError) as info:
         load_paths(["dupes"])
     assert info.value.problems == [
-        'dupes/b.toml: name: "suite_one" is already the name of dupes/a.toml; '
+        'dupes/b.toml: line 1: name: "suite_one" is already the name of dupes/a.toml; '
         "scenario names must be unique in a suite"]
 
 
