@@ -234,7 +234,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     the result with the script's traceback; races found before it are kept too.
 
     Raises:
-        RecorderError: ``path`` is not a readable file, or the mode cannot run here.
+        RecorderError: ``path`` is not a readable file, the mode cannot run here, or the
+            script used an API the recorder does not model.
     """
     script = Path(path)
     if not script.is_file():
@@ -247,6 +248,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     try:
         with watcher:
             runpy.run_path(str(script), run_name="__main__")
+    except RecorderError:  # an API the recorder does not model: refused, no verdict
+        raise
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):

@@ -250,7 +250,7 @@ def make_graphed_callables(callables: Any, sample_args: tuple, num_warmup_iters:
         callables, sample_args = (callables,), (sample_args,)
     if any(_needs_grad(fn, args) for fn, args in zip(callables, sample_args, strict=True)):
         refuse("make_graphed_callables with a backward graph (gradients enabled and an input "
-               "or parameter requiring grad); call it under torch.no_grad() for the forward "
+               "or parameter requiring grad)", "call it under torch.no_grad() for the forward "
                "graph")
     pool = torch.cuda.graph_pool_handle() if pool is None else pool
     torch.cuda.synchronize()

@@ -294,9 +294,10 @@ class GraphState:
             self.pool = None
 
 
-def refuse(what: str) -> None:
-    """What the recorder does not model: one clear error."""
-    raise RecorderError(f"CUDA graphs: {what} is not modelled by the recorder")
+def refuse(what: str, fix: str = "") -> None:
+    """What the recorder does not model: one clear error (and how to avoid it)."""
+    raise RecorderError(f"CUDA graphs: {what} is not modelled by the recorder"
+                        + (f"; {fix}" if fix else ""))
 
 
 def _short(site: str) -> str:
