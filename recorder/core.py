@@ -15,6 +15,11 @@ reports the new owner's accesses that race with the old owner's as *reuse*. The 
 behind a storage (CPU memory in CPU mode, the real caching allocator's block on a GPU) plays
 no part in that choice, so both modes make the same one.
 
+CUDA graphs. While a capture is under way (:attr:`Recording.capture`, a
+:class:`recorder.graphs.GraphCapture`), the nodes issued on its capturing streams go into its
+template instead of the detector, and their allocations into the graph's private pool; a
+host sync that would wait for captured work fails as it does on a GPU.
+
 Times are not measured: nodes carry no times (races are reported with ``manifest=None``), and
 the timeline the reports draw spaces nodes evenly in issue order.
 
