@@ -15,17 +15,18 @@ import os
 import runpy
 import sys
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import graph_api, kernels, project_kernels
-from overlap_harness.recorder.core import Access, RecorderError, Recording, UnknownOp
+from overlap_harness.recorder.core import Access, RecorderError, Recording, Replayable, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
@@ -88,15 +89,20 @@ class Watch:
         finally:
             self.dispatch.quiet -= 1
 
-    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess]) -> None:
-        """One op on the current stream with the declared accesses."""
+    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess],
+                        rerun: Callable[[], Any] | None = None) -> None:
+        """One op on the current stream with the declared accesses; in CPU mode, a CUDA
+        graph capturing it runs ``rerun()`` at each replay."""
         self.dispatch.paused += 1  # the helpers' own torch calls are not the program's
         try:
             with torch._C.DisableTorchFunction():
                 out = self._declared_accesses(accesses)
         finally:
             self.dispatch.paused -= 1
-        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL)
+        replay = None
+        if rerun is not None and self.cpu_mode and self.recording.capture is not None:
+            replay = Replayable(rerun)
+        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL, replay=replay)
 
     def _declared_accesses(self, accesses: Iterable[kernels.DeclaredAccess]) -> list[Access]:
         out: list[Access] = []

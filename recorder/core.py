@@ -106,7 +106,7 @@ class Replayable:
     recomputes what it writes; ``accesses()`` gives its accesses from the index values of the
     moment (None: the captured accesses hold, no index involved)."""
 
-    values: Callable[[], None]
+    values: Callable[[], object]
     accesses: Callable[[], list[Access]] | None = None
 
 

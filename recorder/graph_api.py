@@ -182,7 +182,11 @@ def gpu_patches(graphs: GraphSet, memory: Any) -> list[tuple[Any, str, Any]]:
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
         original["capture_begin"](self, *args, **kwargs)
-        state_of(self).begin(memory.current_agent(), tuple(self.pool()))
+        try:
+            pool = tuple(self.pool())
+        except RuntimeError:  # no pool id to read: the graph's own pool
+            pool = None
+        state_of(self).begin(memory.current_agent(), pool)
 
     def capture_end(self: Any) -> None:
         try:

@@ -244,6 +244,8 @@ class GraphState:
         if self.template is None:
             raise RuntimeError("Called CUDAGraph.replay without a preceding successful capture")
         recording = self.graphs.recording
+        if recording.capture is not None and recording.capture.takes(agent):
+            refuse("a replay inside another graph's capture (a child graph)")
         site = user_site()
         if self._last_end is not None and self._last_end[0] != agent:
             recording.op(f"{self.name}.replay (after its previous replay)", agent, (),
@@ -276,7 +278,7 @@ class GraphState:
         branch = recording.detector.agent_names[captured]
         return recording.agent(("graph branch", self.number, captured), f"{self.name}/{branch}")
 
-    def _compute(self, values: Callable[[], None]) -> None:
+    def _compute(self, values: Callable[[], object]) -> None:
         dispatch = self.graphs.dispatch
         dispatch.paused += 1
         try:

@@ -10,7 +10,7 @@ import torch
 
 from overlap_harness.model.allocator import BlockPool, FreedBlock
 from overlap_harness.model.trace import OpKind
-from overlap_harness.recorder import RecorderError, watch
+from overlap_harness.recorder import RecorderError, declared, reads, watch, writes
 from overlap_harness.recorder.core import CAPTURED, Access, Recording
 from overlap_harness.recorder.graph_api import FakeCUDAGraph, gpu_patches
 from overlap_harness.recorder.graphs import GraphSet
@@ -310,3 +310,37 @@ def test_the_check_command_refuses_an_unmodelled_graph_api_in_one_line(tmp_path,
         "overlap-harness check: CUDA graphs: make_graphed_callables with a backward graph "
         "(gradients enabled and an input or parameter requiring grad) is not modelled by the "
         "recorder; call it under torch.no_grad() for the forward graph"]
+
+
+@declared(lambda result, out, src: reads(src) + writes(out))
+def scaled_into(out, src):
+    """A kernel the dispatcher cannot see, declared (its body computes the same values)."""
+    out.copy_(src * 3)
+
+
+def test_a_declared_kernel_in_a_capture_runs_again_at_each_replay():
+    with watch("cpu") as watcher:
+        src = torch.ones(3, device="cuda")
+        out = torch.zeros(3, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            scaled_into(out, src)
+        seen = []
+        for value in (1.0, 2.0):
+            src.fill_(value)
+            graph.replay()
+            seen.append(out.tolist())
+    assert seen == [[3.0] * 3, [6.0] * 3]
+    assert watcher.races == [] and watcher.unknown_ops == []
+    replayed = [r.name for r in watcher.run.timeline if r.name.startswith("graph.replay")]
+    assert [name.split(" (")[0] for name in replayed] == ["graph.replay: scaled_into"] * 2
+
+
+def test_a_replay_inside_another_capture_is_refused():
+    with watch("cpu"):
+        inner, outer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(inner):
+            torch.ones(1, device="cuda")
+        with pytest.raises(RecorderError, match="a replay inside another graph's capture"), \
+                torch.cuda.graph(outer):
+            inner.replay()
