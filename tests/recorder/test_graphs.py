@@ -344,3 +344,25 @@ def test_a_replay_inside_another_capture_is_refused():
         with pytest.raises(RecorderError, match="a replay inside another graph's capture"), \
                 torch.cuda.graph(outer):
             inner.replay()
+
+
+@pytest.mark.parametrize("computes", [True, False])
+def test_without_host_values_an_indexing_op_in_a_graph_touches_its_whole_view(computes):
+    """GPU mode cannot read index values during a capture (it would break it): the captured
+    gather reads all of ``table``; CPU mode reads only the row its index names."""
+    from overlap_harness.recorder import graph_api
+
+    with watch("cpu") as watcher:
+        graph_api._ACTIVE[-1].computes = computes
+        table = torch.arange(8.0, device="cuda")
+        index = torch.zeros(1, dtype=torch.int64, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            table[index]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph.replay()
+        with torch.cuda.stream(side):
+            table[5] = -1.0  # a row the gather does not read
+        torch.cuda.current_stream().wait_stream(side)
+    assert _kinds(watcher) == ([] if computes else [("WAR", "table")])
