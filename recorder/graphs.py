@@ -132,7 +132,8 @@ class GraphCapture:
             saved = [aten.clone.default(t) for t in written]
             out = func(*args, **kwargs)
             for t, values in zip(written, saved, strict=True):
-                aten.copy_.default(t, values)
+                if t.shape == values.shape:  # an ``out=`` the op resized keeps its new values
+                    aten.copy_.default(t, values)
         return out
 
     def replayable(self, mode: Any, func: Any, args: tuple, kwargs: dict, out: Any,
