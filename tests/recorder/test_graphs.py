@@ -284,16 +284,13 @@ def test_without_values_the_template_replays_its_accesses_as_in_gpu_mode():
     assert len(recording.races) == 1
 
 
-def test_gpu_mode_wraps_torchs_graph_methods_and_undoes_it():
-    from overlap_harness.recorder.fake_streams import patched
-
+def test_gpu_mode_wraps_torchs_graph_methods(monkeypatch):
     cls = torch.cuda.graphs.CUDAGraph
     before = {name: vars(cls)[name] for name in ("capture_begin", "replay", "reset")}
-    patches = gpu_patches(GraphSet(Recording(), False, None), memory=None)
-    with patched(patches):
-        assert all(vars(cls)[name] is not before[name] for name in before)
-        assert torch.cuda.make_graphed_callables.__module__.endswith("graph_api")
-    assert all(vars(cls)[name] is before[name] for name in before)
+    for obj, name, value in gpu_patches(GraphSet(Recording(), False, None), memory=None):
+        monkeypatch.setattr(obj, name, value)
+    assert all(vars(cls)[name] is not before[name] for name in before)
+    assert torch.cuda.make_graphed_callables.__module__.endswith("graph_api")
 
 
 def test_the_check_command_refuses_an_unmodelled_graph_api_in_one_line(tmp_path, capsys):
