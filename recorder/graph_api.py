@@ -29,6 +29,8 @@ from overlap_harness.recorder.graphs import GraphSet, GraphState, refuse
 from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
 
 _ACTIVE: list[GraphSet] = []  # CPU mode: the running watch's graphs
+CAPTURE_STREAM = "capture_stream"  # the name of torch.cuda.graph's default capture stream
+CAPTURE_STREAM_ID = -1  # its stream id in CPU mode (the program's streams count from 1)
 
 
 def _graphs() -> GraphSet:
@@ -114,7 +116,7 @@ class FakeGraphContext:
             stream = graphs.capture_stream
             if stream is None:
                 stream = graphs.capture_stream = FakeStream.__new__(FakeStream)
-                stream._setup(state(), state().new_stream_id(), "capture_stream")
+                stream._setup(state(), CAPTURE_STREAM_ID, CAPTURE_STREAM)  # numbers no stream
         self.capture_stream = stream
         self.cuda_graph = cuda_graph
         self.pool = pool
@@ -182,6 +184,9 @@ def gpu_patches(graphs: GraphSet, memory: Any) -> list[tuple[Any, str, Any]]:
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
         original["capture_begin"](self, *args, **kwargs)
+        stream = torch.cuda.current_stream()
+        if stream == torch.cuda.graphs.graph.default_capture_stream:  # named as in CPU mode
+            memory.stream_names.setdefault(stream.cuda_stream, CAPTURE_STREAM)
         try:
             pool = tuple(self.pool())
         except RuntimeError:  # no pool id to read: the graph's own pool

@@ -363,3 +363,19 @@ def test_without_host_values_an_indexing_op_in_a_graph_touches_its_whole_view(co
             table[5] = -1.0  # a row the gather does not read
         torch.cuda.current_stream().wait_stream(side)
     assert _kinds(watcher) == ([] if computes else [("WAR", "table")])
+
+
+def test_the_default_capture_stream_is_named_and_numbers_no_program_stream():
+    with watch("cpu") as watcher:
+        x = torch.ones(2, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x + 1
+        assert torch.cuda.graph(graph).capture_stream.name == "capture_stream"
+        first, second = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(first):
+            graph.replay()
+        with torch.cuda.stream(second):
+            y.sum()
+    names = {r.first.agent for r in watcher.races} | {r.second.agent for r in watcher.races}
+    assert names == {"stream1", "stream2"}
