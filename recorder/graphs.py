@@ -41,7 +41,7 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, RecorderError, Recording, Replayable
-from overlap_harness.recorder.elements import is_indexing, schema_accesses
+from overlap_harness.recorder.elements import index_elements, is_indexing, schema_accesses
 from overlap_harness.recorder.sites import split_site, user_site
 
 aten = torch.ops.aten
@@ -127,13 +127,12 @@ class GraphCapture:
         (a capture runs nothing; GPU mode only enqueues it into the real graph)."""
         if not self.computes:
             return func(*args, **kwargs)
-        written = [t for t, write in schema_accesses(func, args, kwargs) if write]
         with torch._C.DisableTorchFunction():
-            saved = [aten.clone.default(t) for t in written]
+            restores = [_saved(func, args, kwargs, t)
+                        for t, write in schema_accesses(func, args, kwargs) if write]
             out = func(*args, **kwargs)
-            for t, values in zip(written, saved, strict=True):
-                if t.shape == values.shape:  # an ``out=`` the op resized keeps its new values
-                    aten.copy_.default(t, values)
+            for restore in restores:
+                restore()
         return out
 
     def replayable(self, mode: Any, func: Any, args: tuple, kwargs: dict, out: Any,
@@ -152,6 +151,24 @@ class GraphCapture:
             def accesses() -> list[Access]:
                 return mode.input_accesses(func, args, kwargs, inputs) + written
         return Replayable(functools.partial(_rerun, func, args, kwargs, outputs), accesses)
+
+
+def _saved(func: Any, args: tuple, kwargs: dict, t: torch.Tensor) -> Callable[[], None]:
+    """What puts back the elements an op is about to write in ``t``: only those its index
+    values pick for an indexing op (a KV-cache write saves its rows, not the cache)."""
+    picked = index_elements(func, args, kwargs) if t is args[0] and is_indexing(func) else None
+    if picked is None:
+        values = aten.clone.default(t)
+
+        def restore() -> None:
+            if t.shape == values.shape:  # an ``out=`` the op resized keeps its new values
+                aten.copy_.default(t, values)
+        return restore
+    ids = torch.from_numpy(picked[0])
+    flat = aten.as_strided.default(t, (t.untyped_storage().nbytes() // t.element_size(),),
+                                   (1,), 0)
+    rows = aten.index.Tensor(flat, [ids])
+    return lambda: aten.index_put_.default(flat, [ids], rows)
 
 
 def _rerun(func: Any, args: tuple, kwargs: dict, outputs: list[tuple[int, torch.Tensor]]) -> None:

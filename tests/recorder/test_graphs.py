@@ -379,3 +379,22 @@ def test_the_default_capture_stream_is_named_and_numbers_no_program_stream():
             y.sum()
     names = {r.first.agent for r in watcher.races} | {r.second.agent for r in watcher.races}
     assert names == {"stream1", "stream2"}
+
+
+def test_a_captured_cache_write_changes_nothing_until_a_replay_writes_its_rows():
+    with watch("cpu") as watcher:
+        cache = torch.arange(12.0, device="cuda").reshape(6, 2)
+        loc = torch.tensor([1, 4], device="cuda")
+        new_rows = torch.full((2, 2), -1.0, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            cache[loc] = new_rows  # index_put_: the capture saves and puts back rows 1 and 4
+        untouched = cache.tolist()
+        loc.copy_(torch.tensor([0, 5], device="cuda"))
+        graph.replay()
+        replayed = cache.tolist()
+    assert untouched == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0],
+                         [10.0, 11.0]]
+    assert replayed == [[-1.0, -1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0],
+                        [-1.0, -1.0]]
+    assert watcher.races == []
