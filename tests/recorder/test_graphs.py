@@ -398,3 +398,70 @@ def test_a_captured_cache_write_changes_nothing_until_a_replay_writes_its_rows()
     assert replayed == [[-1.0, -1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0],
                         [-1.0, -1.0]]
     assert watcher.races == []
+
+
+def _forked_graph_program(join: bool) -> list[float]:
+    """A graph with a fork and a join inside, replayed on a side stream (both modes)."""
+    shared = torch.zeros(8, device="cuda")
+    total = torch.zeros((), device="cuda")
+    branch = torch.cuda.Stream()
+    done = torch.cuda.Event()
+    (shared + 1).sum()  # warm-up: each kernel launched once before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        branch.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(branch):
+            shared.add_(1)
+            done.record()
+        if join:
+            torch.cuda.current_stream().wait_event(done)
+        total.copy_(shared.sum())
+        torch.cuda.current_stream().wait_event(done)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.replay()
+    torch.cuda.current_stream().wait_stream(side)
+    return [total.item()]
+
+
+def _graphed_callable_program(join: bool) -> list[float]:
+    """make_graphed_callables' forward graph, its output read on another stream."""
+    with torch.no_grad():
+        graphed = torch.cuda.make_graphed_callables(lambda t: t * 2,
+                                                    (torch.zeros(4, device="cuda"),))
+        out = graphed(torch.ones(4, device="cuda"))
+        reader = torch.cuda.Stream()
+        if join:
+            reader.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(reader):
+            got = out + 1
+        torch.cuda.current_stream().wait_stream(reader)
+        return got.tolist()
+
+
+def _summary(mode: str, program, join: bool) -> tuple[list[tuple[str, ...]], list[float]]:
+    with watch(mode) as watcher:
+        values = program(join)
+    races = sorted((str(r.kind), r.buffer.split("@")[0], r.first.op_name, r.first.agent,
+                    r.second.op_name, r.second.agent) for r in watcher.races)
+    return races, values
+
+
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("program", [_forked_graph_program, _graphed_callable_program])
+def test_graph_programs_in_cpu_mode(program, join):
+    races, _values = _summary("cpu", program, join)
+    assert bool(races) == (not join)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("program", [_forked_graph_program, _graphed_callable_program])
+def test_gpu_mode_equals_cpu_mode_on_graphs(program, join):
+    gpu = _summary("gpu", program, join)
+    cpu = _summary("cpu", program, join)
+    assert gpu[0] == cpu[0]
+    if join:
+        assert gpu[1] == cpu[1]
