@@ -19,14 +19,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import graph_api, kernels, project_kernels
-from overlap_harness.recorder.core import Access, RecorderError, Recording, Replayable, UnknownOp
+from overlap_harness.recorder.core import Access, Recording, Replayable, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
@@ -35,6 +36,15 @@ from overlap_harness.recorder.graphs import GraphSet
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
+
+
+class RecorderError(HarnessError):
+    """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
+
+
+def _refuse(message: str) -> NoReturn:
+    """An API the recorder does not model: the one line the program gets."""
+    raise RecorderError(message)
 
 
 def resolve_mode(mode: str) -> str:
@@ -148,7 +158,8 @@ class Watch:
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
         function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
         stack.enter_context(patched(function_mode.patches()))
-        stack.enter_context(graph_api.cpu_active(GraphSet(self.recording, True, self.dispatch)))
+        graphs = GraphSet(self.recording, True, self.dispatch, _refuse)
+        stack.enter_context(graph_api.active(graphs))
         stack.enter_context(patched(graph_api.cpu_patches()))
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
@@ -159,7 +170,8 @@ class Watch:
         self.memory = gpu_mode.GpuMemory(self.recording)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
-        graphs = GraphSet(self.recording, False, self.dispatch)
+        graphs = GraphSet(self.recording, False, self.dispatch, _refuse)
+        stack.enter_context(graph_api.active(graphs))
         stack.enter_context(patched(graph_api.gpu_patches(graphs, self.memory)))
         stack.enter_context(self.dispatch)
         stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))

@@ -38,18 +38,12 @@ import numpy as np
 
 from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
-from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.trace import DeviceRun, OpId, OpKind, OpRecord, Race
 from overlap_harness.recorder.sites import user_site
 
 NODE_SPACING_NS = 1000  # the drawn timeline: one node per microsecond, in issue order
 STREAM_OP_NS = 800  # how long a stream op is drawn
 CAPTURED = OpId(-1)  # what a node issued into a CUDA graph capture returns: it ran nowhere
-
-
-class RecorderError(HarnessError):
-    """The recorder was asked for something it cannot do (a GPU mode without a GPU, an API it
-    does not model)."""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ follows them; the wrappers only do bookkeeping (no launch, no sync: a capture mu
 gradient needed: ``torch.no_grad()``, or no input or parameter requiring grad): warm-up
 iterations on a side stream between device synchronizes, one graph per callable in one shared
 pool, and a callable that copies new inputs into the static inputs, replays and returns the
-static outputs. A backward graph is refused with a :class:`recorder.core.RecorderError`.
+static outputs. A backward graph is refused in one line (the watch's ``RecorderError``).
 """
 
 from __future__ import annotations
@@ -25,23 +25,23 @@ import torch
 from torch.utils import _pytree
 
 from overlap_harness.recorder.fake_streams import FakeStream, state
-from overlap_harness.recorder.graphs import GraphSet, GraphState, refuse
+from overlap_harness.recorder.graphs import GraphSet, GraphState
 from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
 
-_ACTIVE: list[GraphSet] = []  # CPU mode: the running watch's graphs
+_ACTIVE: list[GraphSet] = []  # the running watch's graphs
 CAPTURE_STREAM = "capture_stream"  # the name of torch.cuda.graph's default capture stream
 CAPTURE_STREAM_ID = -1  # its stream id in CPU mode (the program's streams count from 1)
 
 
 def _graphs() -> GraphSet:
     if not _ACTIVE:
-        raise RuntimeError("CUDA graphs are faked only inside overlap_harness.watch(mode='cpu')")
+        raise RuntimeError("the recorder's CUDA graphs work only inside overlap_harness.watch()")
     return _ACTIVE[-1]
 
 
 @contextmanager
-def cpu_active(graphs: GraphSet) -> Iterator[GraphSet]:
-    """Make ``graphs`` the faked CUDA graphs' watch inside the block."""
+def active(graphs: GraphSet) -> Iterator[GraphSet]:
+    """Make ``graphs`` the CUDA graphs of the running watch inside the block."""
     _ACTIVE.append(graphs)
     try:
         yield graphs
@@ -85,15 +85,13 @@ class FakeCUDAGraph:
         """Nothing to dump in CPU mode."""
 
     def debug_dump(self, debug_path: str) -> None:
-        refuse("CUDAGraph.debug_dump in CPU mode")
+        self._state.graphs.refuse("CUDAGraph.debug_dump in CPU mode")
 
     def raw_cuda_graph(self) -> int:
-        refuse("CUDAGraph.raw_cuda_graph in CPU mode")
-        return 0
+        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph in CPU mode")
 
     def raw_cuda_graph_exec(self) -> int:
-        refuse("CUDAGraph.raw_cuda_graph_exec in CPU mode")
-        return 0
+        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph_exec in CPU mode")
 
     def __del__(self) -> None:
         try:  # noqa: SIM105 (a finalizer may run at interpreter exit, modules half gone)
@@ -258,9 +256,9 @@ def make_graphed_callables(callables: Any, sample_args: tuple, num_warmup_iters:
     if single:
         callables, sample_args = (callables,), (sample_args,)
     if any(_needs_grad(fn, args) for fn, args in zip(callables, sample_args, strict=True)):
-        refuse("make_graphed_callables with a backward graph (gradients enabled and an input "
-               "or parameter requiring grad)", "call it under torch.no_grad() for the forward "
-               "graph")
+        _graphs().refuse("make_graphed_callables with a backward graph (gradients enabled "
+                         "and an input or parameter requiring grad)",
+                         "call it under torch.no_grad() for the forward graph")
     pool = torch.cuda.graph_pool_handle() if pool is None else pool
     torch.cuda.synchronize()
     warmup = torch.cuda.Stream()

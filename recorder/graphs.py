@@ -35,12 +35,12 @@ import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from overlap_harness.model.trace import OpKind
-from overlap_harness.recorder.core import Access, RecorderError, Recording, Replayable
+from overlap_harness.recorder.core import Access, Recording, Replayable
 from overlap_harness.recorder.elements import index_elements, is_indexing, schema_accesses
 from overlap_harness.recorder.sites import split_site, user_site
 
@@ -183,13 +183,20 @@ class GraphSet:
     """The CUDA graphs of one watch: their recording, the private pools in use, and how CPU
     mode pauses the recording while a replay computes values."""
 
-    def __init__(self, recording: Recording, computes: bool, dispatch: Any) -> None:
+    def __init__(self, recording: Recording, computes: bool, dispatch: Any,
+                 refuse: Callable[[str], NoReturn]) -> None:
         self.recording = recording
         self.computes = computes
         self.dispatch = dispatch
+        self._refuse = refuse  # raises the watch's error for an unmodelled API
         self._numbers = itertools.count(1)
         self._pool_users: dict[object, int] = {}
         self.capture_stream: Any = None  # CPU mode: torch.cuda.graph's default capture stream
+
+    def refuse(self, what: str, fix: str = "") -> NoReturn:
+        """What the recorder does not model: one clear line (and how to avoid it)."""
+        self._refuse(f"CUDA graphs: {what} is not modelled by the recorder"
+                     + (f"; {fix}" if fix else ""))
 
     def new_pool(self) -> tuple[int, int]:
         """A fresh private pool token (CPU mode's ``graph_pool_handle()``)."""
@@ -227,7 +234,7 @@ class GraphState:
         """``capture_begin`` on the stream of ``agent``, into ``pool`` (a new one if None)."""
         recording = self.graphs.recording
         if recording.capture is not None:
-            refuse("a second CUDA graph capture while one is under way")
+            self.graphs.refuse("a second CUDA graph capture while one is under way")
         if self.template is not None or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph; make a "
                                "new instance to capture a new graph (or reset() this one)")
@@ -263,7 +270,7 @@ class GraphState:
             raise RuntimeError("Called CUDAGraph.replay without a preceding successful capture")
         recording = self.graphs.recording
         if recording.capture is not None and recording.capture.takes(agent):
-            refuse("a replay inside another graph's capture (a child graph)")
+            self.graphs.refuse("a replay inside another graph's capture (a child graph)")
         site = user_site()
         if self._last_end is not None and self._last_end[0] != agent:
             recording.op(f"{self.name}.replay (after its previous replay)", agent, (),
@@ -312,12 +319,6 @@ class GraphState:
         if self.pool is not None:
             self.graphs.leave_pool(self.pool)
             self.pool = None
-
-
-def refuse(what: str, fix: str = "") -> None:
-    """What the recorder does not model: one clear error (and how to avoid it)."""
-    raise RecorderError(f"CUDA graphs: {what} is not modelled by the recorder"
-                        + (f"; {fix}" if fix else ""))
 
 
 def _short(site: str) -> str:

@@ -16,6 +16,10 @@ from overlap_harness.recorder.graph_api import FakeCUDAGraph, gpu_patches
 from overlap_harness.recorder.graphs import GraphSet
 
 
+def _raise(message: str):
+    raise AssertionError(message)
+
+
 def _kinds(watcher) -> list[tuple[str, str]]:
     """(kind, variable) of every race."""
     return sorted((str(r.kind), r.buffer.split("@")[0]) for r in watcher.races)
@@ -265,7 +269,7 @@ def test_make_graphed_callables_refuses_a_backward_graph():
 def test_without_values_the_template_replays_its_accesses_as_in_gpu_mode():
     """GPU mode's path, driven directly: nothing is computed, the accesses replay."""
     recording = Recording()
-    graphs = GraphSet(recording, computes=False, dispatch=None)
+    graphs = GraphSet(recording, computes=False, dispatch=None, refuse=_raise)
     default, side = recording.agent("d", "default"), recording.agent("s", "side")
     info = recording.allocate(1, 4, 4, torch.float32, (4,), False, default, lambda: True, "out")
     graph = graphs.new_graph("g")
@@ -287,7 +291,7 @@ def test_without_values_the_template_replays_its_accesses_as_in_gpu_mode():
 def test_gpu_mode_wraps_torchs_graph_methods(monkeypatch):
     cls = torch.cuda.graphs.CUDAGraph
     before = {name: vars(cls)[name] for name in ("capture_begin", "replay", "reset")}
-    for obj, name, value in gpu_patches(GraphSet(Recording(), False, None), memory=None):
+    for obj, name, value in gpu_patches(GraphSet(Recording(), False, None, _raise), memory=None):
         monkeypatch.setattr(obj, name, value)
     assert all(vars(cls)[name] is not before[name] for name in before)
     assert torch.cuda.make_graphed_callables.__module__.endswith("graph_api")
