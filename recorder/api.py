@@ -42,9 +42,10 @@ class RecorderError(HarnessError):
     """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
 
 
-def _refuse(message: str) -> NoReturn:
+def _refuse(what: str, instead: str = "") -> NoReturn:
     """An API the recorder does not model: the one line the program gets."""
-    raise RecorderError(message)
+    raise RecorderError(f"{what} is not modelled by the recorder"
+                        + (f"; {instead}" if instead else ""))
 
 
 def resolve_mode(mode: str) -> str:

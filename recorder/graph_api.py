@@ -29,6 +29,7 @@ from overlap_harness.recorder.graphs import GraphSet, GraphState
 from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
 
 _ACTIVE: list[GraphSet] = []  # the running watch's graphs
+_IN_GPU_MODE = "check it in GPU mode (--gpu)"
 CAPTURE_STREAM = "capture_stream"  # the name of torch.cuda.graph's default capture stream
 CAPTURE_STREAM_ID = -1  # its stream id in CPU mode (the program's streams count from 1)
 
@@ -85,13 +86,13 @@ class FakeCUDAGraph:
         """Nothing to dump in CPU mode."""
 
     def debug_dump(self, debug_path: str) -> None:
-        self._state.graphs.refuse("CUDAGraph.debug_dump in CPU mode")
+        self._state.graphs.refuse("CUDAGraph.debug_dump in CPU mode", _IN_GPU_MODE)
 
     def raw_cuda_graph(self) -> int:
-        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph in CPU mode")
+        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph in CPU mode", _IN_GPU_MODE)
 
     def raw_cuda_graph_exec(self) -> int:
-        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph_exec in CPU mode")
+        self._state.graphs.refuse("CUDAGraph.raw_cuda_graph_exec in CPU mode", _IN_GPU_MODE)
 
     def __del__(self) -> None:
         try:  # noqa: SIM105 (a finalizer may run at interpreter exit, modules half gone)
@@ -256,8 +257,8 @@ def make_graphed_callables(callables: Any, sample_args: tuple, num_warmup_iters:
     if single:
         callables, sample_args = (callables,), (sample_args,)
     if any(_needs_grad(fn, args) for fn, args in zip(callables, sample_args, strict=True)):
-        _graphs().refuse("make_graphed_callables with a backward graph (gradients enabled "
-                         "and an input or parameter requiring grad)",
+        _graphs().refuse("torch.cuda.make_graphed_callables with a backward graph (gradients "
+                         "enabled and an input or parameter requiring grad)",
                          "call it under torch.no_grad() for the forward graph")
     pool = torch.cuda.graph_pool_handle() if pool is None else pool
     torch.cuda.synchronize()

@@ -184,19 +184,15 @@ class GraphSet:
     mode pauses the recording while a replay computes values."""
 
     def __init__(self, recording: Recording, computes: bool, dispatch: Any,
-                 refuse: Callable[[str], NoReturn]) -> None:
+                 refuse: Callable[[str, str], NoReturn]) -> None:
         self.recording = recording
         self.computes = computes
         self.dispatch = dispatch
-        self._refuse = refuse  # raises the watch's error for an unmodelled API
+        # ``refuse(what, instead)`` raises the watch's one-line error for an unmodelled API
+        self.refuse = refuse
         self._numbers = itertools.count(1)
         self._pool_users: dict[object, int] = {}
         self.capture_stream: Any = None  # CPU mode: torch.cuda.graph's default capture stream
-
-    def refuse(self, what: str, fix: str = "") -> NoReturn:
-        """What the recorder does not model: one clear line (and how to avoid it)."""
-        self._refuse(f"CUDA graphs: {what} is not modelled by the recorder"
-                     + (f"; {fix}" if fix else ""))
 
     def new_pool(self) -> tuple[int, int]:
         """A fresh private pool token (CPU mode's ``graph_pool_handle()``)."""
@@ -234,7 +230,7 @@ class GraphState:
         """``capture_begin`` on the stream of ``agent``, into ``pool`` (a new one if None)."""
         recording = self.graphs.recording
         if recording.capture is not None:
-            self.graphs.refuse("a second CUDA graph capture while one is under way")
+            self.graphs.refuse("a second CUDA graph capture while one is under way", "")
         if self.template is not None or self._capture is not None:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph; make a "
                                "new instance to capture a new graph (or reset() this one)")
@@ -270,7 +266,8 @@ class GraphState:
             raise RuntimeError("Called CUDAGraph.replay without a preceding successful capture")
         recording = self.graphs.recording
         if recording.capture is not None and recording.capture.takes(agent):
-            self.graphs.refuse("a replay inside another graph's capture (a child graph)")
+            self.graphs.refuse("a CUDA graph replay inside another graph's capture (a child graph)",
+                               "")
         site = user_site()
         if self._last_end is not None and self._last_end[0] != agent:
             recording.op(f"{self.name}.replay (after its previous replay)", agent, (),

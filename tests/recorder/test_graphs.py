@@ -16,8 +16,8 @@ from overlap_harness.recorder.graph_api import FakeCUDAGraph, gpu_patches
 from overlap_harness.recorder.graphs import GraphSet
 
 
-def _raise(message: str):
-    raise AssertionError(message)
+def _raise(what: str, instead: str):
+    raise AssertionError(what)
 
 
 def _kinds(watcher) -> list[tuple[str, str]]:
@@ -198,7 +198,8 @@ def test_capture_misuse_is_refused_like_torch():
         graph.reset()
         with pytest.raises(RuntimeError, match="without a preceding successful capture"):
             graph.replay()
-        with pytest.raises(RecorderError, match="raw_cuda_graph in CPU mode is not modelled"):
+        with pytest.raises(RecorderError, match="raw_cuda_graph in CPU mode is not modelled by "
+                                                "the recorder; check it in GPU mode"):
             graph.raw_cuda_graph()
 
 
@@ -261,8 +262,8 @@ def test_make_graphed_callables_forward_only(as_module):
 def test_make_graphed_callables_refuses_a_backward_graph():
     with watch("cpu"):
         layer = torch.nn.Linear(2, 2).cuda()
-        with pytest.raises(RecorderError, match=r"^CUDA graphs: make_graphed_callables with a "
-                                                r"backward graph"):
+        with pytest.raises(RecorderError, match=r"^torch\.cuda\.make_graphed_callables with "
+                                                r"a backward graph"):
             torch.cuda.make_graphed_callables(layer, (torch.zeros(1, 2, device="cuda"),))
 
 
@@ -308,7 +309,7 @@ def test_the_check_command_refuses_an_unmodelled_graph_api_in_one_line(tmp_path,
     printed = capsys.readouterr()
     assert printed.out == ""
     assert printed.err.splitlines() == [
-        "overlap-harness check: CUDA graphs: make_graphed_callables with a backward graph "
+        "overlap-harness check: torch.cuda.make_graphed_callables with a backward graph "
         "(gradients enabled and an input or parameter requiring grad) is not modelled by the "
         "recorder; call it under torch.no_grad() for the forward graph"]
 
@@ -342,7 +343,7 @@ def test_a_replay_inside_another_capture_is_refused():
         inner, outer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(inner):
             torch.ones(1, device="cuda")
-        with pytest.raises(RecorderError, match="a replay inside another graph's capture"), \
+        with pytest.raises(RecorderError, match="a CUDA graph replay inside another graph"), \
                 torch.cuda.graph(outer):
             inner.replay()
 
