@@ -17,8 +17,15 @@ timing allows. A real allocator may reuse the block earlier, when timing happens
 reuse is ordered by the allocator's own event, so it can never add a race of its own; it only
 changes which block an allocation gets, which the real allocator decides by size and address
 anyway. The choice among reusable blocks here is deterministic: the most recently freed block
-of the same key (numel, dtype, pinned, allocation stream). Pinned host blocks are never handed
-out again within a run.
+of the same key (numel, dtype, pinned, allocation stream, and the private pool of the CUDA
+graph capture that allocated it, if any). Pinned host blocks are never handed out again within
+a run.
+
+CUDA graph pools (STREAM-SEMANTICS.md "CUDA graphs"): a block allocated during a capture belongs
+to the graph's private pool; freed, it goes back to that pool only, for a later allocation of
+a capture into the same pool. Once no graph uses the pool (``reset()``, or the graph is gone),
+its blocks are never handed out again within a run: PyTorch returns a released private pool's
+blocks to the driver only through ``cudaFree``, which synchronizes the device.
 
 The pool is pure bookkeeping over opaque payloads (a simulated block, a CUDA tensor): the
 simulated device, the CUDA device and the recorder of real code all use it, so each makes the
@@ -33,7 +40,7 @@ from typing import Any
 
 from overlap_harness.model.trace import OpId
 
-BlockKey = tuple  # (numel, dtype, pinned, allocation agent or -1 for the host)
+BlockKey = tuple  # (numel, dtype, pinned, allocation agent or -1 for the host[, graph pool])
 
 
 @dataclass(slots=True)
@@ -71,6 +78,7 @@ class BlockPool:
     def __init__(self) -> None:
         self._free: list[FreedBlock] = []
         self._kept: list[Any] = []  # freed pinned payloads: alive as long as the pool
+        self._released: set[object] = set()  # graph pools no graph uses any more
         self.reused = 0
 
     def take(self, key: BlockKey, ordered: Callable[[OpId], bool]) -> FreedBlock | None:
@@ -90,11 +98,25 @@ class BlockPool:
         return None
 
     def give(self, block: FreedBlock) -> None:
-        """Take a freed block back (pinned ones are only kept alive)."""
-        if block.key[2]:
+        """Take a freed block back (pinned ones, and those of a released graph pool, are only
+        kept alive)."""
+        if block.key[2] or _graph_pool(block.key) in self._released:
             self._kept.append(block.payload)
         else:
             self._free.append(block)
 
+    def release_graph_pool(self, pool: object) -> None:
+        """No graph uses the private pool ``pool`` any more: its blocks, freed now or later,
+        are never handed out again (see the module docstring)."""
+        self._released.add(pool)
+        kept = [b for b in self._free if _graph_pool(b.key) == pool]
+        self._kept.extend(b.payload for b in kept)
+        self._free = [b for b in self._free if _graph_pool(b.key) != pool]
+
     def __len__(self) -> int:
         return len(self._free)
+
+
+def _graph_pool(key: BlockKey) -> object | None:
+    """The CUDA graph pool a block key names (None: the ordinary pool)."""
+    return key[4] if len(key) > 4 else None

@@ -15,22 +15,24 @@ import os
 import runpy
 import sys
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
-from overlap_harness.recorder import kernels, project_kernels
-from overlap_harness.recorder.core import Access, Recording, UnknownOp
+from overlap_harness.recorder import graph_api, kernels, project_kernels
+from overlap_harness.recorder.core import Access, Recording, Replayable, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
 from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches, patched
+from overlap_harness.recorder.graphs import GraphSet
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
@@ -38,6 +40,12 @@ _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches a
 
 class RecorderError(HarnessError):
     """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
+
+
+def _refuse(what: str, instead: str = "") -> NoReturn:
+    """An API the recorder does not model: the one line the program gets."""
+    raise RecorderError(f"{what} is not modelled by the recorder"
+                        + (f"; {instead}" if instead else ""))
 
 
 def resolve_mode(mode: str) -> str:
@@ -92,15 +100,20 @@ class Watch:
         finally:
             self.dispatch.quiet -= 1
 
-    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess]) -> None:
-        """One op on the current stream with the declared accesses."""
+    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess],
+                        rerun: Callable[[], Any] | None = None) -> None:
+        """One op on the current stream with the declared accesses; in CPU mode, a CUDA
+        graph capturing it runs ``rerun()`` at each replay."""
         self.dispatch.paused += 1  # the helpers' own torch calls are not the program's
         try:
             with torch._C.DisableTorchFunction():
                 out = self._declared_accesses(accesses)
         finally:
             self.dispatch.paused -= 1
-        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL)
+        replay = None
+        if rerun is not None and self.cpu_mode and self.recording.capture is not None:
+            replay = Replayable(rerun)
+        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL, replay=replay)
 
     def _declared_accesses(self, accesses: Iterable[kernels.DeclaredAccess]) -> list[Access]:
         out: list[Access] = []
@@ -146,6 +159,9 @@ class Watch:
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
         function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
         stack.enter_context(patched(function_mode.patches()))
+        graphs = GraphSet(self.recording, True, self.dispatch, _refuse)
+        stack.enter_context(graph_api.active(graphs))
+        stack.enter_context(patched(graph_api.cpu_patches()))
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
 
@@ -155,6 +171,9 @@ class Watch:
         self.memory = gpu_mode.GpuMemory(self.recording)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
+        graphs = GraphSet(self.recording, False, self.dispatch, _refuse)
+        stack.enter_context(graph_api.active(graphs))
+        stack.enter_context(patched(graph_api.gpu_patches(graphs, self.memory)))
         stack.enter_context(self.dispatch)
         stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
 
@@ -234,7 +253,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     the result with the script's traceback; races found before it are kept too.
 
     Raises:
-        RecorderError: ``path`` is not a readable file, or the mode cannot run here.
+        RecorderError: ``path`` is not a readable file, the mode cannot run here, or the
+            script used an API the recorder does not model.
     """
     script = Path(path)
     if not script.is_file():
@@ -247,6 +267,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     try:
         with watcher:
             runpy.run_path(str(script), run_name="__main__")
+    except RecorderError:  # an API the recorder does not model: refused, no verdict
+        raise
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):

@@ -15,6 +15,11 @@ reports the new owner's accesses that race with the old owner's as *reuse*. The 
 behind a storage (CPU memory in CPU mode, the real caching allocator's block on a GPU) plays
 no part in that choice, so both modes make the same one.
 
+CUDA graphs. While a capture is under way (:attr:`Recording.capture`, a
+:class:`recorder.graphs.GraphCapture`), the nodes issued on its capturing streams go into its
+template instead of the detector, and their allocations into the graph's private pool; a
+host sync that would wait for captured work fails as it does on a GPU.
+
 Times are not measured: nodes carry no times (races are reported with ``manifest=None``), and
 the timeline the reports draw spaces nodes evenly in issue order.
 
@@ -25,9 +30,9 @@ observation (a poll loop ends on its second probe, ordered like a synchronize).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +43,7 @@ from overlap_harness.recorder.sites import user_site
 
 NODE_SPACING_NS = 1000  # the drawn timeline: one node per microsecond, in issue order
 STREAM_OP_NS = 800  # how long a stream op is drawn
+CAPTURED = OpId(-1)  # what a node issued into a CUDA graph capture returns: it ran nowhere
 
 
 @dataclass(slots=True)
@@ -65,6 +71,7 @@ class StorageInfo:
     alloc_site: str
     alive: Any
     recorded_agents: set[int] = field(default_factory=set)
+    graph_pool: Any = None  # the private pool of the CUDA graph capture that allocated it
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,49 @@ class Access:
     write: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Replayable:
+    """How CPU mode redoes a captured op at each replay of its CUDA graph: ``values()``
+    recomputes what it writes; ``accesses()`` gives its accesses from the index values of the
+    moment (None: the captured accesses hold, no index involved)."""
+
+    values: Callable[[], object]
+    accesses: Callable[[], list[Access]] | None = None
+
+
+class CaptureSink(Protocol):
+    """A CUDA graph capture in progress (:class:`recorder.graphs.GraphCapture`): the nodes
+    issued on its streams go into its template instead of the detector."""
+
+    def takes(self, agent: int) -> bool:
+        """True when ``agent`` (a stream) is capturing."""
+        ...
+
+    def pool_tag(self, agent: int) -> object | None:
+        """The graph's private pool for an allocation on ``agent`` (None: not capturing)."""
+        ...
+
+    def op(self, name: str, agent: int, accesses: Sequence[Access], kind: OpKind, site: str,
+           replay: Replayable | None) -> None:
+        """An op issued on a capturing stream."""
+        ...
+
+    def record(self, event_key: object, agent: int, name: str) -> bool:
+        """An event record: True when captured (``agent`` is capturing)."""
+        ...
+
+    def wait(self, event_key: object, agent: int, name: str) -> bool:
+        """An event wait: True when captured (``agent`` is capturing, or joins the capture by
+        waiting on a captured record)."""
+        ...
+
+
+def _refuse_during_capture(what: str) -> None:
+    """A host sync with a capture under way fails on a GPU; it fails alike here."""
+    raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({what} "
+                       "during a CUDA graph capture)")
+
+
 class Recording:
     """Streams, storages and the detector of one watched run."""
 
@@ -103,6 +153,7 @@ class Recording:
         self._queried: set[OpId] = set()  # records a query() already answered False for
         self._sync_keys = 0
         self.ops_recorded = 0
+        self.capture: CaptureSink | None = None  # a CUDA graph capture under way
 
     # -- streams ---------------------------------------------------------------------------
     def agent(self, stream_key: object, name: str) -> int:
@@ -125,8 +176,14 @@ class Recording:
 
     # -- nodes -----------------------------------------------------------------------------
     def op(self, name: str, agent: int, accesses: Sequence[Access], kind: OpKind,
-           joins: Sequence[OpId] = (), site: str | None = None) -> OpId:
-        """Issue one node on ``agent`` with its accesses; returns its id."""
+           joins: Sequence[OpId] = (), site: str | None = None,
+           replay: Replayable | None = None) -> OpId:
+        """Issue one node on ``agent`` with its accesses; returns its id (:data:`CAPTURED`
+        for an op a CUDA graph capture takes, with ``replay`` for CPU mode's replays)."""
+        if self.capture is not None and self.capture.takes(agent):
+            self.capture.op(name, agent, accesses, kind,
+                            site if site is not None else user_site(), replay)
+            return CAPTURED
         info = self._node(name, agent, kind, site)
         reqs = [AccessReq(a.info.storage, a.info.buffer_id, a.info.name, a.elements, a.write,
                           a.info.pinned) for a in _merged(accesses)]
@@ -136,26 +193,36 @@ class Recording:
 
     def host_sync(self, name: str, joins: Sequence[OpId | None]) -> OpId:
         """The host blocks until ``joins`` complete (a synchronize, a blocking copy)."""
+        if CAPTURED in joins:
+            _refuse_during_capture(name)
         done = [j for j in joins if j is not None]
         return self.op(name, HOST_AGENT, (), OpKind.HOST_SYNC, done)
 
     def sync_stream(self, agent: int) -> OpId:
         """``stream.synchronize()``: the host waits for the stream's last op."""
+        if self.capture is not None and self.capture.takes(agent):
+            _refuse_during_capture("stream.synchronize")
         return self.host_sync("stream.synchronize", [self.detector.last_op(agent)])
 
     def sync_device(self) -> OpId:
         """``torch.cuda.synchronize()``: the host waits for every stream's last op."""
+        if self.capture is not None:
+            _refuse_during_capture("cuda.synchronize")
         lasts = [self.detector.last_op(a) for a in range(1, len(self.detector.agent_names))]
         return self.host_sync("cuda.synchronize", lasts)
 
     def record(self, event_key: object, agent: int, name: str = "event.record") -> OpId:
         """``event.record(stream)``: the event captures the stream's work so far."""
+        if self.capture is not None and self.capture.record(event_key, agent, name):
+            return CAPTURED
         info = self._node(name, agent, OpKind.RECORD, None)
         self.detector.on_record(event_key, info)
         return info.op
 
     def wait(self, event_key: object, agent: int, name: str = "wait_event") -> OpId:
         """``stream.wait_event(event)``: binds to the latest record; no-op if never recorded."""
+        if self.capture is not None and self.capture.wait(event_key, agent, name):
+            return CAPTURED
         info = self._node(name, agent, OpKind.WAIT, None)
         self.detector.on_wait(event_key, info)
         return info.op
@@ -197,8 +264,9 @@ class Recording:
     def unknown(self, name: str, agent: int, tensors: Sequence[str]) -> OpId:
         """An op whose accesses nobody declared: a node with none, listed as unknown."""
         op = self.op(name, agent, (), OpKind.KERNEL)
-        self.unknown_ops.append(UnknownOp(op, name, self.detector.agent_names[agent],
-                                          self.timeline[op].source, tuple(tensors)))
+        site = user_site() if op == CAPTURED else self.timeline[op].source
+        self.unknown_ops.append(UnknownOp(op, name, self.detector.agent_names[agent], site,
+                                          tuple(tensors)))
         return op
 
     # -- memory ----------------------------------------------------------------------------
@@ -207,7 +275,8 @@ class Recording:
         """A new storage at memory ``key``: reuse a pooled block when HB allows, else a new
         detector storage. ``label`` names the tensor (``variable@file:line``)."""
         self.sweep()
-        pool_key = (numel, str(dtype), pinned, HOST_AGENT if pinned else agent)
+        graph_pool = None if self.capture is None or pinned else self.capture.pool_tag(agent)
+        pool_key = (numel, str(dtype), pinned, HOST_AGENT if pinned else agent, graph_pool)
         block = self.pool.take(pool_key, self.detector.host_knows)
         if block is None:
             storage = self._next_storage
@@ -218,7 +287,8 @@ class Recording:
         self._next_buffer += 1
         site = user_site()
         info = StorageInfo(storage, self._next_buffer, label, numel, itemsize, dtype, pinned,
-                           HOST_AGENT if pinned else agent, site, alive)
+                           HOST_AGENT if pinned else agent, site, alive,
+                           graph_pool=graph_pool)
         self.storages[key] = info
         self.buffer_sites[label] = site
         return info
@@ -239,7 +309,7 @@ class Recording:
         last op of every stream ``record_stream`` named."""
         info = self.storages.pop(key)
         pending = pending_ops(info.recorded_agents, info.alloc_agent, self.detector.last_op)
-        pool_key = (info.numel, str(info.dtype), info.pinned, info.alloc_agent)
+        pool_key = (info.numel, str(info.dtype), info.pinned, info.alloc_agent, info.graph_pool)
         self.pool.give(FreedBlock(pool_key, None, info.storage, pending))
 
     # -- results ---------------------------------------------------------------------------

@@ -147,12 +147,17 @@ class RecordingDispatchMode(TorchDispatchMode):
             else:
                 device_involved = True
             inputs.append((t, info, write))
-        out = func(*args, **kwargs)
+        capture = self.recording.capture  # a CUDA graph capture runs nothing (recorder.graphs)
+        if capture is not None and device_involved and capture.takes(memory.current_agent()):
+            out = capture.run_unapplied(func, args, kwargs)
+        else:
+            capture = None
+            out = func(*args, **kwargs)
         fresh = self._fresh_outputs(func, out, device_involved)
         if not inputs and not fresh:
             return out
         return self._record(func, args, kwargs, out, inputs, fresh, device_involved,
-                            host_involved)
+                            host_involved, capture)
 
     def _any_device(self, func: Any, args: tuple, kwargs: dict) -> bool:
         for t, _write in schema_accesses(func, args, kwargs):
@@ -178,16 +183,13 @@ class RecordingDispatchMode(TorchDispatchMode):
                 fresh.append((value, where == Placement.PINNED))
         return fresh
 
-    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list,
-                fresh: list, device_involved: bool, host_involved: bool) -> Any:
-        recording = self.recording
-        memory = self.memory
-        name = op_name(func)
-        on_device = device_involved or any(not pinned for _t, pinned in fresh)
-        agent = memory.current_agent() if on_device else HOST_AGENT
-        site = user_site()
+    def input_accesses(self, func: Any, args: tuple, kwargs: dict, inputs: list,
+                       indices: bool = True) -> list[Access]:
+        """The accesses of an op's watched arguments ``inputs`` (``(tensor, info, write)``):
+        an indexing op touches only the elements its index values pick (whole views when
+        ``indices`` is False: the values cannot be read now, during a GPU graph capture)."""
         accesses: list[Access] = []
-        picked = index_elements(func, args, kwargs) if inputs else None
+        picked = index_elements(func, args, kwargs) if inputs and indices else None
         for position, (t, info, write) in enumerate(inputs):
             if position == 0 and picked is not None and t is args[0]:
                 ids, reads, writes = picked
@@ -197,10 +199,25 @@ class RecordingDispatchMode(TorchDispatchMode):
                     accesses.append(access_of(info, t, True, ids))
                 continue
             accesses.append(access_of(info, t, write))
+        return accesses
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, inputs: list,
+                fresh: list, device_involved: bool, host_involved: bool,
+                capture: Any = None) -> Any:
+        recording = self.recording
+        memory = self.memory
+        name = op_name(func)
+        on_device = device_involved or any(not pinned for _t, pinned in fresh)
+        agent = memory.current_agent() if on_device else HOST_AGENT
+        site = user_site()
+        accesses = self.input_accesses(func, args, kwargs, inputs,
+                                       indices=capture is None or capture.computes)
+        written = []  # the fresh outputs
         for index, (t, pinned) in enumerate(fresh):
             label = tensor_label(name, site, index, len(fresh))
             info = memory.register(t, pinned, agent, label)
-            accesses.append(access_of(info, t, True))
+            written.append(access_of(info, t, True))
+        accesses += written
         touches_pinned = any(a.info.pinned for a in accesses)
         if agent == HOST_AGENT:
             kind = OpKind.HOST_WRITE if any(a.write for a in accesses) else OpKind.HOST_READ
@@ -208,7 +225,9 @@ class RecordingDispatchMode(TorchDispatchMode):
             kind = OpKind.COPY
         else:
             kind = OpKind.KERNEL
-        op = recording.op(name, agent, accesses, kind, site=site)
+        replay = None if capture is None else capture.replayable(self, func, args, kwargs, out,
+                                                                 inputs, written)
+        op = recording.op(name, agent, accesses, kind, site=site, replay=replay)
         if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, out, host_involved):
             recording.host_sync(f"{name} (blocking)", [op])
         return out

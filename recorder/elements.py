@@ -167,6 +167,11 @@ def is_view_or_metadata(func: Any) -> bool:
     return all(r.alias_info is not None for r in returns) and bool(returns)
 
 
+def is_indexing(func: Any) -> bool:
+    """True for the ops whose elements their index values pick (:func:`index_elements`)."""
+    return func in _INDEX_READS or func in _INDEX_WRITES
+
+
 def index_elements(func: Any, args: tuple, kwargs: dict) -> tuple[np.ndarray, bool, bool] | None:
     """For an indexing op: (element ids of the first argument it touches, read, write) in
     that tensor's element size; None for any other op."""

@@ -69,8 +69,10 @@ class KernelSink(Protocol):
         """Record nothing of the ops inside (fresh outputs are still watched)."""
         ...
 
-    def record_declared(self, name: str, accesses: Iterable[DeclaredAccess]) -> None:
-        """One op on the current stream with ``accesses``."""
+    def record_declared(self, name: str, accesses: Iterable[DeclaredAccess],
+                        rerun: Callable[[], Any] | None = None) -> None:
+        """One op on the current stream with ``accesses``; ``rerun()`` runs the call again
+        (for the replays of a CUDA graph that captured it)."""
         ...
 
 
@@ -87,7 +89,8 @@ def _call(decl: KernelDeclaration, original: Callable[..., Any], *args: Any,
     impl = decl.cpu_impl if (sink.cpu_mode and decl.cpu_impl is not None) else original
     with sink.quiet():
         result = impl(*args, **kwargs)
-    sink.record_declared(decl.name, decl.accesses(result, *args, **kwargs))
+    sink.record_declared(decl.name, decl.accesses(result, *args, **kwargs),
+                         functools.partial(impl, *args, **kwargs))
     return result
 
 

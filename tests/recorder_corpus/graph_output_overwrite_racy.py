@@ -1,0 +1,40 @@
+"""The next replay of a CUDA graph overwrites the output another stream still reads.
+
+A graph's outputs live in its private pool: every replay writes the same ``static_out``. The
+default stream replays the graph each step; a reader stream consumes each step's output. The
+default stream issues the next replay without waiting for the reader, so the replay's write
+of ``static_out`` is unordered with the reader's read of the previous step's output: WAR on
+``static_out``. With the reader delayed it reads the next step's values.
+Twin: graph_output_overwrite_fixed.py makes the default stream wait for the reader before
+the next replay.
+"""
+
+import torch
+from corpus_helper import corpus_delay, corpus_report
+
+N = 1024
+STEPS = 2
+
+
+def main() -> None:
+    static_in = torch.zeros(N, device="cuda")
+    (static_in + 1.0).sum()  # warm-up: each kernel launched once before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = static_in + 1.0  # corpus-alloc: static_out
+    reader = torch.cuda.Stream()
+    kept = []
+    for step in range(STEPS):
+        static_in.fill_(float(10 * step))
+        graph.replay()  # corpus-site: replay
+        reader.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(reader):
+            corpus_delay(reader, 5000)
+            kept.append(static_out * 1.0)  # corpus-site: read
+    torch.cuda.current_stream().wait_stream(reader)
+    corpus_report("graph_output_overwrite", [k.tolist() for k in kept],
+                  [[10.0 * step + 1.0] * N for step in range(STEPS)])
+
+
+if __name__ == "__main__":
+    main()
