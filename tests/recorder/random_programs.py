@@ -3,12 +3,14 @@
 A program is a list of :class:`Step`: device kernels, index reads and writes, copies between
 device and pinned or pageable host memory (blocking and not), host reads and writes of pinned
 memory, events, waits, host syncs, single queries, ops whose output size depends on device
-values, and a scratch tensor freed and allocated again. :func:`run_steps` plays one on three
-streams under ``recorder.watch(mode)``; :func:`race_keys` is what the two modes must agree on
-(kind, tensor variable, and both accesses' op and stream). Happens-before does not depend on
-timing, so a program's race set is the same on real streams and on the faked ones: a
-difference is a recorder bug (``tools/recorder_mode_fuzz.py`` looks for one on a GPU and
-shrinks it). Every tensor is allocated on its own line, so races name distinct variables.
+values, a scratch tensor freed and allocated again, and a CUDA graph (captured once,
+replayed on any stream, its static input written and its output read). :func:`run_steps`
+plays one on three streams under ``recorder.watch(mode)``; :func:`race_keys` is what the two
+modes must agree on (kind, tensor variable, and both accesses' op and stream).
+Happens-before does not depend on timing, so a program's race set is the same on real
+streams and on the faked ones: a difference is a recorder bug
+(``tools/recorder_mode_fuzz.py`` looks for one on a GPU and shrinks it). Every tensor is
+allocated on its own line, so races name distinct variables.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ STREAM_OPS = ("fill", "add_row", "index_write", "index_read", "sum", "h2d", "h2d
               "item", "tensor_from_list", "record", "wait_event", "wait_stream", "nonzero",
               "mask_index", "to_cpu_nonblocking", "scratch", "stream_sync",
               "pageable_d2h_nonblocking", "pageable_h2d_nonblocking", "cpu_copy",
-              "scratch_record_stream", "stream_query")
+              "scratch_record_stream", "stream_query", "graph_replay", "graph_input_write",
+              "graph_output_read")
 HOST_OPS = ("host_fill", "host_slice_write", "host_read", "host_tolist", "event_sync",
             "device_sync", "query", "scratch_free")
 ACTIONS = STREAM_OPS + HOST_OPS
@@ -79,6 +82,11 @@ class _Program:
         self.ones = torch.ones(2, WIDTH, device="cuda")
         self.kept: list[torch.Tensor] = []
         self.scratch: torch.Tensor | None = None
+        self.graph_in = torch.zeros(WIDTH, device="cuda")
+        self.graph_out = torch.zeros(WIDTH, device="cuda")
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # captured: runs only at each replay
+            self.graph_out.copy_(self.graph_in * 2.0)
         for stream in self.streams[1:]:  # the setup is done before any side stream runs
             stream.wait_stream(self.streams[0])
 
@@ -164,6 +172,12 @@ class _Program:
                 self.scratch.record_stream(stream)
         elif action == "stream_query":
             stream.query()
+        elif action == "graph_replay":
+            self.graph.replay()
+        elif action == "graph_input_write":
+            self.graph_in.fill_(float(step.row))
+        elif action == "graph_output_read":
+            self.kept.append(self.graph_out.sum())
 
 
 def run_steps(steps: list[Step], mode: str) -> list[tuple[str, str, str, str]]:
