@@ -251,7 +251,13 @@ class RecordingDispatchMode(TorchDispatchMode):
             if args[1].dim() == 0 and self.memory.lookup(args[1]) is None:
                 return False  # ``t[i] = 5``: a fill with the scalar's value, no sync
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            return not non_blocking
+            if not non_blocking:
+                return True
+            # non_blocking into pageable host memory: on today's CUDA the copy returns to the
+            # host only once it is done (STREAM-SEMANTICS.md, 'Pageable host memory')
+            source = self.memory.lookup(args[1])
+            return (self.memory.lookup(args[0]) is None and args[0].device.type == "cpu"
+                    and source is not None and not source.pinned)
         return False
 
 

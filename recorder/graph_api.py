@@ -16,7 +16,6 @@ static outputs. A backward graph is refused in one line (the watch's ``RecorderE
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,7 +25,7 @@ from torch.utils import _pytree
 
 from overlap_harness.recorder.fake_streams import FakeStream, state
 from overlap_harness.recorder.graphs import GraphSet, GraphState
-from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
+from overlap_harness.recorder.sites import assigned_name, user_site
 
 _ACTIVE: list[GraphSet] = []  # the running watch's graphs
 _IN_GPU_MODE = "check it in GPU mode (--gpu)"
@@ -177,8 +176,7 @@ def gpu_patches(graphs: GraphSet, memory: Any) -> list[tuple[Any, str, Any]]:
 
     def new(klass: type, *args: Any, **kwargs: Any) -> Any:
         graph = original["__new__"].__func__(klass, *args, **kwargs)
-        if is_user_file(sys._getframe(1).f_code.co_filename):
-            names[id(graph)] = assigned_name(user_site())
+        names[id(graph)] = assigned_name(user_site())  # as CPU mode names it (user's line)
         return graph
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -105,3 +105,37 @@ def test_gpu_mode_orders_the_host_as_cpu_mode_does(name, fixed):
     on_gpu = sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
                      f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
     assert on_gpu == races(program, fixed)
+
+
+def _device_to_pageable_then_other_stream_write(fixed: bool) -> None:
+    """A D2H copy into pageable memory on ``side``, then ``other`` rewrites its source. The
+    copy returns to the host only when done, so the host issues the rewrite after it: race
+    free. Twin: the copy goes to pinned memory (truly asynchronous), and the rewrite races."""
+    side = torch.cuda.Stream()
+    other = torch.cuda.Stream()
+    source = torch.ones(8, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    other.wait_stream(torch.cuda.current_stream())
+    target = torch.zeros(8) if fixed else torch.zeros(8).pin_memory()
+    with torch.cuda.stream(side):
+        target.copy_(source, non_blocking=True)
+    with torch.cuda.stream(other):
+        source.fill_(2.0)
+
+
+def test_a_non_blocking_copy_into_pageable_memory_orders_the_host():
+    assert races(_device_to_pageable_then_other_stream_write, fixed=False) == [
+        ("WAR", "source", "copy_@side", "fill_@other")]
+    assert races(_device_to_pageable_then_other_stream_write, fixed=True) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fixed", [False, True])
+def test_gpu_mode_orders_a_copy_into_pageable_memory_as_cpu_mode_does(fixed):
+    with watch("gpu") as watcher:
+        _device_to_pageable_then_other_stream_write(fixed)
+        torch.cuda.synchronize()
+    on_gpu = sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
+                     f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
+    assert on_gpu == races(_device_to_pageable_then_other_stream_write, fixed)
