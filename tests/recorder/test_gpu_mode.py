@@ -54,9 +54,11 @@ PROGRAMS = sorted(p.name for p in CORPUS.glob("*_racy.py")) + sorted(
 
 
 def verdict(result) -> list[tuple[str, ...]]:
-    """What must agree between the modes: kind, tensor, and both sites with their ops."""
-    return sorted((str(r.kind), r.buffer, r.first.source, r.first.op_name, r.second.source,
-                   r.second.op_name) for r in result.races)
+    """What must agree between the modes: the set of (kind, tensor, both sites with their
+    ops). A pair of sites is one race however many iterations repeat it (GPU mode reported
+    graph_decode_read_done's WAR pair three times where CPU mode did twice, H100 2026-11-25)."""
+    return sorted({(str(r.kind), r.buffer, r.first.source, r.first.op_name, r.second.source,
+                    r.second.op_name) for r in result.races})
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
