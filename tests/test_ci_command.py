@@ -1,4 +1,5 @@
-"""`.ci/run` runs exactly the README's test command, and nothing else."""
+"""`.ci/run` runs exactly the README's commands: a fresh virtual environment, then the test
+command in it, and nothing else."""
 
 from __future__ import annotations
 
@@ -8,11 +9,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_ci_runs_the_readme_test_command() -> None:
+def quick_start_blocks() -> list[str]:
+    """The ``sh`` blocks of the README's "Quick start" section, in order."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)\n```", quick, flags=re.S)
+    return re.findall(r"```sh\n(.*?)\n```", quick, flags=re.S)
+
+
+def test_ci_runs_the_readme_commands_in_a_fresh_venv() -> None:
+    blocks = quick_start_blocks()
+    (venv_command,) = [b for b in blocks if " -m venv " in b]
     (test_command,) = [b for b in blocks if "pytest" in b and "pip install" in b]
     commands = [line for line in (ROOT / ".ci/run").read_text().splitlines()
                 if line and not line.startswith(("#", "set ", "cd "))]
-    assert commands == [test_command]
+    assert commands == [venv_command, test_command]
+
+
+def test_the_venv_is_fresh_and_isolated() -> None:
+    """A new environment every run (``--clear``), never the machine's packages, and every
+    later ``python3`` is the environment's (it is activated in the same line)."""
+    (venv_command,) = [b for b in quick_start_blocks() if " -m venv " in b]
+    assert "--clear" in venv_command and "--system-site-packages" not in venv_command
+    target = re.search(r"-m venv --clear (\S+)", venv_command)
+    assert target and f". {target.group(1)}/bin/activate" in venv_command
+    assert (ROOT / ".gitignore").read_text().splitlines().count(f"{target.group(1)}/") == 1

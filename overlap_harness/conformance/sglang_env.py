@@ -27,8 +27,9 @@ Nothing else is stubbed: ``SpeculativeAlgorithm`` (``sglang.srt.speculative.spec
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import types
@@ -71,25 +72,73 @@ def installed_version() -> str | None:
         return None
 
 
+OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
+
+
+@functools.cache
 def unavailable_reason() -> str | None:
     """Why the conformance run cannot import SGLang here (one line), or None when it can.
 
-    Checks the installed version and the light packages without importing sglang itself
-    (that import takes seconds)."""
+    Tries the real import of ``sglang.srt.managers.overlap_utils`` (with the stubs above, a
+    few seconds, once per process), so the reason is the import's own error, e.g. a package
+    the ``sglang`` extra should have installed."""
     version = installed_version()
     if version is None:
         return f"sglang is not installed: {INSTALL_HINT}"
     if version != SGLANG_VERSION:
         return f"sglang {version} is installed, the conformance run follows {SGLANG_VERSION}"
-    missing = [name for name in ("msgspec", "psutil", "pybase64", "starlette", "triton",
-                                 "zmq", "tqdm", "aiohttp") if _missing(name)]
-    if missing:
-        return f"sglang needs {', '.join(missing)}: pip install -e '.[sglang]'"
+    with _import_setting():
+        failure = import_failure(OVERLAP_UTILS)
+    return None if failure is None else f"{failure} ({INSTALL_HINT})"
+
+
+def import_failure(module: str) -> str | None:
+    """Import ``module``; None when it imports, else one line with the error.
+
+    A failed import leaves behind the modules it had finished, among them subpackages whose
+    parent's own import failed (``sglang.srt`` without ``sglang``). The next import below
+    that parent then fails inside importlib (``KeyError: 'sglang'`` from a namespace path),
+    so one test's missing package would break every later one. Everything the attempt added
+    under ``module``'s top-level package, and every module it added whose parent package is
+    gone, is removed again: the next import starts clean."""
+    top = module.partition(".")[0]
+    before = set(sys.modules)
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # any import-time error is a reason, not a crash
+        added = [name for name in sys.modules if name not in before]
+        for name in added:
+            if name.partition(".")[0] == top or not _parent_loaded(name):
+                sys.modules.pop(name, None)
+        return f"import {module} failed: {type(exc).__name__}: {exc}"
     return None
 
 
-def _missing(module: str) -> bool:
-    return importlib.util.find_spec(module) is None
+def _parent_loaded(name: str) -> bool:
+    parent = name.rpartition(".")[0]
+    return not parent or parent in sys.modules
+
+
+@contextmanager
+def _import_setting() -> Iterator[None]:
+    """What SGLang's modules are imported under: the spec_utils stub and, without CUDA,
+    ``TRITON_INTERPRET=1``. Triton decides interpreted vs compiled when a kernel is defined,
+    so SGLang's kernels run on the CPU if it is set while their modules are imported; it is
+    restored after, so it never leaks into what the process does next. On a GPU they
+    compile, as in a server."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    stubbed = sys.modules.setdefault(SPEC_UTILS_STUB.__name__, SPEC_UTILS_STUB) is SPEC_UTILS_STUB
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+        if stubbed and "sglang" not in sys.modules:  # a failed import: leave nothing behind
+            sys.modules.pop(SPEC_UTILS_STUB.__name__, None)
 
 
 def load_overlap_utils() -> types.ModuleType:
@@ -98,23 +147,8 @@ def load_overlap_utils() -> types.ModuleType:
     reason = unavailable_reason()
     if reason is not None:
         raise SglangUnavailableError(reason)
-    # Triton decides interpreted vs compiled when a kernel is defined, so SGLang's kernels
-    # run on the CPU if this is set while their modules are imported; it is restored after,
-    # so it never leaks into what the process does next. On a GPU they compile, as in a server.
-    previous = os.environ.get("TRITON_INTERPRET")
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.modules.setdefault("sglang.srt.speculative.spec_utils", SPEC_UTILS_STUB)
-    try:
-        import sglang.srt.managers.overlap_utils as overlap_utils  # deferred: ~5 s, optional
-    except ImportError as exc:
-        raise SglangUnavailableError(f"import sglang.srt.managers.overlap_utils failed: "
-                                     f"{exc}") from None
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
+    with _import_setting():
+        overlap_utils = importlib.import_module(OVERLAP_UTILS)  # imported by the check above
     declare_gather(overlap_utils)
     return overlap_utils
 
