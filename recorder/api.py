@@ -30,7 +30,8 @@ from overlap_harness.recorder.core import Access, Recording, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
-from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches, patched
+from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches
+from overlap_harness.recorder.patching import patched
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)

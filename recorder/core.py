@@ -25,7 +25,7 @@ observation (a poll loop ends on its second probe, ordered like a synchronize).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,15 +171,21 @@ class Recording:
         """``event.synchronize()``: the host waits for the record the event captures."""
         return self.host_sync("event.synchronize", [self.detector.event_op(event_key)])
 
-    def query(self, captured: OpId | None, name: str) -> bool:
-        """A ``query()`` of work ending at ``captured``: False the first time for it, True
-        (an observation: a node that the captured work happens before) when asked again."""
+    def query(self, captured: OpId | None, name: str,
+              device_answer: Callable[[], bool] | None = None) -> bool:
+        """A ``query()`` of work ending at ``captured``, answered alike in both modes: False
+        the first time it is asked about a record the host does not know complete (a
+        possible answer of a non-blocking probe under some timing), else ``device_answer()``
+        (True in CPU mode, where nothing runs), a True one recorded as an observation (a node
+        that the captured work happens before)."""
         if captured is None or self.detector.host_knows(captured):
-            return True
+            return True if device_answer is None else device_answer()
         if self.first_probe(captured):
             return False
-        self.observe(captured, name)
-        return True
+        done = True if device_answer is None else device_answer()
+        if done:
+            self.observe(captured, name)
+        return done
 
     def first_probe(self, captured: OpId) -> bool:
         """True (and remembered) the first time a query asks about ``captured``: the probe

@@ -28,6 +28,7 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import (
+    HOST_READS,
     Placement,
     RecordingDispatchMode,
     access_of,
@@ -37,7 +38,6 @@ from overlap_harness.recorder.fake_streams import CudaState
 
 _TensorBase = torch._C.TensorBase
 CUDA0 = torch.device("cuda", 0)
-_HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 
 
 def _is_cuda(device: Any) -> bool:
@@ -242,5 +242,5 @@ _METHODS: dict[str, Any] = {
     "is_pinned": FakeCudaFunctionMode._is_pinned,
     "get_device": FakeCudaFunctionMode._get_device,
     "data_ptr": FakeCudaFunctionMode._data_ptr,
-    **{name: _reader(name) for name in _HOST_READS},
+    **{name: _reader(name) for name in HOST_READS},
 }

@@ -43,6 +43,10 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
              aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
+# Tensor methods that read memory without an aten op the dispatcher sees (they copy to the
+# host in C++): each mode's function layer records them as a host read.
+HOST_READS = frozenset({"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"})
+
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
 
 

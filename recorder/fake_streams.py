@@ -274,23 +274,6 @@ def cuda_patches() -> list[tuple[Any, str, Any]]:
 
 
 @contextmanager
-def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Apply ``patches`` inside the block; restore every original on the way out."""
-    missing = object()
-    saved = [(obj, name, vars(obj).get(name, missing)) for obj, name, _ in patches]
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in reversed(saved):
-            if value is missing:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, value)
-
-
-@contextmanager
 def active(cuda: CudaState) -> Iterator[CudaState]:
     """Make ``cuda`` the faked device inside the block."""
     _STATE.append(cuda)
