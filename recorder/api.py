@@ -32,6 +32,7 @@ from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
 from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches
 from overlap_harness.recorder.patching import patched
+from overlap_harness.recorder.storages import StorageResizes
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
@@ -129,6 +130,7 @@ class Watch:
             else:
                 self._enter_gpu(stack)
             stack.enter_context(kernels.installed(self))
+            stack.enter_context(patched(self._storage_resizes().patches()))
         except BaseException:
             stack.close()
             raise
@@ -158,6 +160,18 @@ class Watch:
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
         stack.enter_context(self.dispatch)
         stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
+
+    def _storage_resizes(self) -> StorageResizes:
+        """Storage resizes as frees, allocations and moves (:mod:`recorder.storages`)."""
+        if self.cpu_mode:  # an empty storage is device memory only if it was seen emptied
+            def device_storage(storage: torch.UntypedStorage) -> bool:
+                return False
+        else:
+            def device_storage(storage: torch.UntypedStorage) -> bool:
+                return storage.device.type == "cuda"
+        resizes = StorageResizes(self.recording, self.memory, self.dispatch, device_storage)
+        self.dispatch.resizes = resizes
+        return resizes
 
     def __exit__(self, *exc: object) -> None:
         stack, self._stack = self._stack, None

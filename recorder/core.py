@@ -52,6 +52,7 @@ class StorageInfo:
         pinned: pinned host memory (host accesses are checked against copies).
         alloc_agent: the stream it was allocated on (the host for pinned memory).
         alive: a callable returning False once the storage is gone (a weak reference).
+        key: the memory key it is registered under (its data pointer).
     """
 
     storage: int
@@ -65,6 +66,7 @@ class StorageInfo:
     alloc_site: str
     alive: Any
     recorded_agents: set[int] = field(default_factory=set)
+    key: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +226,7 @@ class Recording:
         self._next_buffer += 1
         site = user_site()
         info = StorageInfo(storage, self._next_buffer, label, numel, itemsize, dtype, pinned,
-                           HOST_AGENT if pinned else agent, site, alive)
+                           HOST_AGENT if pinned else agent, site, alive, key=key)
         self.storages[key] = info
         self.buffer_sites[label] = site
         return info

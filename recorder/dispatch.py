@@ -48,6 +48,15 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
 HOST_READS = frozenset({"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"})
 
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
+# ``empty_like`` and its kin read only their first argument's shape, dtype and device
+_LIKE_OPS = {getattr(packet, overload)
+             for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like,
+                            aten.rand_like, aten.randn_like, aten.randint_like)
+             for overload in packet.overloads()}
+# ``set_`` rebinds a tensor to another storage: no memory is read or written (see
+# recorder.storages)
+_REBINDS = {aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
+            aten.set_.source_Tensor, aten.set_.default}
 
 
 class Placement(StrEnum):
@@ -115,11 +124,12 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.memory = memory
         self.paused = 0  # >0: record nothing (a host read that bypasses the dispatcher)
         self.quiet = 0  # >0 inside a declared kernel: watch fresh outputs, record no op
+        self.resizes: Any = None  # recorder.storages.StorageResizes: storages an op moved
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused or func in _NO_ACCESS or is_view_or_metadata(func):
+        if self.paused or func in _NO_ACCESS or func in _REBINDS or is_view_or_metadata(func):
             return func(*args, **kwargs)
         if func is aten.record_stream.default:
             self.memory.record_stream(args[0], args[1])
@@ -143,8 +153,11 @@ class RecordingDispatchMode(TorchDispatchMode):
                 host_involved = True
             else:
                 device_involved = True
-            inputs.append((t, info, write))
+            if not (func in _LIKE_OPS and args and t is args[0]):
+                inputs.append((t, info, write))
         out = func(*args, **kwargs)
+        if self.resizes is not None:
+            inputs = self.resizes.follow_moves(inputs)
         fresh = self._fresh_outputs(func, out, device_involved)
         if not inputs and not fresh:
             return out
