@@ -79,7 +79,7 @@ def test_a_bad_manifest_lists_every_problem(tmp_path: Path) -> None:
     where = "corpus.toml: pair[0] (h2d_side_stream)"
     missing = "corpus.toml: pair[1] (no_such_program)"
     assert str(caught.value).splitlines() == [
-        f"{where}.colour: unknown key (expected one of ['covers', 'name', 'race'])",
+        f"{where}.colour: unknown key (expected one of ['covers', 'gpu_pending', 'name', 'race'])",
         f"{where}.race[0].kind: expected one of RAW|WAR|WAW|host-D2H|reuse, got 'RAWR'",
         f"{where}: h2d_side_stream_racy.py has no `# corpus-site: nowhere` marker",
         f"{missing}.race: a racy twin must predict at least one race",
