@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import kernels, project_kernels
@@ -30,16 +29,13 @@ from overlap_harness.recorder.core import Access, Recording, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
-from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches
+from overlap_harness.recorder.fake_streams import CudaState, FakeEvent, active, cuda_patches
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.storages import StorageResizes
+from overlap_harness.recorder.unmodelled import RecorderError, cpu_patches, ipc_patches
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
-
-
-class RecorderError(HarnessError):
-    """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
 
 
 def resolve_mode(mode: str) -> str:
@@ -78,6 +74,13 @@ class Watch:
     def unknown_ops(self) -> list[UnknownOp]:
         """Ops that touched device memory with accesses nobody declared."""
         return list(self.recording.unknown_ops)
+
+    @property
+    def complete(self) -> bool:
+        """True when the verdict saw everything: no op of unknown access touched watched
+        memory and nothing unmodelled was reached. A pytest marker or any other caller that
+        turns ``races`` into a pass must also require this."""
+        return not self.recording.unknown_ops and not self.recording.refused
 
     @property
     def buffer_sites(self) -> dict[str, str]:
@@ -145,7 +148,12 @@ class Watch:
         self.memory = CpuMemory(self.recording, cuda)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(active(cuda))
-        stack.enter_context(patched(cuda_patches()))
+        faked = cuda_patches()
+        stack.enter_context(patched(faked))
+        stack.enter_context(patched(
+            cpu_patches(self.recording, {name for obj, name, _ in faked if obj is torch.cuda},
+                        lambda storage: self._is_device_storage(storage))
+            + ipc_patches(self.recording, FakeEvent, self._is_device_storage)))
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
         function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
         stack.enter_context(patched(function_mode.patches()))
@@ -158,6 +166,8 @@ class Watch:
         self.memory = gpu_mode.GpuMemory(self.recording)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
+        stack.enter_context(patched(ipc_patches(
+            self.recording, torch.cuda.Event, lambda storage: storage.device.type == "cuda")))
         stack.enter_context(self.dispatch)
         stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
 
@@ -173,12 +183,18 @@ class Watch:
         self.dispatch.resizes = resizes
         return resizes
 
-    def __exit__(self, *exc: object) -> None:
+    def _is_device_storage(self, storage: torch.UntypedStorage) -> bool:
+        info = self.recording.storages.get(storage.data_ptr())
+        return info is not None and not info.pinned
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             _RUNNING.remove(self)
             stack.close()
         self.recording.sweep()
+        if exc_type is None and self.recording.refused:  # the program caught the refusal
+            raise RecorderError(self.recording.refused[0])
 
 
 @contextmanager
@@ -215,7 +231,13 @@ class CheckResult:
     unknown_ops: list[UnknownOp] = field(default_factory=list)
     buffer_sites: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # the script's traceback when it crashed
+    refused: str | None = None  # the one line refusing an API the recorder does not model
     exit_status: int = 0  # the script's own ``sys.exit`` status
+
+    @property
+    def complete(self) -> bool:
+        """The verdict saw everything (see :attr:`Watch.complete`)."""
+        return not self.unknown_ops and self.refused is None
 
     @property
     def crashed(self) -> bool:
@@ -262,6 +284,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     try:
         with watcher:
             runpy.run_path(str(script), run_name="__main__")
+    except RecorderError as exc:  # an unmodelled API: one line, not the script's crash
+        result.refused = str(exc)
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):
@@ -272,6 +296,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+    if result.refused is None and watcher.recording.refused:
+        result.refused = watcher.recording.refused[0]
     result.races = watcher.races
     result.run = watcher.run
     result.unknown_ops = watcher.unknown_ops

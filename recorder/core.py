@@ -97,6 +97,7 @@ class Recording:
         self.pool = BlockPool()
         self.timeline: list[OpRecord] = []
         self.unknown_ops: list[UnknownOp] = []
+        self.refused: list[str] = []  # what the program reached that is not modelled
         self.storages: dict[int, StorageInfo] = {}  # memory key (data_ptr) -> info
         self.buffer_sites: dict[str, str] = {}  # buffer name -> allocation site
         self._agents: dict[object, int] = {}  # stream key -> detector agent
