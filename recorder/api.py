@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ from overlap_harness.recorder.elements import row_elements, to_storage_elements
 from overlap_harness.recorder.fake_streams import CudaState, FakeEvent, active, cuda_patches
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.storages import StorageResizes
+from overlap_harness.recorder.threads import HostThreads, entered, thread_patches
 from overlap_harness.recorder.unmodelled import RecorderError, cpu_patches, ipc_patches
 
 MODES = ("auto", "cpu", "gpu")
@@ -134,6 +136,11 @@ class Watch:
                 self._enter_gpu(stack)
             stack.enter_context(kernels.installed(self))
             stack.enter_context(patched(self._storage_resizes().patches()))
+            threads = HostThreads(self.recording)
+            self.recording.issuing = threads.host
+            stack.enter_context(patched(thread_patches(
+                threads, lambda: entered(self.dispatch, self._function_mode),
+                lambda: self.dispatch.live)))
         except BaseException:
             stack.close()
             raise
@@ -159,6 +166,7 @@ class Watch:
         stack.enter_context(patched(function_mode.patches()))
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
+        self._function_mode: Any = function_mode
 
     def _enter_gpu(self, stack: ExitStack) -> None:
         from overlap_harness.recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks
@@ -169,7 +177,8 @@ class Watch:
         stack.enter_context(patched(ipc_patches(
             self.recording, torch.cuda.Event, lambda storage: storage.device.type == "cuda")))
         stack.enter_context(self.dispatch)
-        stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
+        self._function_mode = gpu_mode.GpuFunctionMode(self.memory, self.dispatch)
+        stack.enter_context(self._function_mode)
 
     def _storage_resizes(self) -> StorageResizes:
         """Storage resizes as frees, allocations and moves (:mod:`recorder.storages`)."""
@@ -191,6 +200,7 @@ class Watch:
         stack, self._stack = self._stack, None
         if stack is not None:
             _RUNNING.remove(self)
+            self.dispatch.live = False  # threads that outlive the watch record nothing more
             stack.close()
         self.recording.sweep()
         if exc_type is None and self.recording.refused:  # the program caught the refusal

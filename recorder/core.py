@@ -25,9 +25,11 @@ observation (a poll loop ends on its second probe, ordered like a synchronize).
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -89,8 +91,28 @@ class Access:
     write: bool
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialized(method: _Method) -> _Method:
+    """One thread at a time feeds the detector (node ids are dense, in issue order), with the
+    calling thread's host agent as the issuer (:attr:`Recording.issuing`)."""
+    @functools.wraps(method)
+    def run(self: Recording, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.detector.issuer = self.issuing()
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
+
+
 class Recording:
-    """Streams, storages and the detector of one watched run."""
+    """Streams, storages and the detector of one watched run.
+
+    Host threads: every method runs under one lock, for the calling Python thread, whose host
+    agent :attr:`issuing` names (the detector's host, agent 0, for the thread that entered the
+    watch; :mod:`recorder.threads` gives every other thread its own). ``HOST_AGENT`` passed to
+    a method means "the calling thread's host agent".
+    """
 
     def __init__(self) -> None:
         self.detector = HBDetector()
@@ -106,8 +128,11 @@ class Recording:
         self._queried: set[OpId] = set()  # records a query() already answered False for
         self._sync_keys = 0
         self.ops_recorded = 0
+        self._lock = threading.RLock()
+        self.issuing: Callable[[], int] = lambda: HOST_AGENT  # the calling thread's host
 
     # -- streams ---------------------------------------------------------------------------
+    @_serialized
     def agent(self, stream_key: object, name: str) -> int:
         """The detector agent of a stream, registered on first use."""
         agent = self._agents.get(stream_key)
@@ -117,16 +142,22 @@ class Recording:
         return agent
 
     def _node(self, name: str, agent: int, kind: OpKind, site: str | None) -> NodeInfo:
-        op = OpId(len(self.detector.nodes))
+        detector = self.detector
+        if agent == HOST_AGENT:
+            agent = detector.issuer
+        elif detector.issuer != HOST_AGENT:  # a stream op of another thread names it
+            name = f"{name} [{detector.agent_names[detector.issuer]}]"
+        op = OpId(len(detector.nodes))
         source = site if site is not None else user_site()
-        agent_name = self.detector.agent_names[agent]
+        agent_name = detector.agent_names[agent]
         start = op * NODE_SPACING_NS
-        end = start + (STREAM_OP_NS if agent != HOST_AGENT else 0)
+        end = start + (0 if detector.is_host(agent) else STREAM_OP_NS)
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
                                       source=source))
         return NodeInfo(op, name, agent, agent_name, kind, -1, source, None, None, None)
 
     # -- nodes -----------------------------------------------------------------------------
+    @_serialized
     def op(self, name: str, agent: int, accesses: Sequence[Access], kind: OpKind,
            joins: Sequence[OpId] = (), site: str | None = None) -> OpId:
         """Issue one node on ``agent`` with its accesses; returns its id."""
@@ -137,32 +168,40 @@ class Recording:
         self.ops_recorded += 1
         return info.op
 
+    @_serialized
     def host_sync(self, name: str, joins: Sequence[OpId | None]) -> OpId:
         """The host blocks until ``joins`` complete (a synchronize, a blocking copy)."""
         done = [j for j in joins if j is not None]
         return self.op(name, HOST_AGENT, (), OpKind.HOST_SYNC, done)
 
+    @_serialized
     def sync_stream(self, agent: int) -> OpId:
         """``stream.synchronize()``: the host waits for the stream's last op."""
         return self.host_sync("stream.synchronize", [self.detector.last_op(agent)])
 
+    @_serialized
     def sync_device(self) -> OpId:
         """``torch.cuda.synchronize()``: the host waits for every stream's last op."""
-        lasts = [self.detector.last_op(a) for a in range(1, len(self.detector.agent_names))]
+        detector = self.detector
+        lasts = [detector.last_op(a) for a in range(len(detector.agent_names))
+                 if not detector.is_host(a)]
         return self.host_sync("cuda.synchronize", lasts)
 
+    @_serialized
     def record(self, event_key: object, agent: int, name: str = "event.record") -> OpId:
         """``event.record(stream)``: the event captures the stream's work so far."""
         info = self._node(name, agent, OpKind.RECORD, None)
         self.detector.on_record(event_key, info)
         return info.op
 
+    @_serialized
     def wait(self, event_key: object, agent: int, name: str = "wait_event") -> OpId:
         """``stream.wait_event(event)``: binds to the latest record; no-op if never recorded."""
         info = self._node(name, agent, OpKind.WAIT, None)
         self.detector.on_wait(event_key, info)
         return info.op
 
+    @_serialized
     def wait_stream(self, waiting: int, other: int) -> None:
         """``waiting.wait_stream(other)`` = record a fresh event on ``other``, wait on it."""
         self._sync_keys += 1
@@ -170,10 +209,12 @@ class Recording:
         self.record(key, other, "wait_stream.record")
         self.wait(key, waiting, "wait_stream")
 
+    @_serialized
     def sync_event(self, event_key: object) -> OpId:
         """``event.synchronize()``: the host waits for the record the event captures."""
         return self.host_sync("event.synchronize", [self.detector.event_op(event_key)])
 
+    @_serialized
     def query(self, captured: OpId | None, name: str,
               device_answer: Callable[[], bool] | None = None) -> bool:
         """A ``query()`` of work ending at ``captured``, answered alike in both modes: False
@@ -190,6 +231,7 @@ class Recording:
             self.observe(captured, name)
         return done
 
+    @_serialized
     def first_probe(self, captured: OpId) -> bool:
         """True (and remembered) the first time a query asks about ``captured``: the probe
         that answers False, in both modes."""
@@ -198,11 +240,13 @@ class Recording:
         self._queried.add(captured)
         return True
 
+    @_serialized
     def observe(self, captured: OpId, name: str) -> None:
         """The host saw ``captured`` complete (a ``query()`` that returned True)."""
         info = self._node(name, HOST_AGENT, OpKind.QUERY, None)
         self.detector.on_op(info, (), (), observed=(captured,))
 
+    @_serialized
     def unknown(self, name: str, agent: int, tensors: Sequence[str]) -> OpId:
         """An op whose accesses nobody declared: a node with none, listed as unknown."""
         op = self.op(name, agent, (), OpKind.KERNEL)
@@ -211,6 +255,7 @@ class Recording:
         return op
 
     # -- memory ----------------------------------------------------------------------------
+    @_serialized
     def allocate(self, key: int, numel: int, itemsize: int, dtype: Any, shape: tuple[int, ...],
                  pinned: bool, agent: int, alive: Any, label: str) -> StorageInfo:
         """A new storage at memory ``key``: reuse a pooled block when HB allows, else a new
@@ -232,17 +277,20 @@ class Recording:
         self.buffer_sites[label] = site
         return info
 
+    @_serialized
     def record_stream(self, info: StorageInfo, agent: int) -> None:
         """``tensor.record_stream(stream)``: the block waits for that stream at its free."""
         if agent != info.alloc_agent:
             info.recorded_agents.add(agent)
 
+    @_serialized
     def sweep(self) -> None:
         """Return the blocks of every storage that died to the pool (their frees)."""
         dead = [k for k, info in self.storages.items() if not info.alive()]
         for key in dead:
             self.free(key)
 
+    @_serialized
     def free(self, key: int) -> None:
         """The storage at ``key`` is gone: its block goes back to the pool, waiting for the
         last op of every stream ``record_stream`` named."""

@@ -35,6 +35,7 @@ from overlap_harness.recorder.dispatch import (
     register_storage,
 )
 from overlap_harness.recorder.fake_streams import CudaState
+from overlap_harness.recorder.per_thread import PerThread
 
 _TensorBase = torch._C.TensorBase
 CUDA0 = torch.device("cuda", 0)
@@ -51,6 +52,8 @@ def _is_cuda(device: Any) -> bool:
 
 class CpuMemory:
     """Watched storages are keyed by their CPU data pointer (see :mod:`recorder.core`)."""
+
+    placement = PerThread(lambda memory: Placement.INFER)  # each thread's own
 
     def __init__(self, recording: Recording, cuda: CudaState) -> None:
         self.recording = recording
@@ -108,6 +111,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if not self.dispatch.live:  # in a thread that outlived the watch
+            return func(*args, **kwargs)
         getter = getattr(func, "__self__", None)
         if getter is _TensorBase.device:
             return CUDA0 if self._device_info(args[0]) is not None else func(*args)

@@ -35,6 +35,7 @@ from overlap_harness.recorder.elements import (
     schema_accesses,
     to_storage_elements,
 )
+from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.sites import assigned_name, split_site, user_site
 
 aten = torch.ops.aten
@@ -118,6 +119,9 @@ def tensor_label(name: str, site: str, index: int, count: int) -> str:
 class RecordingDispatchMode(TorchDispatchMode):
     """Records every aten op into ``recording`` through ``memory`` (see the module doc)."""
 
+    paused = PerThread(lambda mode: 0)  # each thread's own (a host read pauses its thread)
+    quiet = PerThread(lambda mode: 0)
+
     def __init__(self, recording: Recording, memory: Memory) -> None:
         super().__init__()
         self.recording = recording
@@ -125,11 +129,13 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.paused = 0  # >0: record nothing (a host read that bypasses the dispatcher)
         self.quiet = 0  # >0 inside a declared kernel: watch fresh outputs, record no op
         self.resizes: Any = None  # recorder.storages.StorageResizes: storages an op moved
+        self.live = True  # False once the watch ended (a thread it started may still run)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused or func in _NO_ACCESS or func in _REBINDS or is_view_or_metadata(func):
+        if (not self.live or self.paused or func in _NO_ACCESS or func in _REBINDS
+                or is_view_or_metadata(func)):
             return func(*args, **kwargs)
         if func is aten.record_stream.default:
             self.memory.record_stream(args[0], args[1])

@@ -19,13 +19,17 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.sites import assigned_name, user_site
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
 
 
 class CudaState:
-    """The faked device: the recording, the default and current streams."""
+    """The faked device: the recording, the default and current streams (the current stream
+    is each thread's own and starts as the default stream, as torch's does)."""
+
+    current = PerThread(lambda cuda: cuda.default)
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording

@@ -200,7 +200,7 @@ class GpuFunctionMode(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if ((name == "data_ptr" or name in HOST_READS) and args
+        if ((name == "data_ptr" or name in HOST_READS) and args and self.dispatch.live
                 and isinstance(args[0], torch.Tensor)
                 and not (self.dispatch.quiet or self.dispatch.paused)):
             info = self.memory.lookup(args[0])

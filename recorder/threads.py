@@ -1,0 +1,328 @@
+"""Host threads: every Python thread's CUDA work, each thread a host agent of its own.
+
+STREAM-SEMANTICS.md ("host threads"): a thread has its own program order and its own current
+stream; threads are ordered to each other only by host synchronization. torch's dispatch and
+function modes are per thread, so a thread started while a watch runs enters the watch's modes
+itself (``Thread._bootstrap_inner`` is wrapped: the method every thread, subclass or not, runs
+first). Its host agent (:meth:`model.detector.HBDetector.add_host`, named ``thread NAME``) is
+registered at its first CUDA action, so threads that do no CUDA work cost no agent.
+
+Happens-before between threads. What a thread hands over is its *capture*: its host agent's
+latest node and the joins it inherited and has not yet fed; the receiving thread inherits it,
+and feeds it as one host node (named after the synchronization) before its next action. The
+hand-overs:
+
+- ``Thread.start`` (the parent's past -> the child) and ``Thread.join`` (the whole thread ->
+  the joiner, once it has ended);
+- ``queue.Queue`` / ``LifoQueue`` / ``PriorityQueue``: ``put`` -> the ``get`` that returns that
+  item (captures travel beside the items, in the queue's own order);
+- ``threading.Event``: every ``set`` since the last ``clear`` -> a ``wait`` that returns True;
+- ``threading.Lock`` / ``RLock`` made by the program during the watch: ``release`` -> the next
+  ``acquire``;
+- ``ThreadPoolExecutor.submit`` -> the task, and the task -> ``Future.result()``.
+
+Not modelled, so not an ordering (a hand-over through them reports the races it would hide):
+locks made before the watch or inside libraries, ``Condition`` notifications beyond their lock,
+``queue.SimpleQueue``, and any other channel. A thread that was already running when the watch
+began and issues CUDA work is refused; so is a thread past the detector's agent limit.
+"""
+
+from __future__ import annotations
+
+import _thread
+import collections
+import concurrent.futures
+import queue
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.errors import DeviceUsageError
+from overlap_harness.model.trace import OpId, OpKind
+from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.patching import Patch
+from overlap_harness.recorder.sites import is_user_file
+from overlap_harness.recorder.unmodelled import refuse
+
+Capture = tuple[OpId, ...]
+
+
+@dataclass(slots=True)
+class _ThreadState:
+    """One thread's host agent (None until its first CUDA action) and inherited joins."""
+
+    name: str
+    agent: int | None = None
+    pending: list[OpId] = field(default_factory=list)
+    label: str = ""  # the synchronization that brought ``pending``
+
+
+class HostThreads:
+    """The host agents of a recording's threads, and what they hand to each other."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self._states: dict[int, _ThreadState] = {
+            threading.get_ident(): _ThreadState("main", HOST_AGENT)}
+        self._feeding = False
+
+    # -- agents ----------------------------------------------------------------------------
+    def host(self) -> int:
+        """The calling thread's host agent (:attr:`Recording.issuing`): registered at its
+        first use; inherited joins fed first as one host node."""
+        state = self._states.get(threading.get_ident())
+        if state is None:
+            thread = threading.current_thread()
+            refuse(self.recording, f"CUDA work of thread {thread.name!r}, started before the "
+                                   "watch", "start the thread inside the watched block")
+        if state.agent is None:
+            try:
+                state.agent = self.recording.detector.add_host(f"thread {state.name}")
+            except DeviceUsageError:
+                refuse(self.recording, f"thread {state.name!r} (more host threads and streams "
+                                       "than the detector's 15 agents)",
+                       "let fewer threads issue CUDA work")
+        if state.pending and not self._feeding:
+            joins, state.pending = state.pending, []
+            self._feeding = True
+            try:
+                self.recording.detector.issuer = state.agent
+                self.recording.op(state.label or "thread sync", HOST_AGENT, (),
+                                  OpKind.HOST_SYNC, joins)
+            finally:
+                self._feeding = False
+        return state.agent
+
+    def capture(self) -> Capture:
+        """What the calling thread hands over now: its latest host node and pending joins."""
+        with self.recording._lock:
+            state = self._states.get(threading.get_ident())
+            if state is None:
+                return ()
+            last = None if state.agent is None else self.recording.detector.last_op(state.agent)
+            return (*state.pending, *(() if last is None else (last,)))
+
+    def inherit(self, capture: Capture, label: str) -> None:
+        """The calling thread is ordered after ``capture`` (fed before its next action)."""
+        if not capture:
+            return
+        with self.recording._lock:
+            state = self._states.get(threading.get_ident())
+            if state is not None:
+                state.pending.extend(capture)
+                state.label = label
+
+    def adopt(self, name: str, capture: Capture) -> None:
+        """The calling thread starts now, ordered after its parent's ``capture``."""
+        with self.recording._lock:
+            self._states[threading.get_ident()] = _ThreadState(name, None, list(capture),
+                                                               "Thread.start")
+
+    def leave(self) -> None:
+        """The calling thread ends (its ident may be reused by a later thread)."""
+        with self.recording._lock:
+            self._states.pop(threading.get_ident(), None)
+
+
+def thread_patches(threads: HostThreads, modes: Callable[[], AbstractContextManager[Any]],
+                   live: Callable[[], bool]) -> list[Patch]:
+    """The patches that carry the watch into new threads and record their hand-overs.
+
+    Args:
+        threads: the recording's host threads.
+        modes: enters the watch's torch modes in the calling thread.
+        live: False once the watch ended (threads still running stop recording).
+    """
+    thread_cls = threading.Thread
+    start, bootstrap, join = thread_cls.start, thread_cls._bootstrap_inner, thread_cls.join
+
+    def started(thread: threading.Thread) -> None:
+        thread._overlap_start = threads.capture()  # type: ignore[attr-defined]
+        start(thread)
+
+    def bootstrapped(thread: threading.Thread) -> None:
+        capture = getattr(thread, "_overlap_start", None)
+        if capture is None or not live():
+            bootstrap(thread)
+            return
+        threads.adopt(thread.name, capture)
+        try:
+            with modes():
+                bootstrap(thread)
+        finally:
+            thread._overlap_end = threads.capture()  # type: ignore[attr-defined]
+            threads.leave()
+
+    def joined(thread: threading.Thread, timeout: float | None = None) -> None:
+        join(thread, timeout)
+        end = getattr(thread, "_overlap_end", None)
+        if end is not None and not thread.is_alive():
+            threads.inherit(end, f"join {thread.name}")
+
+    patches: list[Patch] = [(thread_cls, "start", started),
+                            (thread_cls, "_bootstrap_inner", bootstrapped),
+                            (thread_cls, "join", joined)]
+    patches += _queue_patches(threads) + _event_patches(threads)
+    patches += _lock_patches(threads) + _executor_patches(threads)
+    return patches
+
+
+def _queue_patches(threads: HostThreads) -> list[Patch]:
+    """Captures travel beside a queue's items: FIFO, LIFO, or by item for a priority queue
+    (``_put`` / ``_get`` run under the queue's own lock)."""
+    sides: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def wrap(cls: type, take: Callable[[Any, Any], Capture]) -> list[Patch]:
+        put, get = vars(cls)["_put"], vars(cls)["_get"]
+
+        def put_with(q: Any, item: Any) -> None:
+            put(q, item)
+            side = sides.setdefault(q, collections.defaultdict(collections.deque)
+                                    if cls is queue.PriorityQueue else collections.deque())
+            if cls is queue.PriorityQueue:
+                side[id(item)].append(threads.capture())
+            else:
+                side.append(threads.capture())
+
+        def get_with(q: Any) -> Any:
+            item = get(q)
+            side = sides.get(q)
+            if side:
+                threads.inherit(take(side, item), f"{cls.__name__}.get")
+            return item
+        return [(cls, "_put", put_with), (cls, "_get", get_with)]
+
+    def by_item(side: Any, item: Any) -> Capture:
+        captures = side.get(id(item))
+        return captures.popleft() if captures else ()
+    return (wrap(queue.Queue, lambda side, item: side.popleft())
+            + wrap(queue.LifoQueue, lambda side, item: side.pop())
+            + wrap(queue.PriorityQueue, by_item))
+
+
+def _event_patches(threads: HostThreads) -> list[Patch]:
+    """Every ``set`` since the last ``clear`` orders a ``wait`` that returns True."""
+    sets: weakref.WeakKeyDictionary[threading.Event, list[OpId]] = weakref.WeakKeyDictionary()
+    event_cls = threading.Event
+    set_, clear, wait = event_cls.set, event_cls.clear, event_cls.wait
+
+    def set_with(event: threading.Event) -> None:
+        sets.setdefault(event, []).extend(threads.capture())
+        set_(event)
+
+    def clear_with(event: threading.Event) -> None:
+        clear(event)
+        sets.pop(event, None)
+
+    def wait_with(event: threading.Event, timeout: float | None = None) -> bool:
+        done = wait(event, timeout)
+        if done:
+            threads.inherit(tuple(sets.get(event, ())), "Event.wait")
+        return done
+    return [(event_cls, "set", set_with), (event_cls, "clear", clear_with),
+            (event_cls, "wait", wait_with)]
+
+
+class _HandOverLock:
+    """A ``threading.Lock`` (or ``RLock``) the program made while watched: ``release`` hands
+    the releasing thread's capture to the next ``acquire``."""
+
+    def __init__(self, inner: Any, threads: HostThreads) -> None:
+        self._inner = inner
+        self._threads = threads
+        self._released: Capture = ()
+        for name in ("_release_save", "_acquire_restore", "_is_owned", "_at_fork_reinit"):
+            if hasattr(inner, name):  # RLock's Condition protocol, forwarded
+                setattr(self, name, getattr(inner, name))
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Acquire the lock; the thread is ordered after the last release."""
+        got = self._inner.acquire(blocking, timeout)
+        if got:
+            self._threads.inherit(self._released, "Lock.acquire")
+        return got
+
+    def release(self) -> None:
+        """Release the lock, handing over what this thread did so far."""
+        self._released = self._threads.capture()
+        self._inner.release()
+
+    def locked(self) -> bool:
+        """Whether the lock is held."""
+        return self._inner.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<{self._inner!r} watched for hand-overs>"
+
+
+def _lock_patches(threads: HostThreads) -> list[Patch]:
+    """``threading.Lock()`` / ``RLock()`` called from the program's own code make locks that
+    hand over; a library's locks stay plain (not an ordering)."""
+    def factory(original: Callable[[], Any]) -> Callable[[], Any]:
+        def make() -> Any:
+            if is_user_file(sys._getframe(1).f_code.co_filename):
+                return _HandOverLock(original(), threads)
+            return original()
+        return make
+    return [(threading, "Lock", factory(_thread.allocate_lock)),
+            (threading, "RLock", factory(threading.RLock))]
+
+
+def _executor_patches(threads: HostThreads) -> list[Patch]:
+    """``ThreadPoolExecutor.submit``: the submitter's past -> the task; the task ->
+    ``Future.result()`` (and ``exception()``)."""
+    pool_cls, future_cls = concurrent.futures.ThreadPoolExecutor, concurrent.futures.Future
+    submit, result, exception = pool_cls.submit, future_cls.result, future_cls.exception
+
+    def submitted(pool: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        handed = threads.capture()
+        ended: list[Capture] = []
+
+        def task(*a: Any, **k: Any) -> Any:
+            threads.inherit(handed, "submit")
+            try:
+                return fn(*a, **k)
+            finally:
+                ended.append(threads.capture())
+        future = submit(pool, task, *args, **kwargs)
+        future._overlap_end = ended
+        return future
+
+    def after(original: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def call(future: Any, timeout: float | None = None) -> Any:
+            value = original(future, timeout)
+            for capture in getattr(future, "_overlap_end", ()):
+                threads.inherit(capture, label)
+            return value
+        return call
+    return [(pool_cls, "submit", submitted), (future_cls, "result", after(result, "result")),
+            (future_cls, "exception", after(exception, "exception"))]
+
+
+@contextmanager
+def entered(*modes: AbstractContextManager[Any]) -> Iterator[None]:
+    """Enter ``modes`` in order in the calling thread; exit them in reverse."""
+    stack = list(modes)
+    for index, mode in enumerate(stack):
+        try:
+            mode.__enter__()
+        except BaseException:
+            for done in reversed(stack[:index]):
+                done.__exit__(None, None, None)
+            raise
+    try:
+        yield
+    finally:
+        for mode in reversed(stack):
+            mode.__exit__(None, None, None)
+
