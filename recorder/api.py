@@ -203,8 +203,9 @@ class Watch:
             self.dispatch.live = False  # threads that outlive the watch record nothing more
             stack.close()
         self.recording.sweep()
-        if exc_type is None and self.recording.refused:  # the program caught the refusal
-            raise RecorderError(self.recording.refused[0])
+        refused = self.recording.refused
+        if refused and exc_type in (None, KeyboardInterrupt):  # caught by the program, or
+            raise RecorderError(refused[0])  # the interrupt of a refusing thread
 
 
 @contextmanager
@@ -303,6 +304,9 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
             result.error = f"the script exited with status {code}"
     except Exception as exc:  # the script's own crash: reported, not raised
         result.error = _script_traceback(exc)
+    except KeyboardInterrupt:
+        if not watcher.recording.refused:  # not the interrupt of a refusing thread
+            raise
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path

@@ -129,7 +129,9 @@ class Recording:
         self._sync_keys = 0
         self.ops_recorded = 0
         self._lock = threading.RLock()
+        self.owner = threading.get_ident()  # the thread that watches
         self.issuing: Callable[[], int] = lambda: HOST_AGENT  # the calling thread's host
+        self.stream_issued: Callable[[int], None] = lambda agent: None  # a stream node issued
 
     # -- streams ---------------------------------------------------------------------------
     @_serialized
@@ -145,8 +147,10 @@ class Recording:
         detector = self.detector
         if agent == HOST_AGENT:
             agent = detector.issuer
-        elif detector.issuer != HOST_AGENT:  # a stream op of another thread names it
-            name = f"{name} [{detector.agent_names[detector.issuer]}]"
+        else:
+            self.stream_issued(agent)
+            if detector.issuer != HOST_AGENT:  # a stream op of another thread names it
+                name = f"{name} [{detector.agent_names[detector.issuer]}]"
         op = OpId(len(detector.nodes))
         source = site if site is not None else user_site()
         agent_name = detector.agent_names[agent]

@@ -41,7 +41,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.detector import HOST_AGENT, MAX_AGENTS
 from overlap_harness.model.errors import DeviceUsageError
 from overlap_harness.model.trace import OpId, OpKind
 from overlap_harness.recorder.core import Recording
@@ -49,17 +49,26 @@ from overlap_harness.recorder.patching import Patch
 from overlap_harness.recorder.sites import is_user_file
 from overlap_harness.recorder.unmodelled import refuse
 
-Capture = tuple[OpId, ...]
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """What a thread hands over: host nodes to join, and per stream how many of its nodes'
+    issues it knows (a later issue to that stream comes after them in the stream's order)."""
+
+    ops: tuple[OpId, ...] = ()
+    issues: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True)
 class _ThreadState:
-    """One thread's host agent (None until its first CUDA action) and inherited joins."""
+    """One thread's host agent (None until its first CUDA action), inherited joins and the
+    stream issues it knows of."""
 
     name: str
     agent: int | None = None
     pending: list[OpId] = field(default_factory=list)
     label: str = ""  # the synchronization that brought ``pending``
+    issues: dict[int, int] = field(default_factory=dict)  # stream agent -> issues known
 
 
 class HostThreads:
@@ -67,9 +76,11 @@ class HostThreads:
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
-        self._states: dict[int, _ThreadState] = {
-            threading.get_ident(): _ThreadState("main", HOST_AGENT)}
+        self._main = threading.get_ident()  # the thread that entered the watch
+        self._states: dict[int, _ThreadState] = {self._main: _ThreadState("main", HOST_AGENT)}
         self._feeding = False
+        self._issued: dict[int, int] = {}  # stream agent -> nodes issued to it
+        recording.stream_issued = self.issue
 
     # -- agents ----------------------------------------------------------------------------
     def host(self) -> int:
@@ -78,15 +89,16 @@ class HostThreads:
         state = self._states.get(threading.get_ident())
         if state is None:
             thread = threading.current_thread()
-            refuse(self.recording, f"CUDA work of thread {thread.name!r}, started before the "
-                                   "watch", "start the thread inside the watched block")
+            refuse(self.recording,
+                   f"CUDA work of thread {thread.name!r}, started before the watch",
+                   "start the thread inside the watched block")
         if state.agent is None:
             try:
                 state.agent = self.recording.detector.add_host(f"thread {state.name}")
             except DeviceUsageError:
-                refuse(self.recording, f"thread {state.name!r} (more host threads and streams "
-                                       "than the detector's 15 agents)",
-                       "let fewer threads issue CUDA work")
+                refuse(self.recording,
+                       f"thread {state.name!r} (more host threads and streams than the "
+                       f"detector's {MAX_AGENTS} agents)", "let fewer threads issue CUDA work")
         if state.pending and not self._feeding:
             joins, state.pending = state.pending, []
             self._feeding = True
@@ -98,35 +110,62 @@ class HostThreads:
                 self._feeding = False
         return state.agent
 
+    def issue(self, stream: int) -> None:
+        """The calling thread issues a node to ``stream``: refused when another thread issued
+        to it without this one knowing (their order on the stream would depend on timing)."""
+        state = self._states.get(threading.get_ident())
+        issued = self._issued.get(stream, 0)
+        if state is None:
+            return
+        if state.issues.get(stream, 0) < issued:
+            name = self.recording.detector.agent_names[stream]
+            refuse(self.recording,
+                   f"stream {name!r} used by two threads with no host synchronization between "
+                   "their issues (their order on it depends on timing)",
+                   "hand the stream over through a queue, an event, a lock or a join")
+        self._issued[stream] = state.issues[stream] = issued + 1
+
     def capture(self) -> Capture:
-        """What the calling thread hands over now: its latest host node and pending joins."""
+        """What the calling thread hands over now: its latest host node, pending joins and
+        the stream issues it knows of."""
         with self.recording._lock:
             state = self._states.get(threading.get_ident())
             if state is None:
-                return ()
+                return Capture()
             last = None if state.agent is None else self.recording.detector.last_op(state.agent)
-            return (*state.pending, *(() if last is None else (last,)))
+            return Capture((*state.pending, *(() if last is None else (last,))),
+                           tuple(state.issues.items()))
 
     def inherit(self, capture: Capture, label: str) -> None:
-        """The calling thread is ordered after ``capture`` (fed before its next action)."""
-        if not capture:
+        """The calling thread is ordered after ``capture`` (its joins fed before its next
+        action)."""
+        if not (capture.ops or capture.issues):
             return
         with self.recording._lock:
             state = self._states.get(threading.get_ident())
             if state is not None:
-                state.pending.extend(capture)
-                state.label = label
+                _merge(state, capture, label)
 
     def adopt(self, name: str, capture: Capture) -> None:
         """The calling thread starts now, ordered after its parent's ``capture``."""
         with self.recording._lock:
-            self._states[threading.get_ident()] = _ThreadState(name, None, list(capture),
-                                                               "Thread.start")
+            state = _ThreadState(name)
+            _merge(state, capture, "Thread.start")
+            self._states[threading.get_ident()] = state
 
     def leave(self) -> None:
         """The calling thread ends (its ident may be reused by a later thread)."""
         with self.recording._lock:
             self._states.pop(threading.get_ident(), None)
+
+
+def _merge(state: _ThreadState, capture: Capture, label: str) -> None:
+    if capture.ops:
+        state.pending.extend(capture.ops)
+        state.label = label
+    for stream, known in capture.issues:
+        if state.issues.get(stream, 0) < known:
+            state.issues[stream] = known
 
 
 def thread_patches(threads: HostThreads, modes: Callable[[], AbstractContextManager[Any]],
@@ -199,7 +238,7 @@ def _queue_patches(threads: HostThreads) -> list[Patch]:
 
     def by_item(side: Any, item: Any) -> Capture:
         captures = side.get(id(item))
-        return captures.popleft() if captures else ()
+        return captures.popleft() if captures else Capture()
     return (wrap(queue.Queue, lambda side, item: side.popleft())
             + wrap(queue.LifoQueue, lambda side, item: side.pop())
             + wrap(queue.PriorityQueue, by_item))
@@ -207,12 +246,12 @@ def _queue_patches(threads: HostThreads) -> list[Patch]:
 
 def _event_patches(threads: HostThreads) -> list[Patch]:
     """Every ``set`` since the last ``clear`` orders a ``wait`` that returns True."""
-    sets: weakref.WeakKeyDictionary[threading.Event, list[OpId]] = weakref.WeakKeyDictionary()
+    sets: weakref.WeakKeyDictionary[threading.Event, list[Capture]] = weakref.WeakKeyDictionary()
     event_cls = threading.Event
     set_, clear, wait = event_cls.set, event_cls.clear, event_cls.wait
 
     def set_with(event: threading.Event) -> None:
-        sets.setdefault(event, []).extend(threads.capture())
+        sets.setdefault(event, []).append(threads.capture())
         set_(event)
 
     def clear_with(event: threading.Event) -> None:
@@ -222,7 +261,8 @@ def _event_patches(threads: HostThreads) -> list[Patch]:
     def wait_with(event: threading.Event, timeout: float | None = None) -> bool:
         done = wait(event, timeout)
         if done:
-            threads.inherit(tuple(sets.get(event, ())), "Event.wait")
+            for capture in list(sets.get(event, ())):
+                threads.inherit(capture, "Event.wait")
         return done
     return [(event_cls, "set", set_with), (event_cls, "clear", clear_with),
             (event_cls, "wait", wait_with)]
@@ -235,7 +275,7 @@ class _HandOverLock:
     def __init__(self, inner: Any, threads: HostThreads) -> None:
         self._inner = inner
         self._threads = threads
-        self._released: Capture = ()
+        self._released = Capture()
         for name in ("_release_save", "_acquire_restore", "_is_owned", "_at_fork_reinit"):
             if hasattr(inner, name):  # RLock's Condition protocol, forwarded
                 setattr(self, name, getattr(inner, name))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing.queues
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -43,12 +45,18 @@ class RecorderError(HarnessError):
 
 
 def refuse(recording: Recording, what: str, instead: str = "") -> NoReturn:
-    """Refuse ``what`` at the user's call site: kept on ``recording`` and raised."""
+    """Refuse ``what`` at the user's call site: kept on ``recording`` and raised. Refused in
+    another thread than the watching one (the main thread), the watching thread is also
+    interrupted: it may be blocked waiting on the refused thread."""
     site = user_site()
     message = f"{site + ': ' if site else ''}{what} is not modelled by the recorder"
     if instead:
         message += f"; {instead}"
     recording.refused.append(message)
+    if threading.get_ident() != recording.owner == threading.main_thread().ident:
+        # a real signal wakes a main thread blocked on a lock; the watch ends the
+        # KeyboardInterrupt as this refusal (Watch.__exit__)
+        signal.pthread_kill(recording.owner, signal.SIGINT)
     raise RecorderError(message)
 
 
