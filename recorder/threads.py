@@ -22,9 +22,10 @@ hand-overs:
 - ``ThreadPoolExecutor.submit`` -> the task, and the task -> ``Future.result()``.
 
 Not modelled, so not an ordering (a hand-over through them reports the races it would hide):
-locks made before the watch or inside libraries, ``Condition`` notifications beyond their lock,
-``queue.SimpleQueue``, and any other channel. A thread that was already running when the watch
-began and issues CUDA work is refused; so is a thread past the detector's agent limit.
+locks made before the watch or by the standard library, ``Condition`` notifications beyond
+their lock, ``queue.SimpleQueue``, and any other channel. Refused: CUDA work of a thread that
+was already running when the watch began, two threads issuing to one stream with no host
+synchronization between their issues, a thread past the detector's agent limit.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from __future__ import annotations
 import _thread
 import collections
 import concurrent.futures
+import os
 import queue
 import sys
+import sysconfig
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -143,8 +146,10 @@ class HostThreads:
             return
         with self.recording._lock:
             state = self._states.get(threading.get_ident())
-            if state is not None:
-                _merge(state, capture, label)
+            if state is not None:  # its own nodes (a Thread.start's _started event) add nothing
+                agents = self.recording.detector.node_agent
+                own = tuple(op for op in capture.ops if agents[op] != state.agent)
+                _merge(state, Capture(own, capture.issues), label)
 
     def adopt(self, name: str, capture: Capture) -> None:
         """The calling thread starts now, ordered after its parent's ``capture``."""
@@ -305,12 +310,18 @@ class _HandOverLock:
         return f"<{self._inner!r} watched for hand-overs>"
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+
+
 def _lock_patches(threads: HostThreads) -> list[Patch]:
     """``threading.Lock()`` / ``RLock()`` called from the program's own code make locks that
-    hand over; a library's locks stay plain (not an ordering)."""
+    hand over; the standard library's own (a queue's mutex, a ``Condition``'s waiters) stay
+    plain, not an ordering: their hand-overs are modelled where they mean one (queue items,
+    events)."""
     def factory(original: Callable[[], Any]) -> Callable[[], Any]:
         def make() -> Any:
-            if is_user_file(sys._getframe(1).f_code.co_filename):
+            caller = sys._getframe(1).f_code.co_filename
+            if is_user_file(caller) and not caller.startswith(_STDLIB):
                 return _HandOverLock(original(), threads)
             return original()
         return make
