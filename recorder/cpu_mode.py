@@ -145,6 +145,9 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         """Watch fresh results that no aten op produced (``torch.tensor(data, device=...)``
         builds its data in C++ and only lifts it through the dispatcher as an alias)."""
         for t in out if isinstance(out, tuple | list) else (out,):
+            if (isinstance(t, torch.Tensor) and not t.untyped_storage().nbytes()
+                    and self.dispatch.resizes is not None):  # device memory once grown
+                self.dispatch.resizes.note_empty(t, placement == Placement.PINNED)
             if isinstance(t, torch.Tensor) and t.numel() and self.memory.lookup(t) is None:
                 pinned = placement == Placement.PINNED
                 agent = HOST_AGENT if pinned else self.memory.current_agent()

@@ -8,7 +8,8 @@ STREAM-SEMANTICS.md ("Storage resizes are frees and allocations"):
   unless ``record_stream`` or a sync kept it (the FSDP / Megatron way to drop a gathered
   bucket). The storage object lives on, empty; the recorder remembers its name.
 - ``resize_(n)`` of an empty storage is a new allocation on the current stream (pinned
-  memory: the host's), under the name the storage had before it was emptied.
+  memory: the host's), under the name the storage had before it was emptied (or the variable
+  of an empty device tensor, ``torch.empty(0, device="cuda")``, it was made for).
 - ``resize_(n)`` of a storage that holds memory moves it (torch allocates the new size, copies
   what fits and frees the old block): an allocation, a copy on the current stream that reads
   the old block and writes the new one, then a free. The same holds for an aten op that moves
@@ -25,7 +26,7 @@ pool (:mod:`recorder.core`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,10 +35,20 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
+from overlap_harness.recorder.dispatch import tensor_label
 from overlap_harness.recorder.patching import Patch
-from overlap_harness.recorder.sites import assigned_name, user_site
+from overlap_harness.recorder.sites import user_site
 
 _RESIZE = vars(torch._C.StorageBase)["resize_"]
+
+
+class _Empty(NamedTuple):
+    """What an empty storage becomes when grown: its name, element size, dtype, pinned."""
+
+    name: str
+    itemsize: int
+    dtype: Any
+    pinned: bool
 
 
 class StorageResizes:
@@ -58,7 +69,8 @@ class StorageResizes:
         self.memory = memory
         self.dispatch = dispatch
         self.device_storage = device_storage
-        self._emptied: dict[int, tuple[StorageWeakRef, StorageInfo]] = {}  # cdata -> former
+        # emptied storages (resize_(0), or made empty): cdata -> (weak reference, former)
+        self._emptied: dict[int, tuple[StorageWeakRef, StorageInfo | _Empty]] = {}
 
     def patches(self) -> list[Patch]:
         """``UntypedStorage.resize_`` routed through :meth:`resize` while the watch runs."""
@@ -88,7 +100,7 @@ class StorageResizes:
                 self._allocate(storage, former.name, former.itemsize, former.dtype,
                                former.pinned)
             else:
-                name = assigned_name(user_site()) or "resize_"
+                name = tensor_label("resize_", user_site(), 0, 1)
                 self._allocate(storage, name, 1, torch.uint8, False)
         return result
 
@@ -111,7 +123,16 @@ class StorageResizes:
             out.append((t, info if new is None else new, write))
         return out
 
-    def _former(self, storage: torch.UntypedStorage) -> StorageInfo | None:
+    def note_empty(self, t: torch.Tensor, pinned: bool) -> None:
+        """``t`` was made empty on the device (or pinned): its storage, grown later, is device
+        (pinned) memory named after ``t``'s variable (CPU mode cannot tell it from the
+        storage)."""
+        storage = t.untyped_storage()
+        name = tensor_label("empty", user_site(), 0, 1)
+        self._emptied[storage._cdata] = (StorageWeakRef(storage),
+                                         _Empty(name, t.element_size(), t.dtype, pinned))
+
+    def _former(self, storage: torch.UntypedStorage) -> StorageInfo | _Empty | None:
         entry = self._emptied.pop(storage._cdata, None)
         if entry is None or entry[0].expired():
             return None

@@ -113,3 +113,21 @@ def test_set_views_the_source_storage_without_touching_memory(ordered: bool) -> 
     races = w.races
     assert [str(r.kind) for r in races] == ([] if ordered else [str(RaceKind.RAW)])
     assert all(set(r.elements) <= set(range(8, 16)) for r in races)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_an_empty_device_tensor_grown_is_device_memory(ordered: bool) -> None:
+    with watch("cpu") as w:
+        bucket = torch.empty(0, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            bucket.untyped_storage().resize_(64 * 4)
+            bucket.set_(bucket.untyped_storage(), 0, (64,))
+            bucket.fill_(1.0)
+        if ordered:
+            torch.cuda.current_stream().wait_stream(side)
+        total = bucket.sum()
+    assert total.item() == 64.0
+    assert [str(r.kind) for r in w.races] == ([] if ordered else [str(RaceKind.RAW)])
+    assert all(r.buffer.startswith("bucket@") for r in w.races)
