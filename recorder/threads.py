@@ -33,6 +33,7 @@ from __future__ import annotations
 import _thread
 import collections
 import concurrent.futures
+import contextlib
 import os
 import queue
 import sys
@@ -50,7 +51,7 @@ from overlap_harness.model.trace import OpId, OpKind
 from overlap_harness.recorder.core import Recording
 from overlap_harness.recorder.patching import Patch
 from overlap_harness.recorder.sites import is_user_file
-from overlap_harness.recorder.unmodelled import refuse
+from overlap_harness.recorder.unmodelled import RecorderError, refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,12 @@ def thread_patches(threads: HostThreads, modes: Callable[[], AbstractContextMana
             bootstrap(thread)
             return
         threads.adopt(thread.name, capture)
+        run = thread.run
+
+        def run_keeping_refusals() -> None:  # a refusal is kept and reported once, in one line
+            with contextlib.suppress(RecorderError):
+                run()
+        thread.run = run_keeping_refusals  # type: ignore[method-assign]
         try:
             with modes():
                 bootstrap(thread)
