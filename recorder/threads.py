@@ -23,8 +23,10 @@ hand-overs:
 
 Not modelled, so not an ordering (a hand-over through them reports the races it would hide):
 locks made before the watch or by the standard library, ``Condition`` notifications beyond
-their lock, ``queue.SimpleQueue``, and any other channel. Refused: CUDA work of a thread that
-was already running when the watch began, two threads issuing to one stream with no host
+their lock, ``queue.SimpleQueue``, and any other channel. Threads torch starts in C++ (the
+autograd engine's device threads, which inherit the modes) work for the host that waits on
+them and count as it. Refused: CUDA work of a Python thread that was already running when the
+watch began, two threads issuing to one stream with no host
 synchronization between their issues, a thread past the detector's agent limit.
 """
 
@@ -93,6 +95,8 @@ class HostThreads:
         state = self._states.get(threading.get_ident())
         if state is None:
             thread = threading.current_thread()
+            if isinstance(thread, threading._DummyThread):  # a C++ thread of torch's (an
+                return HOST_AGENT  # autograd device thread) works for the waiting host
             refuse(self.recording,
                    f"CUDA work of thread {thread.name!r}, started before the watch",
                    "start the thread inside the watched block")

@@ -176,3 +176,20 @@ def test_a_refused_thread_does_not_leave_check_waiting(tmp_path, capsys) -> None
     assert capsys.readouterr().err == (
         f"overlap-harness check: {path}:5: torch.cuda.ExternalStream in CPU mode is not "
         "modelled by the recorder; check it in GPU mode (--gpu)\n")
+
+
+def test_a_thread_torch_starts_in_cpp_counts_as_the_waiting_host() -> None:
+    # torch's C++ threads (the autograd engine's device threads) are _DummyThreads to Python;
+    # one started by _thread.start_new_thread is one too
+    import _thread
+
+    done = threading.Event()
+
+    def foreign() -> None:
+        torch.cuda.Event().record()
+        done.set()
+
+    with watch("cpu") as w:
+        _thread.start_new_thread(foreign, ())
+        done.wait()
+    assert w.complete and [n.agent for n in w.run.timeline] == ["default"]  # its record
