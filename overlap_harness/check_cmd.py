@@ -10,8 +10,8 @@ not model (one line), or an incomplete verdict: ops of unknown access touched wa
 
 ``--json FILE`` writes each race's kind, tensor (with its allocation site), elements and, for
 both accesses, file, line, op, stream and mode; beside them the verdict, whether it is
-``complete``, the ops of unknown access and the refusal, if any. ``--out DIR`` writes the timeline plot
-(``plots/<script>.png|svg``), the Perfetto trace (``trace.json``) and SARIF
+``complete``, the ops of unknown access and the refusal, if any. ``--out DIR`` writes the
+timeline plot (``plots/<script>.png|svg``), the Perfetto trace (``trace.json``) and SARIF
 (``results.sarif``) that ``run`` writes for scenarios.
 """
 
