@@ -118,6 +118,11 @@ class HBDetector:
             raise DeviceUsageError(f"checks: expected one of {', '.join(CHECKS)}, got {checks!r}")
         self.checks = checks
         self.agent_names: list[str] = [HOST]
+        # which agents are host threads (agent 0, the host, and those of add_host), and the
+        # host whose issue order the nodes fed next follow (set by a multi-threaded feeder)
+        self._is_host: list[bool] = [True]
+        self.issuer = HOST_AGENT
+        self._issued_by: dict[int, int] = {}  # stream node -> its issuing host, if not agent 0
         # per agent, its current clock over the agents registered so far (grown by add_agent)
         self._vc: list[list[int]] = [[0]]
         self._host_version = 0
@@ -165,7 +170,20 @@ class HBDetector:
         self._joined_host.append(-1)
         self._last.append(None)
         self._live.append(deque())
+        self._is_host.append(False)
         return len(self.agent_names) - 1
+
+    def add_host(self, name: str) -> int:
+        """Register a host thread of its own (STREAM-SEMANTICS.md "host threads"): an agent
+        with its own program order whose issue order orders the stream nodes fed while it is
+        :attr:`issuer`. Threads are ordered to each other only by the joins they are fed."""
+        agent = self.add_agent(name)
+        self._is_host[agent] = True
+        return agent
+
+    def is_host(self, agent: int) -> bool:
+        """True for the host and every host thread of :meth:`add_host`."""
+        return self._is_host[agent]
 
     def add_storage(self, storage: int, numel: int, shape: tuple[int, ...]) -> None:
         """Register a memory block before its first access."""
@@ -208,9 +226,14 @@ class HBDetector:
         op = row[0]
         a = row[2]
         vc = self._vc[a]
-        if a != HOST_AGENT and self._joined_host[a] != self._host_version:
-            _join(vc, self._vc[HOST_AGENT])
-            self._joined_host[a] = self._host_version
+        host = self.issuer
+        if not self._is_host[a]:
+            stamp = self._host_version * MAX_AGENTS + host  # the issuer's past, as of now
+            if self._joined_host[a] != stamp:
+                _join(vc, self._vc[host])
+                self._joined_host[a] = stamp
+            if host != HOST_AGENT:
+                self._issued_by[op] = host
         if joins or observed:
             self._join_all(op, vc, joins, observed)
         epoch = vc[a] + 1
@@ -224,7 +247,7 @@ class HBDetector:
         self.node_vc.append(tuple(vc))  # over the agents registered now; later ones read as 0
         node_epoch.append(epoch)
         self.node_agent.append(a)
-        if a == HOST_AGENT:
+        if self._is_host[a]:
             self._host_version += 1
         if accesses and self.shadow:
             queued = self._queued
@@ -267,9 +290,10 @@ class HBDetector:
         joins = self._join_edges
         at = 0
         last: list[int | None] = [None] * len(self.agent_names)
+        issued_by = self._issued_by
         for op, agent in enumerate(self.node_agent):
-            host_last = last[HOST_AGENT]
-            if agent != HOST_AGENT and host_last is not None:
+            host_last = last[issued_by.get(op, HOST_AGENT)]
+            if not self._is_host[agent] and host_last is not None:
                 built.append((host_last, op))
             while at < len(joins) and joins[at][1] == op:
                 built.append(joins[at])
@@ -301,7 +325,7 @@ class HBDetector:
         that agent at or below it happen before every node still to come. Over the host and
         the streams that ran (one that has not run yet joins the host's clock first)."""
         vcs = [self._vc[x] for x in range(n_agents)
-               if x == HOST_AGENT or self._joined_host[x] != -1]
+               if self._is_host[x] or self._joined_host[x] != -1]
         return [min(vc[agent] for vc in vcs) for agent in range(n_agents)]
 
     def check_queued(self) -> None:
@@ -400,12 +424,12 @@ class HBDetector:
         return self._last[agent]
 
     def host_knows(self, op: OpId) -> bool:
-        """True when ``op`` happens before everything the host issues from now on (the
-        allocator's reuse test, by program edges: :mod:`model.allocator`)."""
+        """True when ``op`` happens before everything the host (:attr:`issuer`) issues from
+        now on (the allocator's reuse test, by program edges: :mod:`model.allocator`)."""
         row = self.nodes._rows[op]
         if row is None:  # dropped (history=False): every agent, the host too, knows it
             return True
-        return self._vc[HOST_AGENT][row[2]] >= self.node_epoch[op]
+        return self._vc[self.issuer][row[2]] >= self.node_epoch[op]
 
     def event_op(self, key: object) -> OpId | None:
         """The record node an event currently captures, or None if never recorded."""
@@ -486,7 +510,8 @@ class HBDetector:
         p_buf, p_buf_id = self._buffer_of(prior, storage)
         if p_buf_id != buffer_id:
             kind = RaceKind.REUSE
-        elif pinned and HOST_AGENT in (p.agent, q.agent) and OpKind.COPY in (p.kind, q.kind):
+        elif (pinned and (self._is_host[p.agent] or self._is_host[q.agent])
+              and OpKind.COPY in (p.kind, q.kind)):
             kind = RaceKind.HOST_D2H
         elif prior_write:
             kind = RaceKind.WAW if write else RaceKind.RAW

@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 
 import torch
 
-from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import graph_api, kernels, project_kernels
@@ -31,21 +30,25 @@ from overlap_harness.recorder.core import Access, Recording, Replayable, Unknown
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
-from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches, patched
+from overlap_harness.recorder.fake_streams import (
+    CudaState,
+    FakeEvent,
+    active,
+    cuda_patches,
+)
 from overlap_harness.recorder.graphs import GraphSet
+from overlap_harness.recorder.patching import patched
+from overlap_harness.recorder.storages import StorageResizes
+from overlap_harness.recorder.threads import HostThreads, entered, thread_patches
+from overlap_harness.recorder.unmodelled import (
+    RecorderError,
+    cpu_patches,
+    ipc_patches,
+    refuse,
+)
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
-
-
-class RecorderError(HarnessError):
-    """The recorder was asked for something it cannot do (a GPU mode without a GPU)."""
-
-
-def _refuse(what: str, instead: str = "") -> NoReturn:
-    """An API the recorder does not model: the one line the program gets."""
-    raise RecorderError(f"{what} is not modelled by the recorder"
-                        + (f"; {instead}" if instead else ""))
 
 
 def resolve_mode(mode: str) -> str:
@@ -84,6 +87,13 @@ class Watch:
     def unknown_ops(self) -> list[UnknownOp]:
         """Ops that touched device memory with accesses nobody declared."""
         return list(self.recording.unknown_ops)
+
+    @property
+    def complete(self) -> bool:
+        """True when the verdict saw everything: no op of unknown access touched watched
+        memory and nothing unmodelled was reached. A pytest marker or any other caller that
+        turns ``races`` into a pass must also require this."""
+        return not self.recording.unknown_ops and not self.recording.refused
 
     @property
     def buffer_sites(self) -> dict[str, str]:
@@ -141,12 +151,22 @@ class Watch:
             else:
                 self._enter_gpu(stack)
             stack.enter_context(kernels.installed(self))
+            stack.enter_context(patched(self._storage_resizes().patches()))
+            threads = HostThreads(self.recording)
+            self.recording.issuing = threads.host
+            stack.enter_context(patched(thread_patches(
+                threads, lambda: entered(self.dispatch, self._function_mode),
+                lambda: self.dispatch.live)))
         except BaseException:
             stack.close()
             raise
         self._stack = stack
         _RUNNING.append(self)
         return self
+
+    def _refuse(self, what: str, instead: str = "") -> NoReturn:
+        """An API the recorder does not model: refused in one line (``recorder.unmodelled``)."""
+        refuse(self.recording, what, instead)
 
     def _enter_cpu(self, stack: ExitStack) -> None:
         stack.enter_context(_environment("TRITON_INTERPRET", "1"))  # Triton kernels the
@@ -155,15 +175,23 @@ class Watch:
         self.memory = CpuMemory(self.recording, cuda)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(active(cuda))
-        stack.enter_context(patched(cuda_patches()))
+        faked = cuda_patches()
+        graph_faked = graph_api.cpu_patches()  # CUDA graphs: modelled, never refused
+        stack.enter_context(patched(faked))
+        stack.enter_context(patched(
+            cpu_patches(self.recording,
+                        {name for obj, name, _ in faked + graph_faked if obj is torch.cuda},
+                        lambda storage: self._is_device_storage(storage))
+            + ipc_patches(self.recording, FakeEvent, self._is_device_storage)))
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
         function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
         stack.enter_context(patched(function_mode.patches()))
-        graphs = GraphSet(self.recording, True, self.dispatch, _refuse)
+        graphs = GraphSet(self.recording, True, self.dispatch, self._refuse)
         stack.enter_context(graph_api.active(graphs))
-        stack.enter_context(patched(graph_api.cpu_patches()))
+        stack.enter_context(patched(graph_faked))
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
+        self._function_mode: Any = function_mode
 
     def _enter_gpu(self, stack: ExitStack) -> None:
         from overlap_harness.recorder import gpu_mode  # deferred: touches torch.cuda's trace hooks
@@ -171,18 +199,41 @@ class Watch:
         self.memory = gpu_mode.GpuMemory(self.recording)
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(gpu_mode.traced(self.recording, self.memory))
-        graphs = GraphSet(self.recording, False, self.dispatch, _refuse)
+        graphs = GraphSet(self.recording, False, self.dispatch, self._refuse)
         stack.enter_context(graph_api.active(graphs))
         stack.enter_context(patched(graph_api.gpu_patches(graphs, self.memory)))
+        stack.enter_context(patched(ipc_patches(
+            self.recording, torch.cuda.Event, lambda storage: storage.device.type == "cuda")))
         stack.enter_context(self.dispatch)
-        stack.enter_context(gpu_mode.GpuFunctionMode(self.memory, self.dispatch))
+        self._function_mode = gpu_mode.GpuFunctionMode(self.memory, self.dispatch)
+        stack.enter_context(self._function_mode)
 
-    def __exit__(self, *exc: object) -> None:
+    def _storage_resizes(self) -> StorageResizes:
+        """Storage resizes as frees, allocations and moves (:mod:`recorder.storages`)."""
+        if self.cpu_mode:  # an empty storage is device memory only if it was seen emptied
+            def device_storage(storage: torch.UntypedStorage) -> bool:
+                return False
+        else:
+            def device_storage(storage: torch.UntypedStorage) -> bool:
+                return storage.device.type == "cuda"
+        resizes = StorageResizes(self.recording, self.memory, self.dispatch, device_storage)
+        self.dispatch.resizes = resizes
+        return resizes
+
+    def _is_device_storage(self, storage: torch.UntypedStorage) -> bool:
+        info = self.recording.storages.get(storage.data_ptr())
+        return info is not None and not info.pinned
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             _RUNNING.remove(self)
+            self.dispatch.live = False  # threads that outlive the watch record nothing more
             stack.close()
         self.recording.sweep()
+        refused = self.recording.refused
+        if refused and exc_type in (None, KeyboardInterrupt):  # caught by the program, or
+            raise RecorderError(refused[0])  # the interrupt of a refusing thread
 
 
 @contextmanager
@@ -219,7 +270,13 @@ class CheckResult:
     unknown_ops: list[UnknownOp] = field(default_factory=list)
     buffer_sites: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # the script's traceback when it crashed
+    refused: str | None = None  # the one line refusing an API the recorder does not model
     exit_status: int = 0  # the script's own ``sys.exit`` status
+
+    @property
+    def complete(self) -> bool:
+        """The verdict saw everything (see :attr:`Watch.complete`)."""
+        return not self.unknown_ops and self.refused is None
 
     @property
     def crashed(self) -> bool:
@@ -267,8 +324,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     try:
         with watcher:
             runpy.run_path(str(script), run_name="__main__")
-    except RecorderError:  # an API the recorder does not model: refused, no verdict
-        raise
+    except RecorderError as exc:  # an unmodelled API: one line, not the script's crash
+        result.refused = str(exc)
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):
@@ -276,9 +333,14 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
             result.error = f"the script exited with status {code}"
     except Exception as exc:  # the script's own crash: reported, not raised
         result.error = _script_traceback(exc)
+    except KeyboardInterrupt:
+        if not watcher.recording.refused:  # not the interrupt of a refusing thread
+            raise
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+    if result.refused is None and watcher.recording.refused:
+        result.refused = watcher.recording.refused[0]
     result.races = watcher.races
     result.run = watcher.run
     result.unknown_ops = watcher.unknown_ops

@@ -30,9 +30,11 @@ observation (a poll loop ends on its second probe, ordered like a synchronize).
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -58,6 +60,7 @@ class StorageInfo:
         pinned: pinned host memory (host accesses are checked against copies).
         alloc_agent: the stream it was allocated on (the host for pinned memory).
         alive: a callable returning False once the storage is gone (a weak reference).
+        key: the memory key it is registered under (its data pointer).
     """
 
     storage: int
@@ -72,6 +75,7 @@ class StorageInfo:
     alive: Any
     recorded_agents: set[int] = field(default_factory=set)
     graph_pool: Any = None  # the private pool of the CUDA graph capture that allocated it
+    key: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +139,35 @@ def _refuse_during_capture(what: str) -> None:
     """A host sync with a capture under way fails on a GPU; it fails alike here."""
     raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({what} "
                        "during a CUDA graph capture)")
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialized(method: _Method) -> _Method:
+    """One thread at a time feeds the detector (node ids are dense, in issue order), with the
+    calling thread's host agent as the issuer (:attr:`Recording.issuing`)."""
+    @functools.wraps(method)
+    def run(self: Recording, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.detector.issuer = self.issuing()
+            return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 class Recording:
-    """Streams, storages and the detector of one watched run."""
+    """Streams, storages and the detector of one watched run.
+
+    Host threads: every method runs under one lock, for the calling Python thread, whose host
+    agent :attr:`issuing` names (the detector's host, agent 0, for the thread that entered the
+    watch; :mod:`recorder.threads` gives every other thread its own). ``HOST_AGENT`` passed to
+    a method means "the calling thread's host agent".
+    """
 
     def __init__(self) -> None:
         self.detector = HBDetector()
         self.pool = BlockPool()
         self.timeline: list[OpRecord] = []
         self.unknown_ops: list[UnknownOp] = []
+        self.refused: list[str] = []  # what the program reached that is not modelled
         self.storages: dict[int, StorageInfo] = {}  # memory key (data_ptr) -> info
         self.buffer_sites: dict[str, str] = {}  # buffer name -> allocation site
         self._agents: dict[object, int] = {}  # stream key -> detector agent
@@ -154,8 +177,13 @@ class Recording:
         self._sync_keys = 0
         self.ops_recorded = 0
         self.capture: CaptureSink | None = None  # a CUDA graph capture under way
+        self._lock = threading.RLock()
+        self.owner = threading.get_ident()  # the thread that watches
+        self.issuing: Callable[[], int] = lambda: HOST_AGENT  # the calling thread's host
+        self.stream_issued: Callable[[int], None] = lambda agent: None  # a stream node issued
 
     # -- streams ---------------------------------------------------------------------------
+    @_serialized
     def agent(self, stream_key: object, name: str) -> int:
         """The detector agent of a stream, registered on first use."""
         agent = self._agents.get(stream_key)
@@ -165,16 +193,24 @@ class Recording:
         return agent
 
     def _node(self, name: str, agent: int, kind: OpKind, site: str | None) -> NodeInfo:
-        op = OpId(len(self.detector.nodes))
+        detector = self.detector
+        if agent == HOST_AGENT:
+            agent = detector.issuer
+        else:
+            self.stream_issued(agent)
+            if detector.issuer != HOST_AGENT:  # a stream op of another thread names it
+                name = f"{name} [{detector.agent_names[detector.issuer]}]"
+        op = OpId(len(detector.nodes))
         source = site if site is not None else user_site()
-        agent_name = self.detector.agent_names[agent]
+        agent_name = detector.agent_names[agent]
         start = op * NODE_SPACING_NS
-        end = start + (STREAM_OP_NS if agent != HOST_AGENT else 0)
+        end = start + (0 if detector.is_host(agent) else STREAM_OP_NS)
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
                                       source=source))
         return NodeInfo(op, name, agent, agent_name, kind, -1, source, None, None, None)
 
     # -- nodes -----------------------------------------------------------------------------
+    @_serialized
     def op(self, name: str, agent: int, accesses: Sequence[Access], kind: OpKind,
            joins: Sequence[OpId] = (), site: str | None = None,
            replay: Replayable | None = None) -> OpId:
@@ -191,6 +227,7 @@ class Recording:
         self.ops_recorded += 1
         return info.op
 
+    @_serialized
     def host_sync(self, name: str, joins: Sequence[OpId | None]) -> OpId:
         """The host blocks until ``joins`` complete (a synchronize, a blocking copy)."""
         if CAPTURED in joins:
@@ -198,19 +235,24 @@ class Recording:
         done = [j for j in joins if j is not None]
         return self.op(name, HOST_AGENT, (), OpKind.HOST_SYNC, done)
 
+    @_serialized
     def sync_stream(self, agent: int) -> OpId:
         """``stream.synchronize()``: the host waits for the stream's last op."""
         if self.capture is not None and self.capture.takes(agent):
             _refuse_during_capture("stream.synchronize")
         return self.host_sync("stream.synchronize", [self.detector.last_op(agent)])
 
+    @_serialized
     def sync_device(self) -> OpId:
         """``torch.cuda.synchronize()``: the host waits for every stream's last op."""
         if self.capture is not None:
             _refuse_during_capture("cuda.synchronize")
-        lasts = [self.detector.last_op(a) for a in range(1, len(self.detector.agent_names))]
+        detector = self.detector
+        lasts = [detector.last_op(a) for a in range(len(detector.agent_names))
+                 if not detector.is_host(a)]
         return self.host_sync("cuda.synchronize", lasts)
 
+    @_serialized
     def record(self, event_key: object, agent: int, name: str = "event.record") -> OpId:
         """``event.record(stream)``: the event captures the stream's work so far."""
         if self.capture is not None and self.capture.record(event_key, agent, name):
@@ -219,6 +261,7 @@ class Recording:
         self.detector.on_record(event_key, info)
         return info.op
 
+    @_serialized
     def wait(self, event_key: object, agent: int, name: str = "wait_event") -> OpId:
         """``stream.wait_event(event)``: binds to the latest record; no-op if never recorded."""
         if self.capture is not None and self.capture.wait(event_key, agent, name):
@@ -227,6 +270,7 @@ class Recording:
         self.detector.on_wait(event_key, info)
         return info.op
 
+    @_serialized
     def wait_stream(self, waiting: int, other: int) -> None:
         """``waiting.wait_stream(other)`` = record a fresh event on ``other``, wait on it."""
         self._sync_keys += 1
@@ -234,20 +278,29 @@ class Recording:
         self.record(key, other, "wait_stream.record")
         self.wait(key, waiting, "wait_stream")
 
+    @_serialized
     def sync_event(self, event_key: object) -> OpId:
         """``event.synchronize()``: the host waits for the record the event captures."""
         return self.host_sync("event.synchronize", [self.detector.event_op(event_key)])
 
-    def query(self, captured: OpId | None, name: str) -> bool:
-        """A ``query()`` of work ending at ``captured``: False the first time for it, True
-        (an observation: a node that the captured work happens before) when asked again."""
+    @_serialized
+    def query(self, captured: OpId | None, name: str,
+              device_answer: Callable[[], bool] | None = None) -> bool:
+        """A ``query()`` of work ending at ``captured``, answered alike in both modes: False
+        the first time it is asked about a record the host does not know complete (a
+        possible answer of a non-blocking probe under some timing), else ``device_answer()``
+        (True in CPU mode, where nothing runs), a True one recorded as an observation (a node
+        that the captured work happens before)."""
         if captured is None or self.detector.host_knows(captured):
-            return True
+            return True if device_answer is None else device_answer()
         if self.first_probe(captured):
             return False
-        self.observe(captured, name)
-        return True
+        done = True if device_answer is None else device_answer()
+        if done:
+            self.observe(captured, name)
+        return done
 
+    @_serialized
     def first_probe(self, captured: OpId) -> bool:
         """True (and remembered) the first time a query asks about ``captured``: the probe
         that answers False, in both modes."""
@@ -256,11 +309,13 @@ class Recording:
         self._queried.add(captured)
         return True
 
+    @_serialized
     def observe(self, captured: OpId, name: str) -> None:
         """The host saw ``captured`` complete (a ``query()`` that returned True)."""
         info = self._node(name, HOST_AGENT, OpKind.QUERY, None)
         self.detector.on_op(info, (), (), observed=(captured,))
 
+    @_serialized
     def unknown(self, name: str, agent: int, tensors: Sequence[str]) -> OpId:
         """An op whose accesses nobody declared: a node with none, listed as unknown."""
         op = self.op(name, agent, (), OpKind.KERNEL)
@@ -270,6 +325,7 @@ class Recording:
         return op
 
     # -- memory ----------------------------------------------------------------------------
+    @_serialized
     def allocate(self, key: int, numel: int, itemsize: int, dtype: Any, shape: tuple[int, ...],
                  pinned: bool, agent: int, alive: Any, label: str) -> StorageInfo:
         """A new storage at memory ``key``: reuse a pooled block when HB allows, else a new
@@ -288,22 +344,25 @@ class Recording:
         site = user_site()
         info = StorageInfo(storage, self._next_buffer, label, numel, itemsize, dtype, pinned,
                            HOST_AGENT if pinned else agent, site, alive,
-                           graph_pool=graph_pool)
+                           graph_pool=graph_pool, key=key)
         self.storages[key] = info
         self.buffer_sites[label] = site
         return info
 
+    @_serialized
     def record_stream(self, info: StorageInfo, agent: int) -> None:
         """``tensor.record_stream(stream)``: the block waits for that stream at its free."""
         if agent != info.alloc_agent:
             info.recorded_agents.add(agent)
 
+    @_serialized
     def sweep(self) -> None:
         """Return the blocks of every storage that died to the pool (their frees)."""
         dead = [k for k, info in self.storages.items() if not info.alive()]
         for key in dead:
             self.free(key)
 
+    @_serialized
     def free(self, key: int) -> None:
         """The storage at ``key`` is gone: its block goes back to the pool, waiting for the
         last op of every stream ``record_stream`` named."""

@@ -28,16 +28,17 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import (
+    HOST_READS,
     Placement,
     RecordingDispatchMode,
     access_of,
     register_storage,
 )
 from overlap_harness.recorder.fake_streams import CudaState
+from overlap_harness.recorder.per_thread import PerThread
 
 _TensorBase = torch._C.TensorBase
 CUDA0 = torch.device("cuda", 0)
-_HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 
 
 def _is_cuda(device: Any) -> bool:
@@ -51,6 +52,8 @@ def _is_cuda(device: Any) -> bool:
 
 class CpuMemory:
     """Watched storages are keyed by their CPU data pointer (see :mod:`recorder.core`)."""
+
+    placement = PerThread(lambda memory: Placement.INFER)  # each thread's own
 
     def __init__(self, recording: Recording, cuda: CudaState) -> None:
         self.recording = recording
@@ -108,6 +111,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if not self.dispatch.live:  # in a thread that outlived the watch
+            return func(*args, **kwargs)
         getter = getattr(func, "__self__", None)
         if getter is _TensorBase.device:
             return CUDA0 if self._device_info(args[0]) is not None else func(*args)
@@ -142,6 +147,9 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         such a device tensor is a blocking copy from pageable host memory, which synchronizes
         its stream: the host is ordered after it, as after ``.item()``."""
         for t in out if isinstance(out, tuple | list) else (out,):
+            if (isinstance(t, torch.Tensor) and not t.untyped_storage().nbytes()
+                    and self.dispatch.resizes is not None):  # device memory once grown
+                self.dispatch.resizes.note_empty(t, placement == Placement.PINNED)
             if isinstance(t, torch.Tensor) and t.numel() and self.memory.lookup(t) is None:
                 pinned = placement == Placement.PINNED
                 agent = HOST_AGENT if pinned else self.memory.current_agent()
@@ -247,5 +255,5 @@ _METHODS: dict[str, Any] = {
     "is_pinned": FakeCudaFunctionMode._is_pinned,
     "get_device": FakeCudaFunctionMode._get_device,
     "data_ptr": FakeCudaFunctionMode._data_ptr,
-    **{name: _reader(name) for name in _HOST_READS},
+    **{name: _reader(name) for name in HOST_READS},
 }

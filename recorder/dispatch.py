@@ -35,6 +35,7 @@ from overlap_harness.recorder.elements import (
     schema_accesses,
     to_storage_elements,
 )
+from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.sites import assigned_name, split_site, user_site
 
 aten = torch.ops.aten
@@ -49,8 +50,20 @@ _COPY_OPS = {aten.copy_.default, aten._to_copy.default, aten._local_scalar_dense
 _VALUE_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
                  aten.unique_dim.default, aten.unique_consecutive.default,
                  aten.bincount.default, aten.equal.default}
+# Tensor methods that read memory without an aten op the dispatcher sees (they copy to the
+# host in C++): each mode's function layer records them as a host read.
+HOST_READS = frozenset({"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"})
 
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
+# ``empty_like`` and its kin read only their first argument's shape, dtype and device
+_LIKE_OPS = {getattr(packet, overload)
+             for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like,
+                            aten.rand_like, aten.randn_like, aten.randint_like)
+             for overload in packet.overloads()}
+# ``set_`` rebinds a tensor to another storage: no memory is read or written (see
+# recorder.storages)
+_REBINDS = {aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
+            aten.set_.source_Tensor, aten.set_.default}
 
 
 class Placement(StrEnum):
@@ -112,17 +125,23 @@ def tensor_label(name: str, site: str, index: int, count: int) -> str:
 class RecordingDispatchMode(TorchDispatchMode):
     """Records every aten op into ``recording`` through ``memory`` (see the module doc)."""
 
+    paused = PerThread(lambda mode: 0)  # each thread's own (a host read pauses its thread)
+    quiet = PerThread(lambda mode: 0)
+
     def __init__(self, recording: Recording, memory: Memory) -> None:
         super().__init__()
         self.recording = recording
         self.memory = memory
         self.paused = 0  # >0: record nothing (a host read that bypasses the dispatcher)
         self.quiet = 0  # >0 inside a declared kernel: watch fresh outputs, record no op
+        self.resizes: Any = None  # recorder.storages.StorageResizes: storages an op moved
+        self.live = True  # False once the watch ended (a thread it started may still run)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused or func in _NO_ACCESS or is_view_or_metadata(func):
+        if (not self.live or self.paused or func in _NO_ACCESS or func in _REBINDS
+                or is_view_or_metadata(func)):
             return func(*args, **kwargs)
         if func is aten.record_stream.default:
             self.memory.record_stream(args[0], args[1])
@@ -146,13 +165,16 @@ class RecordingDispatchMode(TorchDispatchMode):
                 host_involved = True
             else:
                 device_involved = True
-            inputs.append((t, info, write))
+            if not (func in _LIKE_OPS and args and t is args[0]):
+                inputs.append((t, info, write))
         capture = self.recording.capture  # a CUDA graph capture runs nothing (recorder.graphs)
         if capture is not None and device_involved and capture.takes(memory.current_agent()):
             out = capture.run_unapplied(func, args, kwargs)
         else:
             capture = None
             out = func(*args, **kwargs)
+        if self.resizes is not None:
+            inputs = self.resizes.follow_moves(inputs)
         fresh = self._fresh_outputs(func, out, device_involved)
         if not inputs and not fresh:
             return out

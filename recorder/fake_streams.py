@@ -19,13 +19,17 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.sites import assigned_name, user_site
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
 
 
 class CudaState:
-    """The faked device: the recording, the default and current streams."""
+    """The faked device: the recording, the default and current streams (the current stream
+    is each thread's own and starts as the default stream, as torch's does)."""
+
+    current = PerThread(lambda cuda: cuda.default)
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
@@ -271,23 +275,6 @@ def cuda_patches() -> list[tuple[Any, str, Any]]:
     patches += [(cuda.nvtx, "range", _NoRange)]
     patches += [(cuda.streams, "Stream", FakeStream), (cuda.streams, "Event", FakeEvent)]
     return patches
-
-
-@contextmanager
-def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Apply ``patches`` inside the block; restore every original on the way out."""
-    missing = object()
-    saved = [(obj, name, vars(obj).get(name, missing)) for obj, name, _ in patches]
-    try:
-        for obj, name, value in patches:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in reversed(saved):
-            if value is missing:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, value)
 
 
 @contextmanager

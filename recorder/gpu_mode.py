@@ -31,12 +31,10 @@ from torch.overrides import TorchFunctionMode
 from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
-from overlap_harness.recorder.dispatch import Placement, access_of, register_storage
-from overlap_harness.recorder.fake_streams import patched
+from overlap_harness.recorder.dispatch import HOST_READS, Placement, access_of, register_storage
 from overlap_harness.recorder.own_work import in_recorder_work
+from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
-
-HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 
 _ACTIVE: list[GpuMemory] = []
 _HOOKS_REGISTERED: list[bool] = []
@@ -158,20 +156,12 @@ def _register_hooks() -> None:
 
 
 def _observing_query(original: Any, captured: Any) -> Any:
-    """``query()`` as CPU mode answers it: False on the first probe of a record the host
-    does not know complete (always a possible answer of a non-blocking probe), else the
-    device's answer, a True one recorded as an observation."""
+    """``query()`` answered by :meth:`recorder.core.Recording.query` (the policy both modes
+    share), with the device's answer where the policy asks for one."""
     def query(self: Any) -> bool:
         if not _ACTIVE:
             return original(self)
-        recording = _ACTIVE[-1].recording
-        op = captured(self)
-        if op is not None and not recording.detector.host_knows(op) and recording.first_probe(op):
-            return False
-        done = original(self)
-        if done and op is not None and not recording.detector.host_knows(op):
-            recording.observe(op, "query")
-        return done
+        return _ACTIVE[-1].recording.query(captured(self), "query", lambda: original(self))
     return query
 
 
@@ -180,11 +170,11 @@ def traced(recording: Recording, memory: GpuMemory) -> Iterator[None]:
     """Forward the GPU trace and ``query()`` answers to ``memory``'s recording inside."""
     _register_hooks()
     event_cls, stream_cls = torch.cuda.Event, torch.cuda.Stream
-    saved = (event_cls.query, stream_cls.query)
-    event_cls.query = _observing_query(
-        saved[0], lambda ev: recording.detector.event_op(("event", ev.cuda_event)))
-    stream_cls.query = _observing_query(
-        saved[1], lambda st: recording.detector.last_op(memory.stream_agent(st.cuda_stream)))
+    event_query = _observing_query(
+        event_cls.query, lambda ev: recording.detector.event_op(("event", ev.cuda_event)))
+    stream_query = _observing_query(
+        stream_cls.query,
+        lambda st: recording.detector.last_op(memory.stream_agent(st.cuda_stream)))
     memory.current_agent()  # the default stream is agent 1, as in CPU mode
     original_new = vars(stream_cls)["__new__"]
 
@@ -196,11 +186,11 @@ def traced(recording: Recording, memory: GpuMemory) -> Iterator[None]:
 
     _ACTIVE.append(memory)
     try:
-        with patched([(stream_cls, "__new__", staticmethod(named_new))]):
+        with patched([(event_cls, "query", event_query), (stream_cls, "query", stream_query),
+                      (stream_cls, "__new__", staticmethod(named_new))]):
             yield
     finally:
         _ACTIVE.pop()
-        event_cls.query, stream_cls.query = saved
 
 
 class GpuFunctionMode(TorchFunctionMode):
@@ -217,7 +207,7 @@ class GpuFunctionMode(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if ((name == "data_ptr" or name in HOST_READS) and args
+        if ((name == "data_ptr" or name in HOST_READS) and args and self.dispatch.live
                 and isinstance(args[0], torch.Tensor)
                 and not (self.dispatch.quiet or self.dispatch.paused)):
             info = self.memory.lookup(args[0])

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
+from overlap_harness.recorder.patching import Patch, patched
+
 
 @dataclass(frozen=True, slots=True)
 class DeclaredAccess:
@@ -140,7 +142,7 @@ def declared(accesses: AccessFn, cpu_impl: Callable[..., Any] | None = None,
     return wrap
 
 
-def _patches() -> list[tuple[Any, str, Any]]:
+def _patches() -> list[Patch]:
     """``(object, attribute, wrapper)`` for every registered kernel that can be found."""
     out = []
     for target, decl in _BY_NAME.items():
@@ -161,21 +163,9 @@ def _patches() -> list[tuple[Any, str, Any]]:
 @contextmanager
 def installed(sink: KernelSink) -> Iterator[None]:
     """Route declared kernels to ``sink`` inside the block; undo every patch on the way out."""
-    patches = _patches()
-    saved = [(obj, attribute, obj.__dict__.get(attribute, _MISSING))
-             for obj, attribute, _ in patches]
     _SINKS.append(sink)
     try:
-        for obj, attribute, value in patches:
-            setattr(obj, attribute, value)
-        yield
+        with patched(_patches()):
+            yield
     finally:
         _SINKS.pop()
-        for obj, attribute, value in reversed(saved):
-            if value is _MISSING:
-                delattr(obj, attribute)
-            else:
-                setattr(obj, attribute, value)
-
-
-_MISSING = object()

@@ -1,0 +1,34 @@
+"""Patch-and-restore: the one way the recorder replaces attributes while a watch runs.
+
+CPU mode replaces ``torch.cuda`` names and a Tensor method, GPU mode wraps ``query()`` and the
+stream constructor, declared kernels replace module functions: each is a list of
+``(object, attribute, replacement)`` applied on entry and undone on exit, also when the block
+raises, so nothing the recorder changed outlives the watch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+Patch = tuple[Any, str, Any]  # (object, attribute, replacement)
+
+_MISSING = object()
+
+
+@contextmanager
+def patched(patches: Sequence[Patch]) -> Iterator[None]:
+    """Apply ``patches`` inside the block; restore every original on the way out (an
+    attribute the object did not have itself, only inherited, is deleted again)."""
+    saved = [(obj, name, vars(obj).get(name, _MISSING)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            if value is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
