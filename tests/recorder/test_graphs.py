@@ -198,8 +198,13 @@ def test_capture_misuse_is_refused_like_torch():
         graph.reset()
         with pytest.raises(RuntimeError, match="without a preceding successful capture"):
             graph.replay()
-        with pytest.raises(RecorderError, match="raw_cuda_graph in CPU mode is not modelled by "
-                                                "the recorder; check it in GPU mode"):
+
+
+def test_an_unmodelled_graph_api_is_refused_even_when_the_program_catches_it():
+    refusal = "raw_cuda_graph in CPU mode is not modelled by the recorder; check it in GPU mode"
+    with pytest.raises(RecorderError, match=refusal), watch("cpu"):
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RecorderError, match=refusal):
             graph.raw_cuda_graph()
 
 
@@ -260,10 +265,10 @@ def test_make_graphed_callables_forward_only(as_module):
 
 
 def test_make_graphed_callables_refuses_a_backward_graph():
-    with watch("cpu"):
+    refusal = r"test_graphs\.py:\d+: torch\.cuda\.make_graphed_callables with a backward graph"
+    with pytest.raises(RecorderError, match=refusal), watch("cpu"):
         layer = torch.nn.Linear(2, 2).cuda()
-        with pytest.raises(RecorderError, match=r"^torch\.cuda\.make_graphed_callables with "
-                                                r"a backward graph"):
+        with pytest.raises(RecorderError, match=refusal):
             torch.cuda.make_graphed_callables(layer, (torch.zeros(1, 2, device="cuda"),))
 
 
@@ -309,7 +314,8 @@ def test_the_check_command_refuses_an_unmodelled_graph_api_in_one_line(tmp_path,
     printed = capsys.readouterr()
     assert printed.out == ""
     assert printed.err.splitlines() == [
-        "overlap-harness check: torch.cuda.make_graphed_callables with a backward graph "
+        f"overlap-harness check: {script}:3: torch.cuda.make_graphed_callables with a "
+        "backward graph "
         "(gradients enabled and an input or parameter requiring grad) is not modelled by the "
         "recorder; call it under torch.no_grad() for the forward graph"]
 
@@ -339,12 +345,12 @@ def test_a_declared_kernel_in_a_capture_runs_again_at_each_replay():
 
 
 def test_a_replay_inside_another_capture_is_refused():
-    with watch("cpu"):
+    refusal = "a CUDA graph replay inside another graph"
+    with pytest.raises(RecorderError, match=refusal), watch("cpu"):
         inner, outer = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(inner):
             torch.ones(1, device="cuda")
-        with pytest.raises(RecorderError, match="a CUDA graph replay inside another graph"), \
-                torch.cuda.graph(outer):
+        with pytest.raises(RecorderError, match=refusal), torch.cuda.graph(outer):
             inner.replay()
 
 
