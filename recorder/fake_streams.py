@@ -19,7 +19,7 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording
-from overlap_harness.recorder.sites import assigned_name, user_site
+from overlap_harness.recorder.names import variable_here
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
 
@@ -60,7 +60,7 @@ class FakeStream:
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         cuda = state()
         number = cuda.new_stream_id()
-        name = assigned_name(user_site()) or f"stream{number}"
+        name = variable_here() or f"stream{number}"
         self._setup(cuda, number, name)
         self.priority = priority
 
@@ -125,7 +125,7 @@ class FakeEvent:
                  interprocess: bool = False, external: bool = False) -> None:
         self._cuda = state()
         self.enable_timing = enable_timing
-        self.name = assigned_name(user_site()) or "event"
+        self.name = variable_here() or "event"
 
     def record(self, stream: FakeStream | None = None) -> None:
         """Capture ``stream``'s (the current stream's) work so far."""

@@ -33,8 +33,10 @@ from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import Placement, access_of, register_storage
 from overlap_harness.recorder.fake_streams import patched
+from overlap_harness.recorder.iterations import untraced
+from overlap_harness.recorder.names import variable_here
 from overlap_harness.recorder.own_work import in_recorder_work
-from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
+from overlap_harness.recorder.sites import is_user_file
 
 HOST_READS = {"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"}
 
@@ -72,7 +74,7 @@ class GpuMemory:
 
     def name_stream(self, stream_handle: int) -> None:
         """A stream the program just made: named after the variable it is assigned to."""
-        name = assigned_name(user_site())
+        name = variable_here()
         if name is not None:
             self.stream_names[stream_handle] = name
 
@@ -213,6 +215,7 @@ class GpuFunctionMode(TorchFunctionMode):
         self.memory = memory
         self.dispatch = dispatch
 
+    @untraced
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}

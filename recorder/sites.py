@@ -16,6 +16,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from types import FrameType
 
 import torch
 
@@ -61,6 +62,14 @@ def user_site(skip: int = 1) -> str:
             return f"{display_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def user_frame(skip: int = 1) -> FrameType | None:
+    """The innermost frame of user code on the stack (None when there is none)."""
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
 
 
 def split_site(site: str) -> tuple[str, int | None]:
