@@ -29,7 +29,7 @@ class PortabilityNote:
 
     op: int  # the copy's node
     direction: str  # "H2D" (from pageable memory) or "D2H" (into it)
-    host_tensor: str  # the pageable tensor's variable, or a phrase when it has none
+    host_tensor: str | None  # the pageable tensor's variable (None: a temporary)
     device_tensor: str  # the device side's name in reports
     stream: str
     site: str
@@ -43,11 +43,13 @@ class PortabilityNote:
         """The note as one line."""
         way = "from" if self.direction == "H2D" else "into"
         done = "has read its source" if self.direction == "H2D" else "has landed"
-        return (f"{self.direction} copy {way} pageable host memory {self.host_tensor} with "
-                f"non_blocking=True on {self.stream} at {self.site} is not a race: today's "
-                f"CUDA returns from it only once the copy {done}, but neither CUDA nor "
-                f"PyTorch promises that (pin {self.host_tensor} for an asynchronous copy, "
-                "or drop non_blocking)")
+        tensor = self.host_tensor or "a temporary"
+        pin = self.host_tensor or "the host tensor"
+        return (f"{self.direction} copy {way} pageable host memory ({tensor}) with "
+                f"non_blocking=True on stream {self.stream} at {self.site} is not a race: "
+                f"today's CUDA returns from it only once the copy {done}, but neither CUDA nor "
+                f"PyTorch promises that (pin {pin} for an asynchronous copy, or drop "
+                "non_blocking)")
 
 
 def note_pageable_copy(recording: Recording, memory: Any, func: Any, args: tuple,
@@ -79,12 +81,12 @@ def _sides(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[Any, Any] | 
     return None
 
 
-def _variable_of(tensor: torch.Tensor) -> str:
+def _variable_of(tensor: torch.Tensor) -> str | None:
     """The name the user's innermost frame holds ``tensor`` (or a view of its storage) under:
     a local variable, or an attribute of one (``self.host_buf``)."""
     frame = user_frame(2)
     if frame is None:
-        return "(a host tensor the program holds in no variable)"
+        return None
     ptr = _storage_ptr(tensor)
     names = dict(frame.f_locals)
     for name, value in names.items():
@@ -97,7 +99,7 @@ def _variable_of(tensor: torch.Tensor) -> str:
         for attribute, held in attributes.items():
             if isinstance(held, torch.Tensor) and _storage_ptr(held) == ptr:
                 return f"{name}.{attribute}"
-    return "(a host tensor the program holds in no variable)"
+    return None
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
