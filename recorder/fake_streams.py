@@ -19,6 +19,7 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import variable_here
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
@@ -77,10 +78,12 @@ class FakeStream:
     def agent(self) -> int:
         return self._cuda.agent(self)
 
+    @untraced
     def wait_event(self, event: FakeEvent) -> None:
         """Later work on this stream waits for the event's latest record."""
         event.wait(self)
 
+    @untraced
     def wait_stream(self, stream: FakeStream) -> None:
         """Later work on this stream waits for ``stream``'s work so far."""
         self._cuda.recording.wait_stream(self.agent, stream.agent)
@@ -91,10 +94,12 @@ class FakeStream:
         event.record(self)
         return event
 
+    @untraced
     def synchronize(self) -> None:
         """The host waits for this stream's work."""
         self._cuda.recording.sync_stream(self.agent)
 
+    @untraced
     def query(self) -> bool:
         """See :meth:`recorder.core.Recording.query`."""
         recording = self._cuda.recording
@@ -127,19 +132,23 @@ class FakeEvent:
         self.enable_timing = enable_timing
         self.name = variable_here() or "event"
 
+    @untraced
     def record(self, stream: FakeStream | None = None) -> None:
         """Capture ``stream``'s (the current stream's) work so far."""
         self._cuda.recording.record(self, self._cuda.agent(stream), f"{self.name}.record")
 
+    @untraced
     def wait(self, stream: FakeStream | None = None) -> None:
         """Make later work on ``stream`` wait for the latest record (no-op if none)."""
         self._cuda.recording.wait(self, self._cuda.agent(stream), f"wait {self.name}")
 
+    @untraced
     def query(self) -> bool:
         """See :meth:`recorder.core.Recording.query`."""
         recording = self._cuda.recording
         return recording.query(recording.detector.event_op(self), f"{self.name}.query")
 
+    @untraced
     def synchronize(self) -> None:
         """The host waits for the latest record."""
         self._cuda.recording.sync_event(self)
@@ -193,6 +202,7 @@ def _default_stream(device: Any = None) -> FakeStream:
     return state().default
 
 
+@untraced
 def _synchronize(device: Any = None) -> None:
     state().recording.sync_device()
 

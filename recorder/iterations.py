@@ -114,14 +114,18 @@ def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
 
 
 class _FrameLoops:
-    """The local tracer of one frame: counts its loops' passes from line events."""
+    """The local tracer of one frame: counts its loops' passes from line events. While the
+    frame runs it is on its thread's stack of looping frames (``running``)."""
 
-    __slots__ = ("code", "counts", "last_line")
+    __slots__ = ("_cache", "code", "counts", "last_line", "running")
 
-    def __init__(self, code: _CodeLoops, line: int | None = None) -> None:
+    def __init__(self, code: _CodeLoops, running: list[_FrameLoops],
+                 line: int | None = None) -> None:
         self.code = code
+        self.running = running
         self.counts: dict[int, int] = {}
         self.last_line = line
+        self._cache: tuple[int | None, tuple[LoopPass, ...]] | None = None
         if line is not None:  # a frame already inside its loops: counted from now
             for loop in code.headers.values():
                 if loop.holds(line):
@@ -137,31 +141,54 @@ class _FrameLoops:
                     loop = None  # the first pass's first line: counted at the header
                 if loop is not None:
                     self.counts[loop.header] = self.counts.get(loop.header, -1) + 1
-            elif self._from_body(loop) and loop.header in self.counts:
-                self.counts[loop.header] += 1
+                    self._cache = None
             else:
-                self.counts[loop.header] = 0
+                if self._from_body(loop) and loop.header in self.counts:
+                    self.counts[loop.header] += 1
+                else:
+                    self.counts[loop.header] = 0
+                self._cache = None
             self.last_line = line
+        elif event == "return":  # also a generator's yield; its resumption is a call again
+            running = self.running
+            if running and running[-1] is self:
+                running.pop()
+            elif self in running:
+                running.remove(self)
         return self
 
     def _from_body(self, loop: _Loop) -> bool:
         last = self.last_line
         return last is not None and loop.body_first <= last <= loop.body_last
 
-    def passes(self, line: int) -> list[LoopPass]:
-        """The passes of this frame's loops that hold ``line``, innermost first."""
-        out = [LoopPass(self.code.file, header, count)
-               for header, count in self.counts.items()
-               if self.code.headers[header].holds(line)]
-        out.sort(key=lambda p: -p.line)
-        return out
+    def passes(self) -> tuple[LoopPass, ...]:
+        """The passes of this frame's loops that hold its current line, outermost first."""
+        line = self.last_line
+        cache = self._cache
+        if cache is not None and cache[0] == line:
+            return cache[1]
+        found = () if line is None else tuple(sorted(
+            (LoopPass(self.code.file, header, count) for header, count in self.counts.items()
+             if self.code.headers[header].holds(line)), key=lambda p: p.line))
+        self._cache = (line, found)
+        return found
 
 
 class _GlobalTracer:
-    """The thread's trace function: a :class:`_FrameLoops` for the user's looping frames."""
+    """The thread's trace function: a :class:`_FrameLoops` for the user's looping frames,
+    pushed on the thread's stack of running looping frames."""
 
     def __init__(self) -> None:
         self._codes: dict[CodeType, _CodeLoops | None] = {}
+        self._threads = threading.local()
+
+    def running(self) -> list[_FrameLoops]:
+        """This thread's looping frames now running, outermost first."""
+        try:
+            return self._threads.running  # type: ignore[no-any-return]
+        except AttributeError:
+            self._threads.running = []
+            return self._threads.running  # type: ignore[no-any-return]
 
     def code_loops(self, code: CodeType) -> _CodeLoops | None:
         """The loops of ``code`` when it is the user's and has any (cached)."""
@@ -185,8 +212,14 @@ class _GlobalTracer:
     def __call__(self, frame: FrameType, event: str, arg: Any) -> _FrameLoops | None:
         if event != "call":
             return None
-        code = self.code_loops(frame.f_code)
-        return None if code is None else _FrameLoops(code)
+        local = frame.f_trace
+        if type(local) is not _FrameLoops:  # a resumed generator keeps its counts
+            code = self.code_loops(frame.f_code)
+            if code is None:
+                return None
+            local = _FrameLoops(code, self.running())
+        local.running.append(local)
+        return local
 
 
 class LoopCounter:
@@ -220,28 +253,33 @@ class LoopCounter:
                 if type(frame.f_trace) is _FrameLoops:
                     frame.f_trace = None
                 frame = frame.f_back
+            self.tracer.running().clear()
 
     def _adopt_running_frames(self, frame: FrameType | None) -> None:
         """Trace the user's frames already running (a watch entered inside a loop)."""
+        running = self.tracer.running()
+        running.clear()
+        adopted = []
         while frame is not None:
             code = self.tracer.code_loops(frame.f_code)
             if code is not None and (frame.f_trace is None
                                      or type(frame.f_trace) is _FrameLoops):
-                frame.f_trace = _FrameLoops(code, frame.f_lineno)
+                frame.f_trace = _FrameLoops(code, running, frame.f_lineno)
+                adopted.append(frame.f_trace)
             frame = frame.f_back
+        running.extend(reversed(adopted))
 
     def passes(self) -> tuple[LoopPass, ...]:
-        """The loop passes of the stack now, outermost first (empty outside any loop)."""
+        """The loop passes of this thread's stack now, outermost first (empty outside any
+        loop)."""
         if not self.active:
             return ()
+        running = self.tracer.running()
+        if len(running) == 1:
+            return running[0].passes()
         chain: list[LoopPass] = []
-        frame: FrameType | None = sys._getframe(1)
-        while frame is not None:
-            local = frame.f_trace
-            if type(local) is _FrameLoops:
-                chain.extend(local.passes(frame.f_lineno))
-            frame = frame.f_back
-        chain.reverse()
+        for local in running:
+            chain.extend(local.passes())
         return tuple(chain)
 
 

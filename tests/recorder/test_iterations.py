@@ -3,6 +3,7 @@ writes), and the marks a watched program's races carry, counted and named."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import textwrap
 from pathlib import Path
@@ -104,6 +105,53 @@ def test_a_helper_called_from_a_loop_is_marked_with_the_callers_loop() -> None:
     with counter.counting():
         program()
     loop = line_of(program, "# caller's loop")
+    assert counts(seen) == [((loop, 0),), ((loop, 1),)]
+
+
+def test_a_generator_keeps_its_count_across_yields_and_exceptions_unwind() -> None:
+    counter = LoopCounter()
+    seen = []
+
+    def produce():
+        for item in range(3):  # producer
+            seen.append(counter.passes())
+            yield item
+
+    def failing() -> None:
+        for _ in range(2):
+            raise ValueError
+
+    def program() -> None:
+        for _ in produce():
+            with contextlib.suppress(ValueError):
+                failing()
+        seen.append(counter.passes())  # nothing left of the unwound frames
+
+    with counter.counting():
+        program()
+    loop = line_of(produce, "# producer")
+    outer = line_of(program, "for _ in produce")
+    assert counts(seen) == [((outer, 0), (loop, 0)), ((outer, 1), (loop, 1)),
+                            ((outer, 2), (loop, 2)), ()]
+
+
+def test_a_thread_started_inside_counts_its_own_loops() -> None:
+    import threading
+
+    counter = LoopCounter()
+    seen = []
+
+    def worker() -> None:
+        for _ in range(2):  # worker loop
+            seen.append(counter.passes())
+
+    with counter.counting():
+        for _ in range(5):  # main loop: not the worker's
+            pass
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+    loop = line_of(worker, "# worker loop")
     assert counts(seen) == [((loop, 0),), ((loop, 1),)]
 
 
