@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-from overlap_harness.recorder.sites import display_path, is_user_file
+from overlap_harness.recorder.sites import SourceBusy, display_path, is_user_file, source_tree
 
 _TOGGLES = sys.version_info < (3, 12)  # from 3.12 an idle tracer costs only its calls, and
 # switching it off and on re-instruments every code object: worth it only on 3.11
@@ -98,11 +98,13 @@ class _CodeLoops:
 
 @functools.lru_cache(maxsize=256)
 def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
-    """Every loop statement of a source file, with whether its test is a constant."""
-    try:
-        with open(filename, encoding="utf-8") as source:
-            tree = ast.parse(source.read(), filename)
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    """Every loop statement of a source file, with whether its test is a constant.
+
+    Raises:
+        SourceBusy: the file could not be parsed now (see :func:`recorder.sites.source_tree`).
+    """
+    tree = source_tree(filename)
+    if tree is None:
         return ()
     loops = []
     for node in ast.walk(tree):
@@ -198,9 +200,12 @@ class _GlobalTracer:
             pass
         found = None
         if is_user_file(code.co_filename):
+            try:
+                loops = _file_loops(code.co_filename)
+            except SourceBusy:  # called back inside a parse: this frame goes uncounted
+                return None
             lines = {line for _start, _end, line in code.co_lines() if line is not None}
-            mine = [(loop, endless) for loop, endless in _file_loops(code.co_filename)
-                    if loop.header in lines]
+            mine = [(loop, endless) for loop, endless in loops if loop.header in lines]
             if mine:
                 found = _CodeLoops(display_path(code.co_filename),
                                    {loop.header: loop for loop, _ in mine},

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
 
-from overlap_harness.recorder.sites import display_path, user_frame
+from overlap_harness.recorder.sites import SourceBusy, display_path, source_tree, user_frame
 
 Position = tuple[int, int, int, int]  # line, end line, column, end column
 
@@ -62,7 +62,10 @@ def frame_targets(frame: FrameType) -> Targets | None:
     position = _position(code, frame.f_lasti)
     if position is None:
         return None
-    statement = _assignment_at(code.co_filename, position[0], position[2])
+    try:
+        statement = _assignment_at(code.co_filename, position[0], position[2])
+    except SourceBusy:  # made inside another parse (a finalizer): it goes unnamed
+        return None
     if statement is None:
         return None
     return _targets(statement, position)
@@ -94,10 +97,13 @@ def _position(code: CodeType, lasti: int) -> Position | None:
 
 @functools.lru_cache(maxsize=256)
 def _assignments(filename: str) -> dict[int, list[ast.Assign | ast.AnnAssign]]:
-    """Each assignment of a file, under every line it spans."""
-    try:
-        tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename)
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    """Each assignment of a file, under every line it spans.
+
+    Raises:
+        SourceBusy: the file could not be parsed now (see :func:`recorder.sites.source_tree`).
+    """
+    tree = source_tree(filename)
+    if tree is None:
         return {}
     by_line: dict[int, list[ast.Assign | ast.AnnAssign]] = {}
     for node in ast.walk(tree):

@@ -3,6 +3,7 @@ writes), and the marks a watched program's races carry, counted and named."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import sys
 import textwrap
@@ -184,6 +185,23 @@ def test_another_tracer_is_left_alone_and_nothing_is_counted() -> None:
     finally:
         sys.settrace(previous)
     assert calls  # it went on tracing
+
+
+def test_a_parse_asked_for_inside_another_is_refused_and_not_cached(tmp_path: Path) -> None:
+    """Python 3.11 breaks a parse that another parse interrupts (a finalizer or trace
+    callback inside ``ast.parse``: 'AST constructor recursion depth mismatch'), so the
+    recorder's own parses never nest: the inner one is refused, and made when asked again."""
+    from overlap_harness.recorder import sites
+
+    path = tmp_path / "program.py"
+    path.write_text("for step in range(2):\n    pass\n")
+    sites._parsing[0] = True  # as inside another parse
+    try:
+        with pytest.raises(sites.SourceBusy):
+            sites.source_tree(str(path))
+    finally:
+        sites._parsing[0] = False
+    assert isinstance(sites.source_tree(str(path)).body[0], ast.For)
 
 
 def test_untraced_work_runs_with_the_tracer_off_and_restores_it() -> None:
