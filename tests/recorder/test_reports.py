@@ -201,3 +201,32 @@ def test_sarif_has_one_result_per_pair_of_sites_at_the_racing_lines(folder, caps
     assert lines == [8, 7]
     assert result["message"]["text"].splitlines()[0] == (
         "RAW race on data (allocated at loop.py:3), elements 0-7 (all 8), 6 times")
+
+
+LIKE = textwrap.dedent("""\
+    import sys
+    import torch
+
+    copier = torch.cuda.Stream()
+    device_out = torch.arange(4.0, device="cuda")
+    host_out = torch.empty_like(device_out, device="cpu", pin_memory="--pinned" in sys.argv)
+    copier.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(copier):
+        host_out.copy_(device_out, non_blocking=True)
+    print(host_out.is_cuda, host_out.tolist())
+    """)
+
+
+def test_a_host_tensor_made_like_a_device_one_is_host_memory(folder, capsys) -> None:
+    """``empty_like(x, device="cpu")`` is pageable host memory (CPU mode took it for device
+    memory, and the copy's host read for a stream RAW); pinned, the read races."""
+    Path("like.py").write_text(LIKE)
+    status, lines = check(capsys, "like.py")
+    assert status == 0
+    assert lines[0] == "False [0.0, 1.0, 2.0, 3.0]"
+    assert lines[1].startswith("note: D2H copy into pageable host memory (host_out) with "
+                               "non_blocking=True on stream copier at like.py:9 is not a race")
+    status, lines = check(capsys, "like.py", "--pinned")
+    assert status == 1
+    assert lines[1] == ("host-memory (D2H copy vs host read) race on host_out (allocated at "
+                        "like.py:6), elements 0-3 (all 4)")
