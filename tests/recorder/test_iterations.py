@@ -275,6 +275,25 @@ def test_named_iterations_replace_the_loop_count(loop_program: Path) -> None:
     assert check_script(loop_program, ["--named", "--fixed"], mode="cpu").races == []
 
 
+def test_json_gives_each_sides_first_and_last_iteration(loop_program: Path) -> None:
+    import json
+
+    from overlap_harness.cli import main
+
+    assert main(["check", "--cpu", "--json", "races.json", str(loop_program)]) == 1
+    (race,) = json.loads(Path("races.json").read_text())["races"]
+    loop = {"file": "loop.py", "line": 7}
+    assert race["count"] == 6
+    assert race["first"]["iterations"] == {
+        "first": {"named": None, "loops": [{**loop, "count": 0}]},
+        "last": {"named": None, "loops": [{**loop, "count": 2}]}}
+    assert main(["check", "--cpu", "--json", "races.json", str(loop_program), "--named"]) == 1
+    (race,) = json.loads(Path("races.json").read_text())["races"]
+    assert race["second"]["iterations"]["last"] == {
+        "named": "decode-2", "loops": [{**loop, "count": 2}]}
+    assert main(["check", "--cpu", "--json", "races.json", str(loop_program), "--fixed"]) == 0
+
+
 def test_watch_iteration_marks_and_no_mark_outside_loops() -> None:
     import torch
 
