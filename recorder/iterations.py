@@ -218,12 +218,15 @@ class _GlobalTracer:
         if event != "call":
             return None
         local = frame.f_trace
-        if type(local) is not _FrameLoops:  # a resumed generator keeps its counts
+        running = self.running()
+        if type(local) is _FrameLoops:  # a resumed generator keeps its counts
+            local.running = running  # (resumed maybe by another thread)
+        else:
             code = self.code_loops(frame.f_code)
             if code is None:
                 return None
-            local = _FrameLoops(code, self.running())
-        local.running.append(local)
+            local = _FrameLoops(code, running)
+        running.append(local)
         return local
 
 
