@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from overlap_harness.model.trace import Access, Race, RaceKind
 from overlap_harness.recorder.iterations import IterationMark
 
-HOST = "host"  # the detector's name of the host agent
+HOST = "host"  # the detector's name of the host agent (the thread that entered the watch)
+HOST_THREAD = "thread "  # other host threads' agents: ``thread NAME`` (no variable has a space)
+
+
+def is_host(agent: str) -> bool:
+    """True for a host agent (the main host, or another Python thread), not a stream."""
+    return agent == HOST or agent.startswith(HOST_THREAD)
 
 KIND_WORDS = {
     RaceKind.RAW: "a write and a later read, unordered: the read may see the old value",
@@ -111,7 +117,7 @@ def host_direction(race: Race) -> str | None:
     writes the pinned buffer, or reads it); None for the other kinds."""
     if race.kind != RaceKind.HOST_D2H:
         return None
-    copy = race.second if race.first.agent == HOST else race.first
+    copy = race.second if is_host(race.first.agent) else race.first
     return "D2H" if copy.mode == "write" else "H2D"
 
 
@@ -123,7 +129,7 @@ def kind_description(race: Race) -> str:
         return KIND_WORDS[race.kind]
     sides = []
     for access in (race.first, race.second):
-        if access.agent == HOST:
+        if is_host(access.agent):
             sides.append(f"host {access.mode}")
         else:
             sides.append(f"{direction} copy")

@@ -26,6 +26,7 @@ from overlap_harness.recorder.race_groups import (
     RaceGroup,
     describe_elements,
     group_races,
+    is_host,
     kind_title,
 )
 
@@ -49,8 +50,10 @@ def tensor_phrase(label: str, sites: Mapping[str, str]) -> str:
 
 
 def agent_phrase(agent: str) -> str:
-    """``stream side``, or ``the host``."""
-    return "the host" if agent == HOST else f"stream {agent}"
+    """``stream side``, ``the host``, or a host thread as named (``thread loader``)."""
+    if agent == HOST:
+        return "the host"
+    return agent if is_host(agent) else f"stream {agent}"
 
 
 def describe_marks(marks: Sequence[IterationMark], near_file: str | None) -> str:
