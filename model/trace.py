@@ -95,8 +95,8 @@ class Access:
         """One line naming the access, like CSAN's report lines."""
         verb = "reading" if self.mode == "read" else "writing"
         where = f" at {self.source}" if self.source else ""
-        it = f"iteration {self.iteration}"
-        return f"{self.op_name} ({it}) on {self.agent} {verb} {self.buffer}{where}"
+        it = f" (iteration {self.iteration})" if self.iteration >= 0 else ""  # -1: no loop
+        return f"{self.op_name}{it} on {self.agent} {verb} {self.buffer}{where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +128,9 @@ class Race:
         return f"{self.kind} {self.buffer}"
 
     def describe(self) -> str:
-        """The user-facing report: both accesses, the elements, latent or manifest."""
-        state = {True: "manifest", False: "latent", None: "unknown"}[self.manifest]
+        """The user-facing report: both accesses, the elements, latent or manifest (said
+        only when the run was timed: a recorder's races carry no timing)."""
+        state = {True: " (manifest)", False: " (latent)", None: ""}[self.manifest]
         reused = f" (reused as {self.reused_as})" if self.reused_as else ""
         if self.older:
             reused += " (an older access, behind a later one of the same agent)"
@@ -137,8 +138,8 @@ class Race:
             reused += " (only when " + " and ".join(self.needs) + ")"
         return (
             f"{self.kind} race on {self.buffer}{describe_elements(self.shape, self.elements)}"
-            f"{reused} "
-            f"({state})\n  first:  {self.first.describe()}\n  second: {self.second.describe()}"
+            f"{reused}"
+            f"{state}\n  first:  {self.first.describe()}\n  second: {self.second.describe()}"
         )
 
 

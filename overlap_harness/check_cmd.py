@@ -9,9 +9,12 @@ not model (one line), or an incomplete verdict: ops of unknown access touched wa
 (each listed with its line and how to declare it) and ``--allow-unknown-ops`` was not given
 (with it, the usual status, and the report lists what was not seen).
 
-``--json FILE`` writes each race's kind, tensor (with its allocation site), elements and, for
-both accesses, file, line, op, stream and mode; beside them the verdict, whether it is
-``complete``, the ops of unknown access and the refusal, if any. ``--out DIR`` writes the
+Races print once per pair of racing sites, with how many times and in which loop iterations
+they raced (:mod:`recorder.report_text`); non-blocking copies of pageable memory print as
+``note:`` lines and leave the exit status alone. ``--json FILE`` writes the same as JSON
+(:mod:`recorder.report_json`), beside the verdict, whether it is ``complete``, the ops of
+unknown access and the refusal, if any; with ``--json -`` stdout carries the JSON document
+alone: the script's own output and the report text go to stderr. ``--out DIR`` writes the
 timeline plot (``plots/<script>.png|svg``), the Perfetto trace (``trace.json``) and SARIF
 (``results.sarif``) that ``run`` writes for scenarios. Both are prepared before the script
 runs (:func:`overlap_harness.output_paths.prepare_outputs`).
@@ -27,9 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.output_paths import prepare_outputs
@@ -71,24 +78,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return c
 
 
-def access_dict(access: Any) -> dict[str, Any]:
-    """One side of a race as JSON: file, line, op, stream, mode."""
-    file, _, line = access.source.rpartition(":")
-    return {"file": file if line.isdigit() else access.source,
-            "line": int(line) if line.isdigit() else None, "op": access.op_name,
-            "stream": access.agent, "mode": access.mode}
-
-
 def result_dict(result: Any) -> dict[str, Any]:
-    """A :class:`recorder.CheckResult` as JSON (see the module docstring)."""
-    races = []
-    for race in result.races:
-        races.append({
-            "kind": str(race.kind), "tensor": race.buffer,
-            "allocated_at": result.buffer_sites.get(race.buffer),
-            "reused_as": race.reused_as, "shape": list(race.shape),
-            "elements": list(race.elements), "older": race.older,
-            "first": access_dict(race.first), "second": access_dict(race.second)})
+    """A :class:`recorder.CheckResult` as JSON (see :mod:`recorder.report_json`)."""
+    from overlap_harness.recorder.report_json import notes_json, races_json
+
+    races = races_json(result.races, result.buffer_sites, result.marks)
     unknown = [{"op": u.name, "stream": u.stream, "site": u.site, "tensors": list(u.tensors)}
                for u in result.unknown_ops]
     verdict = "crash" if result.crashed else ("race" if result.races else "race_free")
@@ -96,12 +90,15 @@ def result_dict(result: Any) -> dict[str, Any]:
         verdict = "refused"
     return {"script": result.script, "argv": result.argv, "mode": result.mode,
             "verdict": verdict, "complete": result.complete, "races": races,
-            "unknown_ops": unknown, "refused": result.refused, "error": result.error}
+            "notes": notes_json(result.notes), "unknown_ops": unknown,
+            "refused": result.refused, "error": result.error}
 
 
 def write_reports(result: Any, out: Path) -> list[Path]:
     """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``."""
     # deferred: matplotlib loads only when reports are asked for
+    from overlap_harness.recorder.race_groups import group_races
+    from overlap_harness.recorder.report_text import describe_group, marks_lookup
     from overlap_harness.reports.perfetto import write_trace
     from overlap_harness.reports.sarif import write_sarif
     from overlap_harness.reports.timeline import plot_timeline, save_plot
@@ -113,7 +110,11 @@ def write_reports(result: Any, out: Path) -> list[Path]:
     if case.timeline:
         paths += save_plot(plot_timeline(case), out / "plots" / safe_name(case.run_id))
     write_trace([case], str(out / "trace.json"))
-    write_sarif([case], out / "results.sarif")
+    groups = group_races(result.races)  # one SARIF result per pair of racing sites
+    texts = {id(g.race): describe_group(g, result.buffer_sites, marks_lookup(result.marks))
+             for g in groups}
+    write_sarif([replace(case, races=[g.race for g in groups])], out / "results.sarif",
+                describe=lambda race: texts[id(race)], at_accesses=True)
     return [*paths, out / "trace.json", out / "results.sarif"]
 
 
@@ -141,12 +142,38 @@ def split_command(command: list[str]) -> tuple[str, list[str]]:
                 f"before the script (overlap-harness check {option}{value} {script}), or "
                 f"write {script} -- {option}{value} if the script takes it")
     return script, rest
+@contextmanager
+def stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Inside, everything written to stdout goes to stderr (Python's ``sys.stdout`` and file
+    descriptor 1, for output from C code and child processes), when ``active``."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def print_report(result: Any, out: TextIO) -> None:
+    """The races (repeats collapsed) and portability notes, as text, to ``out``."""
+    from overlap_harness.recorder.report_text import report_lines
+
+    for paragraph in report_lines(result):
+        print(paragraph, file=out)
 
 
 def run_check(args: argparse.Namespace) -> int:
     """The ``check`` command; see the module docstring for the exit status."""
     # deferred: torch loads only when a script is checked (CLI start-up stays fast)
     from overlap_harness.recorder.api import RecorderError, check_script
+    from overlap_harness.recorder.report_text import summary_line
 
     try:
         args.script, args.args = split_command(args.command)
@@ -159,36 +186,34 @@ def run_check(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     mode = "gpu" if args.gpu else ("cpu" if args.cpu else "auto")
+    json_to_stdout = args.json == "-"
+    text = sys.stderr if json_to_stdout else sys.stdout  # stdout: the JSON document alone
     try:
-        result = check_script(args.script, args.args, mode=mode)
+        with stdout_to_stderr(json_to_stdout):
+            result = check_script(args.script, args.args, mode=mode)
     except RecorderError as exc:
         print(f"overlap-harness check: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for race in result.races:
-        print(race.describe())
-        site = result.buffer_sites.get(race.buffer)
-        if site:
-            print(f"  {race.buffer} allocated at {site}")
+    print_report(result, text)
     unknown_lines = [f"{u.name} on {u.stream} at {u.site or '(no user line)'}, touching "
                      f"{', '.join(u.tensors)}" for u in result.unknown_ops]
     if args.allow_unknown_ops:
         for line in unknown_lines:
-            print(f"not seen (--allow-unknown-ops): {line}")
+            print(f"not seen (--allow-unknown-ops): {line}", file=text)
     if args.json:
-        text = json.dumps(result_dict(result), indent=1) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
+        document = json.dumps(result_dict(result), indent=1) + "\n"
+        if json_to_stdout:
+            sys.stdout.write(document)
         else:
-            Path(args.json).write_text(text)
+            Path(args.json).write_text(document)
     if args.out:
         for path in write_reports(result, Path(args.out)):
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=text)
     if result.refused is not None:  # no verdict line: the run was not followed to its end
         print(f"overlap-harness check: {result.refused}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    n = len(result.races)
-    print(f"{args.script}: {n} race{'s' if n != 1 else ''} ({result.mode} mode, "
-          f"{len(result.run.timeline)} ops recorded)")
+    print(summary_line(args.script, result.races, result.notes, result.mode,
+                       len(result.run.timeline)), file=text)
     if result.crashed:
         print(result.error, file=sys.stderr, end="" if result.error.endswith("\n") else "\n")
         print(f"overlap-harness check: {args.script} crashed", file=sys.stderr)

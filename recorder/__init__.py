@@ -4,8 +4,15 @@
 CPU, GPU mode watches real streams. See :mod:`recorder.api`.
 """
 
-from overlap_harness.recorder.api import CheckResult, RecorderError, Watch, check_script, watch
+from overlap_harness.recorder.api import (
+    CheckResult,
+    RecorderError,
+    Watch,
+    check_script,
+    iteration,
+    watch,
+)
 from overlap_harness.recorder.kernels import DeclaredAccess, declare_kernel, declared, reads, writes
 
 __all__ = ["CheckResult", "DeclaredAccess", "RecorderError", "Watch", "check_script",
-           "declare_kernel", "declared", "reads", "watch", "writes"]
+           "declare_kernel", "declared", "iteration", "reads", "watch", "writes"]

@@ -4,9 +4,11 @@
 :mod:`recorder.core`) and, on exit, holds the verdict: ``w.races`` (every race, as
 :class:`model.trace.Race`, with both access sites in the user's code), ``w.run`` (a
 :class:`model.trace.DeviceRun` for the reports), ``w.unknown_ops`` (kernels whose accesses
-nobody declared). ``mode="cpu"`` fakes CUDA on the CPU (the default without a GPU);
-``mode="gpu"`` watches real streams; ``mode="auto"`` picks the GPU when there is one.
-Every patch is undone on exit, also when the block raises.
+nobody declared), ``w.notes`` (portability notes: non-blocking copies of pageable memory),
+``w.mark_of(access)`` (the loop iteration an access was issued in, :mod:`recorder.iterations`;
+``w.iteration(i)`` names the iterations of a loop itself). ``mode="cpu"`` fakes CUDA on the
+CPU (the default without a GPU); ``mode="gpu"`` watches real streams; ``mode="auto"`` picks
+the GPU when there is one. Every patch is undone on exit, also when the block raises.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from overlap_harness.recorder.fake_streams import (
     cuda_patches,
 )
 from overlap_harness.recorder.graphs import GraphSet
+from overlap_harness.recorder.iterations import IterationMark, LoopCounter
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.storages import StorageResizes
 from overlap_harness.recorder.threads import HostThreads, entered, thread_patches
@@ -70,6 +73,7 @@ class Watch:
         self.mode = resolve_mode(mode)
         self.cpu_mode = self.mode == "cpu"
         self.recording = Recording()
+        self.loops = LoopCounter()
         self._stack: ExitStack | None = None
 
     # -- results ---------------------------------------------------------------------------
@@ -99,6 +103,25 @@ class Watch:
     def buffer_sites(self) -> dict[str, str]:
         """Each tensor's name in reports -> the ``file:line`` that allocated it."""
         return dict(self.recording.buffer_sites)
+
+    @property
+    def marks(self) -> dict[int, IterationMark]:
+        """Node id -> the loop iteration it was issued in (nodes outside loops absent)."""
+        return dict(self.recording.marks.by_op)
+
+    @property
+    def notes(self) -> list[Any]:
+        """Portability notes (:class:`recorder.pageable.PortabilityNote`), not races."""
+        return list(self.recording.notes)
+
+    def mark_of(self, access: Any) -> IterationMark | None:
+        """The iteration a race's access (``race.first``, ``race.second``) was issued in."""
+        return self.recording.marks.of(access.op)
+
+    def iteration(self, name: int | str) -> None:
+        """Name the iteration the program is in: every op issued from now until the next
+        call is marked ``iteration <name>`` in reports, in place of the counted loop pass."""
+        self.recording.marks.named = name
 
     # -- the kernel sink (recorder.kernels) ------------------------------------------------
     @contextmanager
@@ -157,6 +180,7 @@ class Watch:
             stack.enter_context(patched(thread_patches(
                 threads, lambda: entered(self.dispatch, self._function_mode),
                 lambda: self.dispatch.live)))
+            self.recording.marks.counter = stack.enter_context(self.loops.counting())
         except BaseException:
             stack.close()
             raise
@@ -249,6 +273,13 @@ def _environment(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
+def iteration(name: int | str) -> None:
+    """Name the running watch's iteration (:meth:`Watch.iteration`); usable in a script that
+    ``check_script`` runs, and a no-op when no watch is running (the script runs as usual)."""
+    if _RUNNING:
+        _RUNNING[-1].iteration(name)
+
+
 def watch(mode: str = "auto") -> Watch:
     """Record the block's stream work and check it: ``with watch() as w: ...; w.races``.
 
@@ -269,6 +300,8 @@ class CheckResult:
     run: DeviceRun = field(default_factory=DeviceRun)
     unknown_ops: list[UnknownOp] = field(default_factory=list)
     buffer_sites: dict[str, str] = field(default_factory=dict)
+    marks: dict[int, IterationMark] = field(default_factory=dict)  # node id -> its iteration
+    notes: list[Any] = field(default_factory=list)  # portability notes, not races
     error: str | None = None  # the script's traceback when it crashed
     refused: str | None = None  # the one line refusing an API the recorder does not model
     exit_status: int = 0  # the script's own ``sys.exit`` status
@@ -345,6 +378,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     result.run = watcher.run
     result.unknown_ops = watcher.unknown_ops
     result.buffer_sites = watcher.buffer_sites
+    result.marks = watcher.marks
+    result.notes = watcher.notes
     return result
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from overlap_harness.model.allocator import BlockPool, FreedBlock, pending_ops
 from overlap_harness.model.detector import HOST_AGENT, AccessReq, HBDetector, NodeInfo
 from overlap_harness.model.trace import DeviceRun, OpId, OpKind, OpRecord, Race
+from overlap_harness.recorder.iterations import IterationMarks
 from overlap_harness.recorder.sites import user_site
 
 NODE_SPACING_NS = 1000  # the drawn timeline: one node per microsecond, in issue order
@@ -168,6 +169,8 @@ class Recording:
         self.timeline: list[OpRecord] = []
         self.unknown_ops: list[UnknownOp] = []
         self.refused: list[str] = []  # what the program reached that is not modelled
+        self.marks = IterationMarks()  # the loop iteration each node was issued in
+        self.notes: list[Any] = []  # portability notes (recorder.pageable.PortabilityNote)
         self.storages: dict[int, StorageInfo] = {}  # memory key (data_ptr) -> info
         self.buffer_sites: dict[str, str] = {}  # buffer name -> allocation site
         self._agents: dict[object, int] = {}  # stream key -> detector agent
@@ -207,6 +210,7 @@ class Recording:
         end = start + (0 if detector.is_host(agent) else STREAM_OP_NS)
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
                                       source=source))
+        self.marks.note(op)
         return NodeInfo(op, name, agent, agent_name, kind, -1, source, None, None, None)
 
     # -- nodes -----------------------------------------------------------------------------

@@ -33,9 +33,13 @@ from overlap_harness.recorder.dispatch import (
     RecordingDispatchMode,
     access_of,
     register_storage,
+    tensor_label,
 )
 from overlap_harness.recorder.fake_streams import CudaState
+from overlap_harness.recorder.iterations import untraced
+from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.per_thread import PerThread
+from overlap_harness.recorder.sites import user_site
 
 _TensorBase = torch._C.TensorBase
 CUDA0 = torch.device("cuda", 0)
@@ -108,6 +112,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
                 return info
         return None
 
+    @untraced
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -127,12 +132,16 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
             placement = Placement.DEVICE
+        elif kwargs.get("device") is not None and not kwargs.get("pin_memory"):
+            with self.memory.placed(Placement.HOST):  # ``device="cpu"`` beside a device
+                return func(*args, **kwargs)  # tensor (``empty_like(x, device="cpu")``)
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
             placement = Placement.PINNED
         if placement == Placement.INFER:
             out = func(*args, **kwargs)
             if (isinstance(out, torch.Tensor) and out.numel() and self.memory.lookup(out) is None
+                    and not any(out is a for a in args)  # ``host.copy_(dev)``: host memory
                     and any(self._device_info(a) is not None for a in args)):
                 self._adopt(out, Placement.DEVICE, name)  # e.g. ``new_tensor``, built in C++
             return out
@@ -146,14 +155,17 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         builds its data in C++ and only lifts it through the dispatcher as an alias). On a GPU
         such a device tensor is a blocking copy from pageable host memory, which synchronizes
         its stream: the host is ordered after it, as after ``.item()``."""
-        for t in out if isinstance(out, tuple | list) else (out,):
+        outputs = out if isinstance(out, tuple | list) else (out,)
+        site, targets = user_site(), targets_here()
+        for position, t in enumerate(outputs):
             if (isinstance(t, torch.Tensor) and not t.untyped_storage().nbytes()
                     and self.dispatch.resizes is not None):  # device memory once grown
                 self.dispatch.resizes.note_empty(t, placement == Placement.PINNED)
             if isinstance(t, torch.Tensor) and t.numel() and self.memory.lookup(t) is None:
                 pinned = placement == Placement.PINNED
                 agent = HOST_AGENT if pinned else self.memory.current_agent()
-                info = self.memory.register(t, pinned, agent, name)
+                label = tensor_label(name, site, position, len(outputs), targets)
+                info = self.memory.register(t, pinned, agent, label)
                 kind = OpKind.HOST_WRITE if pinned else OpKind.COPY
                 op = self.recording.op(name, agent, [access_of(info, t, True)], kind)
                 if not pinned:  # host data copied in from pageable memory: torch blocks the

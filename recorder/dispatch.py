@@ -18,7 +18,6 @@ copy).
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -35,8 +34,11 @@ from overlap_harness.recorder.elements import (
     schema_accesses,
     to_storage_elements,
 )
+from overlap_harness.recorder.iterations import untraced
+from overlap_harness.recorder.names import Targets, label, targets_here
+from overlap_harness.recorder.pageable import note_pageable_copy
 from overlap_harness.recorder.per_thread import PerThread
-from overlap_harness.recorder.sites import assigned_name, split_site, user_site
+from overlap_harness.recorder.sites import user_site
 
 aten = torch.ops.aten
 
@@ -112,14 +114,15 @@ def op_name(func: Any) -> str:
     return func._schema.name.split("::")[-1]
 
 
-def tensor_label(name: str, site: str, index: int, count: int) -> str:
-    """``buf@prog.py:12``: a fresh tensor's name in reports (the variable its allocation
-    line assigns, else the op's name) and where it was allocated."""
-    variable = assigned_name(site) or name
-    if count > 1:
-        variable = f"{variable}[{index}]"
-    file, line = split_site(site)
-    return f"{variable}@{Path(file).name}:{line}" if line is not None else variable
+def tensor_label(name: str, site: str, position: int, count: int,
+                 targets: Targets | None) -> str:
+    """``buf@prog.py:12``: a fresh tensor's name in reports (the variable its statement
+    assigns output ``position`` of ``count`` to, else the op's name) and where it was
+    allocated."""
+    variable = targets.output(position, count) if targets is not None else None
+    if variable is None:
+        variable = f"{name}[{position}]" if count > 1 else name
+    return label(variable, name, site)
 
 
 class RecordingDispatchMode(TorchDispatchMode):
@@ -137,6 +140,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.resizes: Any = None  # recorder.storages.StorageResizes: storages an op moved
         self.live = True  # False once the watch ended (a thread it started may still run)
 
+    @untraced
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -235,9 +239,13 @@ class RecordingDispatchMode(TorchDispatchMode):
         accesses = self.input_accesses(func, args, kwargs, inputs,
                                        indices=capture is None or capture.computes)
         written = []  # the fresh outputs
-        for index, (t, pinned) in enumerate(fresh):
-            label = tensor_label(name, site, index, len(fresh))
-            info = memory.register(t, pinned, agent, label)
+        if fresh:
+            targets = targets_here()
+            outputs = out if isinstance(out, tuple | list) else (out,)
+        for t, pinned in fresh:
+            position = next(i for i, value in enumerate(outputs) if value is t)
+            info = memory.register(t, pinned, agent,
+                                   tensor_label(name, site, position, len(outputs), targets))
             written.append(access_of(info, t, True))
         accesses += written
         touches_pinned = any(a.info.pinned for a in accesses)
@@ -250,6 +258,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         replay = None if capture is None else capture.replayable(self, func, args, kwargs, out,
                                                                  inputs, written)
         op = recording.op(name, agent, accesses, kind, site=site, replay=replay)
+        if func in _COPY_OPS and host_involved and agent != HOST_AGENT:
+            note_pageable_copy(recording, memory, func, args, kwargs, out, op, agent, site)
         if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, out, host_involved):
             recording.host_sync(f"{name} (blocking)", [op])
         return out

@@ -19,8 +19,9 @@ import torch
 
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording
+from overlap_harness.recorder.iterations import untraced
+from overlap_harness.recorder.names import variable_here
 from overlap_harness.recorder.per_thread import PerThread
-from overlap_harness.recorder.sites import assigned_name, user_site
 
 FAKE_DEVICE_NAME = "fake CUDA device (overlap-harness CPU mode)"
 
@@ -64,7 +65,7 @@ class FakeStream:
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         cuda = state()
         number = cuda.new_stream_id()
-        name = assigned_name(user_site()) or f"stream{number}"
+        name = variable_here() or f"stream{number}"
         self._setup(cuda, number, name)
         self.priority = priority
 
@@ -81,10 +82,12 @@ class FakeStream:
     def agent(self) -> int:
         return self._cuda.agent(self)
 
+    @untraced
     def wait_event(self, event: FakeEvent) -> None:
         """Later work on this stream waits for the event's latest record."""
         event.wait(self)
 
+    @untraced
     def wait_stream(self, stream: FakeStream) -> None:
         """Later work on this stream waits for ``stream``'s work so far."""
         self._cuda.recording.wait_stream(self.agent, stream.agent)
@@ -95,10 +98,12 @@ class FakeStream:
         event.record(self)
         return event
 
+    @untraced
     def synchronize(self) -> None:
         """The host waits for this stream's work."""
         self._cuda.recording.sync_stream(self.agent)
 
+    @untraced
     def query(self) -> bool:
         """See :meth:`recorder.core.Recording.query`."""
         recording = self._cuda.recording
@@ -129,21 +134,25 @@ class FakeEvent:
                  interprocess: bool = False, external: bool = False) -> None:
         self._cuda = state()
         self.enable_timing = enable_timing
-        self.name = assigned_name(user_site()) or "event"
+        self.name = variable_here() or "event"
 
+    @untraced
     def record(self, stream: FakeStream | None = None) -> None:
         """Capture ``stream``'s (the current stream's) work so far."""
         self._cuda.recording.record(self, self._cuda.agent(stream), f"{self.name}.record")
 
+    @untraced
     def wait(self, stream: FakeStream | None = None) -> None:
         """Make later work on ``stream`` wait for the latest record (no-op if none)."""
         self._cuda.recording.wait(self, self._cuda.agent(stream), f"wait {self.name}")
 
+    @untraced
     def query(self) -> bool:
         """See :meth:`recorder.core.Recording.query`."""
         recording = self._cuda.recording
         return recording.query(recording.detector.event_op(self), f"{self.name}.query")
 
+    @untraced
     def synchronize(self) -> None:
         """The host waits for the latest record."""
         self._cuda.recording.sync_event(self)
@@ -197,6 +206,7 @@ def _default_stream(device: Any = None) -> FakeStream:
     return state().default
 
 
+@untraced
 def _synchronize(device: Any = None) -> None:
     state().recording.sync_device()
 

@@ -32,9 +32,11 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import HOST_READS, Placement, access_of, register_storage
+from overlap_harness.recorder.iterations import untraced
+from overlap_harness.recorder.names import variable_here
 from overlap_harness.recorder.own_work import in_recorder_work
 from overlap_harness.recorder.patching import patched
-from overlap_harness.recorder.sites import assigned_name, is_user_file, user_site
+from overlap_harness.recorder.sites import is_user_file
 
 _ACTIVE: list[GpuMemory] = []
 _HOOKS_REGISTERED: list[bool] = []
@@ -70,7 +72,7 @@ class GpuMemory:
 
     def name_stream(self, stream_handle: int) -> None:
         """A stream the program just made: named after the variable it is assigned to."""
-        name = assigned_name(user_site())
+        name = variable_here()
         if name is not None:
             self.stream_names[stream_handle] = name
 
@@ -203,6 +205,7 @@ class GpuFunctionMode(TorchFunctionMode):
         self.memory = memory
         self.dispatch = dispatch
 
+    @untraced
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}

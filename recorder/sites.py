@@ -9,6 +9,7 @@ compiler's diagnostics are.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
@@ -16,6 +17,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from types import FrameType
 
 import torch
 
@@ -63,6 +65,14 @@ def user_site(skip: int = 1) -> str:
     return ""
 
 
+def user_frame(skip: int = 1) -> FrameType | None:
+    """The innermost frame of user code on the stack (None when there is none)."""
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 def split_site(site: str) -> tuple[str, int | None]:
     """``("file.py", 12)`` from ``"file.py:12"``; ``(site, None)`` when it has no line."""
     file, _, line = site.rpartition(":")
@@ -94,3 +104,31 @@ def _line_text(file: str, line: int) -> str:
     except (OSError, UnicodeDecodeError):
         return ""
     return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+class SourceBusy(Exception):
+    """A source file was asked for while another is being parsed (a trace callback or a
+    finalizer running inside ``ast.parse``): Python 3.11's AST construction keeps its
+    recursion depth in shared state, and a nested parse breaks the outer one with
+    ``SystemError: AST constructor recursion depth mismatch``. The caller goes without."""
+
+
+_parsing: list[bool] = [False]
+
+
+@functools.lru_cache(maxsize=256)
+def source_tree(filename: str) -> ast.Module | None:
+    """The syntax tree of a source file (None when it cannot be read or parsed), cached.
+
+    Raises:
+        SourceBusy: another parse is in progress (not cached: asked again later, it parses).
+    """
+    if _parsing[0]:
+        raise SourceBusy(filename)
+    _parsing[0] = True
+    try:
+        return ast.parse(Path(filename).read_text(encoding="utf-8"), filename)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    finally:
+        _parsing[0] = False

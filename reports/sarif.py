@@ -1,11 +1,14 @@
-"""SARIF 2.1.0 for races, so code-scanning UIs show them on the scenario file.
+"""SARIF 2.1.0 for races, so code-scanning UIs show them on the scenario file or program.
 
-One rule per race kind; one result per race. Its location is the scenario file, at the line
-of the mutation that removed the sync (its ``remove``/``set`` line) or of the scenario's
-``name``; related locations are the protocol source lines of both accesses and, for a
-mutation, the sync that would have ordered them. Paths are relative to ``%SRCROOT%`` (the
-repository around the working directory; a UI supplies its checkout) or, for the harness's
-own sources elsewhere, to ``HARNESSROOT``: the log is the same on every machine.
+One rule per race kind; one result per race. For a scenario, its location is the scenario
+file, at the line of the mutation that removed the sync (its ``remove``/``set`` line) or of
+the scenario's ``name``; related locations are the protocol source lines of both accesses
+and, for a mutation, the sync that would have ordered them. For a checked program
+(``at_accesses``: ``overlap-harness check``), the location is the later access's line and the
+related location the earlier one's: where the program races. Paths are relative to
+``%SRCROOT%`` (the repository around the working directory; a UI supplies its checkout) or,
+for the harness's own sources elsewhere, to ``HARNESSROOT``: the log is the same on every
+machine.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from overlap_harness.model.results import CaseResult
-from overlap_harness.model.trace import Access, RaceKind
+from overlap_harness.model.trace import Access, Race, RaceKind
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
@@ -94,6 +97,26 @@ def _source_location(a: Access, idx: int, root: Path) -> dict[str, Any] | None:
                                  "region": {"startLine": int(line)}}}
 
 
+def _access_results(case: CaseResult, root: Path,
+                    describe: Callable[[Race], str]) -> list[dict[str, Any]]:
+    """A checked program's races, located at the later access, the earlier one related."""
+    out = []
+    for race in case.races:
+        primary = _source_location(race.second, 0, root)
+        related = _source_location(race.first, 1, root)
+        if primary is None:
+            primary, related = related, None
+        text = describe(race)
+        result: dict[str, Any] = {
+            "ruleId": str(race.kind), "level": "error", "message": {"text": text},
+            "relatedLocations": [related] if related is not None else [],
+            "properties": {"run_id": case.run_id}}
+        if primary is not None:
+            result["locations"] = [{"physicalLocation": primary["physicalLocation"]}]
+        out.append(result)
+    return out
+
+
 def _results(case: CaseResult, root: Path) -> list[dict[str, Any]]:
     needles = [f'"{label}"' for label in case.removed] + [f'name = "{case.mutation}"',
                                                           f'name = "{case.scenario}"']
@@ -119,13 +142,20 @@ def _results(case: CaseResult, root: Path) -> list[dict[str, Any]]:
     return out
 
 
-def to_sarif(cases: Sequence[CaseResult]) -> dict[str, Any]:
-    """The SARIF log of every race of ``cases``. Races a case expected are level ``note``."""
+def to_sarif(cases: Sequence[CaseResult], describe: Callable[[Race], str] | None = None,
+             at_accesses: bool = False) -> dict[str, Any]:
+    """The SARIF log of every race of ``cases``. Races a case expected are level ``note``.
+    ``at_accesses``: the cases are checked programs, located at their racing lines, each
+    result's message ``describe(race)``."""
     rules = [{"id": str(k), "name": f"{k}Race".replace("-", ""),
               "shortDescription": {"text": f"{k} race"}, "fullDescription": {"text": text},
               "help": {"text": text}} for k, text in RULES.items()]
     root = repository_root()
-    results = [r for c in cases for r in _results(c, root)]
+    if at_accesses:
+        results = [r for c in cases
+                   for r in _access_results(c, root, describe or (lambda race: race.describe()))]
+    else:
+        results = [r for c in cases for r in _results(c, root)]
     bases = {SRCROOT: {"description": {"text": "the repository checked (its working tree)"}},
              HARNESS: {"uri": HARNESS_ROOT.as_uri() + "/",
                        "description": {"text": "the overlap-harness sources"}}}
@@ -134,6 +164,8 @@ def to_sarif(cases: Sequence[CaseResult]) -> dict[str, Any]:
         "originalUriBaseIds": bases, "results": results}]}
 
 
-def write_sarif(cases: Sequence[CaseResult], path: str | Path) -> None:
+def write_sarif(cases: Sequence[CaseResult], path: str | Path,
+                describe: Callable[[Race], str] | None = None, at_accesses: bool = False
+                ) -> None:
     """Write :func:`to_sarif` to ``path``."""
-    Path(path).write_text(json.dumps(to_sarif(cases), indent=1) + "\n")
+    Path(path).write_text(json.dumps(to_sarif(cases, describe, at_accesses), indent=1) + "\n")

@@ -48,7 +48,7 @@ def test_racy_script_exits_1_and_json_names_both_sites(script, tmp_path, capsys,
     (race,) = json.loads(out.read_text())["races"]
     assert (race["kind"], race["tensor"], race["allocated_at"].endswith("prog.py:6")) == (
         "RAW", "staged@prog.py:6", True)
-    assert race["elements"] == [0, 1, 2, 3, 4, 5]
+    assert (race["elements"], race["element_count"], race["count"]) == ([[0, 6]], 6, 1)
     sides = [(Path(a["file"]).name, a["line"], a["op"], a["stream"], a["mode"])
              for a in (race["first"], race["second"])]
     assert sides == [("prog.py", 9, "mul_", "side", "write"), ("prog.py", 12, "sum", "default",
@@ -90,9 +90,12 @@ def test_out_writes_plot_perfetto_and_sarif_at_the_users_lines(script, tmp_path)
     trace = json.loads((out / "trace.json").read_text())
     assert {e.get("args", {}).get("name") for e in trace["traceEvents"]} >= {"side", "default"}
     (result,) = json.loads((out / "results.sarif").read_text())["runs"][0]["results"]
-    lines = sorted(loc["physicalLocation"]["region"]["startLine"]
-                   for loc in result["relatedLocations"])
-    assert (result["ruleId"], lines) == ("RAW", [9, 12])
+    (primary,) = result["locations"]  # the later access's line, the earlier one related
+    (related,) = result["relatedLocations"]
+    assert (result["ruleId"], primary["physicalLocation"]["region"]["startLine"],
+            related["physicalLocation"]["region"]["startLine"]) == ("RAW", 12, 9)
+    assert primary["physicalLocation"]["artifactLocation"]["uri"].endswith("prog.py")
+    assert result["message"]["text"].startswith("RAW race on staged (allocated at ")
 
 
 MARKED_TEST = textwrap.dedent("""\

@@ -172,7 +172,7 @@ PAIRS = {
                                       [("host-D2H", "host_batch", "_to_copy@default",
                                         "fill_@host")]),
     "rows_of_one_buffer": (rows_of_one_buffer,
-                           [("WAW", "table", "index_put_@stream1", "index_put_@stream2")]),
+                           [("WAW", "table", "index_put_@first", "index_put_@second")]),
     "overlapping_views": (overlapping_views, [("WAW", "flat", "fill_@side", "add_@default")]),
     "single_query_vs_poll": (single_query_vs_poll,
                              [("RAW", "result", "fill_@side", "_to_copy@default")]),

@@ -85,12 +85,25 @@ def from_race(race: Any) -> SeenRace:
 
 
 def from_json(entry: dict[str, Any]) -> SeenRace:
-    """One race of ``overlap-harness check --json`` as a :class:`SeenRace`."""
+    """One race of ``overlap-harness check --json`` as a :class:`SeenRace`. Its ``elements``
+    are ``[start, stop)`` runs (the check command's form) or plain element ids."""
     accesses = entry.get("accesses") or entry.get("sites") or [entry["first"], entry["second"]]
     sites = tuple(Site(str(a["file"]), int(a["line"]), str(a.get("op", "")),
                        str(a.get("stream", ""))) for a in accesses[:2])
     return SeenRace(str(entry["kind"]), str(entry["tensor"]),
-                    tuple(int(e) for e in entry.get("elements", ())), (sites[0], sites[1]))
+                    _element_ids(entry.get("elements", ())), (sites[0], sites[1]))
+
+
+def _element_ids(elements: Any) -> tuple[int, ...]:
+    """Element ids from a list of ids or of ``[start, stop)`` runs."""
+    ids: list[int] = []
+    for item in elements:
+        if isinstance(item, list | tuple):
+            start, stop = item
+            ids.extend(range(int(start), int(stop)))
+        else:
+            ids.append(int(item))
+    return tuple(ids)
 
 
 def mismatches(expected: ExpectedRace, seen: SeenRace, program: Path) -> list[str]:
