@@ -37,6 +37,7 @@ from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.dispatch import tensor_label
 from overlap_harness.recorder.patching import Patch
+from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.sites import user_site
 
 _RESIZE = vars(torch._C.StorageBase)["resize_"]
@@ -100,7 +101,7 @@ class StorageResizes:
                 self._allocate(storage, former.name, former.itemsize, former.dtype,
                                former.pinned)
             else:
-                name = tensor_label("resize_", user_site(), 0, 1)
+                name = tensor_label("resize_", user_site(), 0, 1, targets_here())
                 self._allocate(storage, name, 1, torch.uint8, False)
         return result
 
@@ -128,7 +129,7 @@ class StorageResizes:
         (pinned) memory named after ``t``'s variable (CPU mode cannot tell it from the
         storage)."""
         storage = t.untyped_storage()
-        name = tensor_label("empty", user_site(), 0, 1)
+        name = tensor_label("empty", user_site(), 0, 1, targets_here())
         self._emptied[storage._cdata] = (StorageWeakRef(storage),
                                          _Empty(name, t.element_size(), t.dtype, pinned))
 

@@ -141,7 +141,7 @@ def test_a_test_failing_on_its_own_still_reports_its_races(outcome) -> None:
     assert kind == "failed" and "the test's own failure" in text
     races = text.split("stream races")[1]
     assert "1 stream race in test_user.py::test_own_assert_racy" in races
-    assert "first:  fill_ (iteration -1) on side writing data@test_user.py:6" in races
+    assert "first:  fill_ on side writing data@test_user.py:6" in races
     kind, text = cases["test_own_assert_fixed"]
     assert kind == "failed" and "the test's own failure" in text
     assert "stream race" not in text

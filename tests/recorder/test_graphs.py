@@ -383,10 +383,9 @@ def test_the_default_capture_stream_is_named_and_numbers_no_program_stream():
         with torch.cuda.graph(graph):
             y = x + 1
         assert torch.cuda.graph(graph).capture_stream.name == "capture_stream"
-        first, second = torch.cuda.Stream(), torch.cuda.Stream()
-        with torch.cuda.stream(first):
+        with torch.cuda.stream(torch.cuda.Stream()):  # unnamed streams: numbered from 1
             graph.replay()
-        with torch.cuda.stream(second):
+        with torch.cuda.stream(torch.cuda.Stream()):
             y.sum()
     names = {r.first.agent for r in watcher.races} | {r.second.agent for r in watcher.races}
     assert names == {"stream1", "stream2"}

@@ -58,7 +58,8 @@ def test_allowed_unknown_ops_exit_as_usual_saying_what_was_not_seen(raw_kernel, 
 
 def test_the_declared_kernel_is_seen_and_its_race_found(raw_kernel, capsys):
     assert main(["check", "--cpu", str(raw_kernel), "--declared"]) == 1
-    assert "RAW race on buf@raw.py:9" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"RAW race on buf (allocated at {raw_kernel}:9)" in out
 
 
 def test_watch_complete_is_false_while_an_op_is_unknown():
