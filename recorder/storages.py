@@ -36,8 +36,8 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.dispatch import tensor_label
-from overlap_harness.recorder.patching import Patch
 from overlap_harness.recorder.names import targets_here
+from overlap_harness.recorder.patching import Patch
 from overlap_harness.recorder.sites import user_site
 
 _RESIZE = vars(torch._C.StorageBase)["resize_"]
