@@ -1,9 +1,10 @@
 """SGLang's own FutureMap beside the model: one row per variant and mutation, JSON and Markdown.
 
 Each row runs the real code under ``recorder.watch(mode="cpu")``
-(:mod:`overlap_harness.conformance.driver`)
-and the model's scenario of the same variant with the matching sync labels removed (through
-:func:`overlap_harness.runner.run_spec`), and explains every disagreement.
+(:mod:`overlap_harness.conformance.driver`) and the model's run that stands for the same
+variant and mutation: the ``[[mutation]]`` of that name in the variant's model scenario
+(``model_scenarios/sglang_<variant>.toml``), through :func:`overlap_harness.runner.run_spec`;
+every disagreement, and every mutation the real run never reached, is explained in the row.
 """
 
 from __future__ import annotations
