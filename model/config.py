@@ -34,6 +34,7 @@ class WarBarrier(StrEnum):
     READ_DONE = "read_done"
     AFTER_LAUNCH = "after_launch"
     AFTER_REPLAY_PREPARE = "after_replay_prepare"
+    AFTER_LAUNCH_READ_DONE = "after_launch_read_done"
 
 
 class PublishPoint(StrEnum):
@@ -103,7 +104,7 @@ class ProtocolConfig:
     mode: Mode = _f(Mode.SPEC_V2, "non_spec relays output tokens only; spec_v2 relays seq_lens, bonus, top-k and hidden states")
     seq_lens_sync: SeqLensSync = _f(SeqLensSync.PUBLISH_READY, "verify_done: legacy S wait on verify end (before #25879); publish_ready: seq_lens relayed through the FutureMap")
     seq_lens_d2h: SeqLensD2H = _f(SeqLensD2H.D2H_STREAM, "how the host gets seq_lens: blocking .cpu() on S, the private D2H stream, or none (backend opts out)")
-    war_barrier: WarBarrier = _f(WarBarrier.LOOP_TOP, "where S is fenced behind F: none, loop top (#26380), read_done event (#28363), after each launch (#31687), or an event recorded after replay_prepare's metadata reads")
+    war_barrier: WarBarrier = _f(WarBarrier.LOOP_TOP, "where S is fenced behind F: none, loop top (#26380), read_done event (#28363), after each launch (#31687), an event recorded after replay_prepare's metadata reads, or after_launch_read_done: SGLang 0.5.23's _apply_war_barrier after each launch, waiting the read_done event a non-spec decode records after its reads, else all of F (spec-v2: the draft-extend runner clears it; prefill and mixed batches record none)")
     publish_point: PublishPoint = _f(PublishPoint.AFTER_VERIFY, "where publish_ready is recorded in the forward")
     gather: Gather = _f(Gather.FUSED, "spec-extras gather implementation")
     topk: int = _f(1, "draft top-k", (1, 8))

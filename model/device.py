@@ -55,6 +55,7 @@ class SyncLabel(StrEnum):
     PLAN_SCHEDULE_WAIT = "plan.schedule_wait"
     DELAYED_SAMPLING_ENTRY = "delayed_sampling.forward_wait"
     MIX_INDICES_KEEP_ALIVE = "mix_running_indices.keep_alive"
+    MIX_INDICES_RECORD_STREAM = "mix_running_indices.record_stream"
     STASH_ORDER = "stash.fifo"
     # SGLang 0.5.23 (python/sglang/srt/managers/overlap_utils.py); docs/protocol-model-notes.md
     CONFIDENCE_D2H_WAIT = "confidence.d2h_wait"

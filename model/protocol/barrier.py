@@ -13,6 +13,8 @@ that point (the scheduler and the batch runner):
 - :meth:`~BarrierPlacement.after_forward_reads`: on F, after the last read of S-written
   buffers (spec-v2: after verify, before draft-extend; non-spec: after the decode forward),
   where #28363's runner records its one-shot ``read_done`` event;
+- :meth:`~BarrierPlacement.before_draft_extend`: on F, before spec-v2's draft-extend (the
+  last phase that reads S-written buffers, run by the draft runner);
 - :meth:`~BarrierPlacement.after_launch`: right after ``run_batch`` returns (#31687).
 
 The base class does nothing at every point. A new placement is one subclass plus its entry in
@@ -38,6 +40,9 @@ class BarrierPlacement:
 
     def after_forward_reads(self, device: Device, forward: Stream) -> None:
         """On F, after the forward's last read of S-written buffers."""
+
+    def before_draft_extend(self, device: Device, forward: Stream) -> None:
+        """On F, before spec-v2's draft-extend starts."""
 
     def after_launch(self, device: Device, schedule: Stream, forward: Stream) -> None:
         """Right after ``run_batch`` has launched batch n."""
@@ -99,12 +104,50 @@ class AfterReplayPrepare(ReadDone):
         """Nothing: the event was recorded at the metadata reads."""
 
 
+class AfterLaunchReadDone(BarrierPlacement):
+    """SGLang 0.5.23's ``_apply_war_barrier`` (scheduler.py 2012-2023), called right after
+    each ``run_batch`` launch (2108-2111): S waits the read-done event that the step's last
+    shared-reading runner published, and clears it; with none published, S waits on all of F.
+
+    Who publishes (facts of 0.5.23): the decode graph runner, after its metadata reads
+    (``_publish_read_done``, decode_cuda_graph_runner.py 689-697), so a non-spec decode
+    records it after the forward's reads here (:meth:`after_forward_reads`). EAGLE's last
+    shared reader is the draft runner (eagle_worker_v2.py 1366-1372), whose draft-extend graph
+    runner clears any earlier event (eagle_draft_extend_cuda_graph_runner.py 664-666) and,
+    with the default backend's ``UNKNOWN`` read end, publishes none (:meth:`before_draft_extend`):
+    spec-v2 gets the coarse fence. Prefill and mixed (extend) batches publish none either
+    (base_attn_backend.py 195-233: ``UNKNOWN`` for extend), so they get the coarse fence too.
+    Forward reads that come after the event (publish and stash reading ``future_indices``) are
+    not covered by it: their tensors' lifetime rests on the keep-alive ring."""
+
+    def __init__(self) -> None:
+        self.read_done: Event | None = None
+
+    def after_forward_reads(self, device: Device, forward: Stream) -> None:
+        """The runner publishes a fresh read-done event, recorded on F."""
+        self.read_done = device.event("read_done")  # shared_read_done_event
+        device.record(self.read_done, forward)
+
+    def before_draft_extend(self, device: Device, forward: Stream) -> None:
+        """The draft-extend runner discards any earlier event and publishes none."""
+        self.read_done = None
+
+    def after_launch(self, device: Device, schedule: Stream, forward: Stream) -> None:
+        """S waits the published event (consumed), else everything F has queued."""
+        event, self.read_done = self.read_done, None
+        if event is not None:
+            device.wait_event(schedule, event, SyncLabel.WAR_BARRIER)
+        else:
+            device.wait_stream(schedule, forward, SyncLabel.WAR_BARRIER)
+
+
 PLACEMENTS: dict[WarBarrier, type[BarrierPlacement]] = {
     WarBarrier.NONE: BarrierPlacement,
     WarBarrier.LOOP_TOP: LoopTop,
     WarBarrier.READ_DONE: ReadDone,
     WarBarrier.AFTER_LAUNCH: AfterLaunch,
     WarBarrier.AFTER_REPLAY_PREPARE: AfterReplayPrepare,
+    WarBarrier.AFTER_LAUNCH_READ_DONE: AfterLaunchReadDone,
 }
 
 

@@ -241,14 +241,14 @@ class FutureMap:
         """Non-spec ``resolve_forward_inputs``: ``output_tokens_buf[req_pool_indices]`` on F.
 
         A mixed batch passes its ``mix_running_indices`` as ``indices`` (their lifetime is the
-        caller's keep-alive); otherwise the batch's ``future_indices``, with
-        ``record_stream(F)``.
+        caller's keep-alive); otherwise the batch's ``future_indices``, with no
+        ``record_stream``: SGLang 0.5.23's non-spec gather (overlap_utils.py 142-146) leaves
+        their lifetime to the keep-alive ring (the pin ring here) alone.
         """
         ctx, device, forward = self.ctx, self.ctx.device, self.ctx.forward_stream
         if indices is None:
             assert batch.fi is not None
             indices = batch.fi
-            device.record_stream(indices, forward, SyncLabel.FUTURE_INDICES_RECORD_STREAM)
         self.before_gather()
         ids = ctx.tmp(batch, "input_ids", (batch.m,), I64, forward)
         slots = self.slots

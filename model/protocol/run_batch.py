@@ -10,7 +10,9 @@ A mixed batch (non-spec, §7 and §9.16) is a prefill chunk plus the running dec
 for the decode part, and the index tensor is kept alive until that gather by the
 ``mix_running_indices.keep_alive`` label (``record_stream(F)`` plus the pin ring, as SGLang's
 ``extra_keep_alive_refs``). Removed, the host drops it when run_batch returns and the
-allocator may hand its block to the next S allocation while F's gather is still pending.
+allocator may hand its block to the next S allocation while F's gather is still pending. The
+``record_stream`` alone carries ``mix_running_indices.record_stream`` (SGLang 0.5.23's own call,
+overlap_utils.py 121-128); removed, the pin ring still holds the tensor.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class BatchRunner:
         if after_verify:
             fmap.publish(batch, res["new_seq_lens"])
         self.barrier.after_forward_reads(device, forward)
+        self.barrier.before_draft_extend(device, forward)
         res = worker.draft_extend(ctx, batch, res)
         if not after_verify:
             fmap.publish(batch, res["new_seq_lens"])
@@ -151,24 +154,28 @@ class BatchRunner:
         mix = batch.mix_idx
         assert mix is not None
         if ctx.device.sync_enabled(SyncLabel.MIX_INDICES_KEEP_ALIVE):
-            ctx.device.record_stream(mix, ctx.forward_stream)
+            ctx.device.record_stream(mix, ctx.forward_stream,
+                                     SyncLabel.MIX_INDICES_RECORD_STREAM)
             batch.pinned.append(mix)
         ids = self.future_map.gather_output_tokens(dec, mix)
         self._run_prefill(pre)
-        self._run_decode(dec, ids, delayed=False)
+        self._run_decode(dec, ids, delayed=False, read_done=False)
         batch.pinned += pre.pinned + dec.pinned
         batch.copy_done = dec.copy_done
 
     def _run_decode(self, batch: Batch, ids: Buffer | None = None,
-                    delayed: bool | None = None) -> None:
+                    delayed: bool | None = None, read_done: bool = True) -> None:
         """Non-spec decode: gather the input ids (unless given), forward, publish, stash,
-        copy; with delayed sampling the forward leaves logits and step 7 samples them."""
+        copy; with delayed sampling the forward leaves logits and step 7 samples them.
+        ``read_done``: the runner may publish its read-done event after the forward's reads
+        (a decode batch); the decode part of a mixed (extend) batch publishes none."""
         ctx, fmap = self.ctx, self.future_map
         if ids is None:
             ids = fmap.gather_output_tokens(batch)
         delayed = ctx.config.delayed_sampling if delayed is None else delayed
         res = worker.decode_forward(ctx, batch, ids, delayed)
-        self.barrier.after_forward_reads(ctx.device, ctx.forward_stream)
+        if read_done:
+            self.barrier.after_forward_reads(ctx.device, ctx.forward_stream)
         fmap.publish(batch, res["new_seq_lens"])  # non-spec: unread, no event
         if delayed:
             batch.logits = res["logits"]

@@ -49,6 +49,12 @@ class Mutation(StrEnum):
     PUBLISH_READY_WAIT = "publish_ready_wait_dropped"  # resolve_seq_lens_cpu's waits dropped
     PINNED_EARLY = "pinned_mirror_read_early"  # fwd_prepare_d2h_stream.synchronize() dropped
     NO_RECORD_STREAM = "relay_index_freed_without_record_stream"  # no keep-alive, no record
+    KEEP_ALIVE_RING = "keep_alive_ring_dropped"  # record_batch_in_overlap's ring only
+    RECORD_STREAM = "record_stream_dropped"  # SGLang's own record_stream calls only
+
+
+RING_DROPPED = {Mutation.NO_RECORD_STREAM, Mutation.KEEP_ALIVE_RING}
+RECORD_STREAM_DROPPED = {Mutation.NO_RECORD_STREAM, Mutation.RECORD_STREAM}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,7 @@ class Outcome:
     races: list[Race]
     iterations: int
     unknown_ops: list[str] = field(default_factory=list)  # ops with undeclared accesses
+    dropped: int = 0  # syncs (or keep-alive pins) the mutation skipped: 0 means not reached
 
 
 DEVICE = torch.device("cuda", 0)  # faked on the CPU by recorder.watch(mode="cpu")
@@ -129,7 +136,7 @@ class LoopDriver:
     recorder's, ``device="cuda"`` tensors are device memory, ``pin_memory=True`` is pinned."""
 
     def __init__(self, overlap_utils: types.ModuleType, variant: Variant,
-                 mutation: Mutation | None) -> None:
+                 mutation: Mutation | None, dropped: list[int] | None = None) -> None:
         self.ou = overlap_utils
         self.variant = variant
         self.mutation = mutation
@@ -148,6 +155,9 @@ class LoopDriver:
         self.pending: tuple[Any, Any, Any] | None = None
         self.draft: Any = None  # next_draft_input carried between iterations (spec)
         self.read_done: Any = None  # the runner's shared_read_done_event of this forward
+        # how often the mutation skipped what it drops (a one-element counter, shared with the
+        # record_stream patch of run_variant)
+        self.dropped = [0] if dropped is None else dropped
 
     def run(self) -> None:
         for step in self.variant.steps:
@@ -163,6 +173,8 @@ class LoopDriver:
         del batch  # the batch's own references go; the keep-alive ring holds what SGLang's does
         if self.mutation is not Mutation.WAR_BARRIER:
             self._war_barrier()
+        else:
+            self.dropped[0] += 1
         current, self.pending = self.pending, previous
         self._process_last()  # the previous batch's results, after this launch (2116)
         self.pending = current
@@ -199,11 +211,13 @@ class LoopDriver:
         return batch
 
     def _run_batch(self, batch: types.SimpleNamespace, rows: tuple[int, ...]) -> None:
-        with self._mutated_resolve():
+        with self._mutated_resolve(batch):
             self.fm.resolve_seq_lens_cpu(batch)  # run_batch 4667, on the schedule stream
         with torch.cuda.stream(self.forward_stream):
             if self.mutation is not Mutation.FORWARD_NO_WAIT:
                 self.forward_stream.wait_stream(self.schedule_stream)  # 4672
+            else:
+                self.dropped[0] += 1
             self.ou.resolve_forward_inputs(batch, self.fm)  # 4681
             future_indices = batch.req_pool_indices
             self._keep(batch)
@@ -268,7 +282,8 @@ class LoopDriver:
 
     def _keep(self, batch: types.SimpleNamespace) -> None:
         """record_batch_in_overlap (4554): pin the batch's tensors for two iterations."""
-        if self.mutation is Mutation.NO_RECORD_STREAM:
+        if self.mutation in RING_DROPPED:
+            self.dropped[0] += 1
             return
         self.keep_alive.append([batch.req_pool_indices, batch.seq_lens])
         self.keep_alive = self.keep_alive[-2:]
@@ -284,16 +299,19 @@ class LoopDriver:
 
     # -- mutations of the real code --------------------------------------------------------
     @contextmanager
-    def _mutated_resolve(self) -> Iterator[None]:
+    def _mutated_resolve(self, batch: types.SimpleNamespace) -> Iterator[None]:
         """PUBLISH_READY_WAIT: resolve_seq_lens_cpu sees an event never recorded, so its
-        ``publish_ready.wait()`` and the D2H stream's ``wait_event`` bind to nothing.
+        ``publish_ready.wait()`` and the D2H stream's ``wait_event`` bind to nothing (counted
+        as dropped where the resolve gets that far: a batch with future indices).
         PINNED_EARLY: ``fwd_prepare_d2h_stream.synchronize()`` returns at once."""
         fm = self.fm
         saved_event, saved_stream = fm.publish_ready, fm.fwd_prepare_d2h_stream
         if self.mutation is Mutation.PUBLISH_READY_WAIT and fm.publish_ready is not None:
             fm.publish_ready = torch.cuda.Event()
+            waits = batch.spec_info is not None and batch.spec_info.future_indices is not None
+            self.dropped[0] += int(waits)
         if self.mutation is Mutation.PINNED_EARLY and saved_stream is not None:
-            fm.fwd_prepare_d2h_stream = _NoSyncStream(saved_stream)
+            fm.fwd_prepare_d2h_stream = _NoSyncStream(saved_stream, self.dropped)
         try:
             yield
         finally:
@@ -303,26 +321,31 @@ class LoopDriver:
 class _NoSyncStream:
     """A stream whose host synchronize() is dropped (the PINNED_EARLY mutation)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, dropped: list[int]) -> None:
         self._stream = stream
+        self._dropped = dropped
 
     def synchronize(self) -> None:
-        return None
+        self._dropped[0] += 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
 @contextmanager
-def _record_stream_dropped(active: bool) -> Iterator[None]:
-    """NO_RECORD_STREAM: every ``Tensor.record_stream`` in the block is a no-op (SGLang's own
-    in ``_resolve_spec_extras`` and ``resolve_forward_inputs`` included); the recorder's
-    patch is put back on the way out."""
+def _record_stream_dropped(active: bool, dropped: list[int]) -> Iterator[None]:
+    """NO_RECORD_STREAM and RECORD_STREAM: every ``Tensor.record_stream`` in the block is a
+    no-op (SGLang's own in ``_resolve_spec_extras`` and ``resolve_forward_inputs`` included);
+    the recorder's patch is put back on the way out. Each skipped call counts in ``dropped``."""
     if not active:
         yield
         return
     saved = torch.Tensor.record_stream
-    torch.Tensor.record_stream = lambda tensor, stream: None  # type: ignore[method-assign]
+
+    def skipped(tensor: torch.Tensor, stream: Any) -> None:
+        dropped[0] += 1
+
+    torch.Tensor.record_stream = skipped  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -334,12 +357,13 @@ def run_variant(variant: str, mutation: Mutation | None = None) -> Outcome:
     races it found."""
     overlap_utils = sglang_env.load_overlap_utils()
     spec = VARIANTS[variant]
+    dropped = [0]
     with (recorder.watch(mode="cpu") as watch,
           sglang_env.cuda_branches(overlap_utils, hip=spec.hip),
-          _record_stream_dropped(mutation is Mutation.NO_RECORD_STREAM)):
-        driver = LoopDriver(overlap_utils, spec, mutation)
+          _record_stream_dropped(mutation in RECORD_STREAM_DROPPED, dropped)):
+        driver = LoopDriver(overlap_utils, spec, mutation, dropped)
         driver.run()
         del driver  # its tensors die inside the watch, so their frees are recorded
     unknown = [f"{op.name} at {op.site} ({', '.join(op.tensors)})" for op in watch.unknown_ops]
     return Outcome(variant, None if mutation is None else str(mutation), watch.races,
-                   len(spec.steps), unknown)
+                   len(spec.steps), unknown, dropped[0])

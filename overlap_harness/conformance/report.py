@@ -1,9 +1,10 @@
 """SGLang's own FutureMap beside the model: one row per variant and mutation, JSON and Markdown.
 
 Each row runs the real code under ``recorder.watch(mode="cpu")``
-(:mod:`overlap_harness.conformance.driver`)
-and the model's scenario of the same variant with the matching sync labels removed (through
-:func:`overlap_harness.runner.run_spec`), and explains every disagreement.
+(:mod:`overlap_harness.conformance.driver`) and the model's run that stands for the same
+variant and mutation: the ``[[mutation]]`` of that name in the variant's model scenario
+(``model_scenarios/sglang_<variant>.toml``), through :func:`overlap_harness.runner.run_spec`;
+every disagreement, and every mutation the real run never reached, is explained in the row.
 """
 
 from __future__ import annotations
@@ -18,78 +19,71 @@ from typing import Any
 from overlap_harness.conformance.driver import VARIANTS, Mutation, run_variant
 from overlap_harness.conformance.sglang_env import SGLANG_VERSION
 from overlap_harness.runner import run_spec
-from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.expand import RunSpec, expand
 from overlap_harness.scenarios.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 # The report as the conformance package's own CPU shim computed it (before recorder/ took
 # over): every row that differs from it says why (:func:`port_note`).
 SHIM_BASELINE = ROOT / "reports" / "conformance" / f"sglang-{SGLANG_VERSION}-shim.json"
-
-# The model's scenario that follows each variant (SCENARIOS.md names them).
-MODEL_SCENARIO: dict[str, str] = {
-    "non_spec_decode": "scenarios/variants/non_spec_decode.toml",
-    "eagle_spec_v2": "scenarios/variants/seq_lens_opt_out.toml",
-    "eagle_d2h_stream": "scenarios/protocol/s03_d2h_waits_publish.toml",
-    "chunked_prefill": "scenarios/protocol/s19_chunked_prefill_rows.toml",
-    "idle_rank": "scenarios/variants/dp_idle_rank.toml",
-    "retracted_request": "scenarios/variants/retract_and_chunked.toml",
-}
-# The model's sync labels (SCENARIOS.md) each mutation of the real code removes.
-MODEL_LABELS: dict[Mutation, tuple[str, ...]] = {
-    Mutation.FORWARD_NO_WAIT: ("forward_entry",),
-    Mutation.WAR_BARRIER: ("war_barrier",),
-    Mutation.PUBLISH_READY_WAIT: ("publish_ready.schedule_wait", "publish_ready.d2h_wait"),
-    Mutation.PINNED_EARLY: ("d2h.host_sync",),
-    Mutation.NO_RECORD_STREAM: ("future_indices.record_stream", "batch_pin_ring"),
-}
+# The model's scenario of each variant: the same requests, steps and protocol keys as the
+# driver's variant (SGLang 0.5.23's barrier placement, its D2H path, no CI poison). Each
+# mutation of the real code is the scenario's [[mutation]] of the same name: the sync labels
+# it removes are the model's counterpart of what the mutation drops in SGLang.
+MODEL_SCENARIOS = Path(__file__).resolve().parent / "model_scenarios"
+MODEL_SCENARIO: dict[str, Path] = {
+    variant: MODEL_SCENARIOS / f"sglang_{variant}.toml" for variant in VARIANTS}
 SPEC_ONLY = {Mutation.PUBLISH_READY_WAIT, Mutation.PINNED_EARLY}  # publish_ready is spec-v2's
 
 
 def applicable(variant: str) -> list[Mutation | None]:
-    """The unmodified run and every mutation whose code the variant reaches."""
-    spec = VARIANTS[variant].spec is not None
-    return [None, *[m for m in Mutation if spec or m not in SPEC_ONLY]]
+    """The unmodified run and every mutation whose sync the variant's real code reaches:
+    ``fwd_prepare_d2h_stream.synchronize()`` only where the pinned mirror is used, SGLang's
+    own ``record_stream`` calls only in spec-v2 (``_resolve_spec_extras``) and in mixed
+    batches (``mix_running_indices``). ``Outcome.dropped`` confirms it on every run."""
+    spec = VARIANTS[variant]
+    reached = [m for m in Mutation if spec.spec is not None or m not in SPEC_ONLY]
+    if not spec.needs_cpu_seq_lens:
+        reached = [m for m in reached if m is not Mutation.PINNED_EARLY]
+    if spec.spec is None and not any(step.mixed for step in spec.steps):
+        reached = [m for m in reached if m is not Mutation.RECORD_STREAM]
+    return [None, *reached]
+
+
+def model_run(variant: str, mutation: Mutation | None) -> RunSpec | None:
+    """The model scenario's run that stands for ``mutation`` (its base run for None); None
+    when the scenario has no mutation of that name (the model has no counterpart)."""
+    name = "" if mutation is None else str(mutation)
+    runs = expand(load_scenario(MODEL_SCENARIO[variant]))
+    return next((run for run in runs if run.mutation_name == name), None)
 
 
 def model_verdict(variant: str, mutation: Mutation | None) -> str:
-    """The model scenario's computed verdict with the mutation's labels removed."""
-    base = expand(load_scenario(ROOT / MODEL_SCENARIO[variant]))[0]
-    removed = frozenset(() if mutation is None else MODEL_LABELS[mutation])
-    spec = dataclasses.replace(base, removed=removed, allow_unused=True,
-                               mutation_name="" if mutation is None else str(mutation))
-    result = run_spec(spec)
-    if mutation is not None and result.labels_used and not removed & set(result.labels_used):
+    """The model's computed verdict for the run that stands for ``mutation``:
+    ``not_modelled`` when there is none or the model never reaches a sync it removes."""
+    run = model_run(variant, mutation)
+    if run is None:
+        return "not_modelled"
+    result = run_spec(dataclasses.replace(run, allow_unused=True))
+    if run.removed and result.labels_used and not run.removed & set(result.labels_used):
         return "not_modelled"
     return result.verdict
 
 
-def explain(variant: str, mutation: Mutation | None, races: int, model: str) -> str | None:
+def explain(variant: str, mutation: Mutation | None, races: int, model: str,
+            dropped: int = 1) -> str | None:
     """Why the real code and the model disagree (None when they agree)."""
+    if dropped == 0 and mutation is not None:
+        return f"the real run never reached what {mutation} drops: the row tests nothing"
     real = "race" if races else "race_free"
     if real == model:
         return None
+    scenario = MODEL_SCENARIO[variant].name
     if model == "not_modelled":
-        return (f"the model's {Path(MODEL_SCENARIO[variant]).stem} never reaches the labels "
-                f"{', '.join(MODEL_LABELS[mutation])} (model out of date)" if mutation else None)
-    if real == "race_free" and mutation is Mutation.PUBLISH_READY_WAIT:
-        return ("SGLang's WAR barrier falls back to schedule_stream.wait_stream(forward_stream) "
-                "for EAGLE (the draft-extend runner clears shared_read_done_event), which also "
-                "orders the seq_lens gather after publish: the wait is redundant there; the "
-                "model's barrier is read_done-grained (model out of date)")
-    if real == "race_free" and mutation is Mutation.NO_RECORD_STREAM:
-        return ("the coarse WAR barrier (wait_stream on the forward stream) orders the next "
-                "allocation after every read of the freed index tensor; the model's barrier "
-                "does not (model out of date)")
-    if real == "race_free" and mutation is Mutation.WAR_BARRIER:
-        return "the variant's forward reads no req_to_token slot the next schedule step rewrites"
-    if real == "race" and mutation is Mutation.WAR_BARRIER:
-        return ("a row recycled for a new request is rewritten from slot 0 while the last "
-                "forward still reads it; the model's scenario recycles no row here")
-    if real == "race" and model == "race_free":
-        return ("the model scenario has no counterpart of this step (model out of date); "
-                "see the races' SGLang file:line")
-    return f"real code {real}, model {model}: not explained yet"
+        return (f"the model's {scenario} has no run of {mutation} that reaches the syncs it "
+                "removes (model out of date)")
+    return (f"real code {real}, model {model} ({scenario}): the model does not follow SGLang "
+            "here (model out of date); see the races' SGLang file:line")
 
 
 def short_site(site: str) -> str:
@@ -160,7 +154,7 @@ def build_rows(variants: Sequence[str] | None = None,
             model = model_verdict(variant, mutation)
             name = None if mutation is None else str(mutation)
             keys = sorted({r.key for r in outcome.races})
-            notes = [explain(variant, mutation, len(outcome.races), model),
+            notes = [explain(variant, mutation, len(outcome.races), model, outcome.dropped),
                      port_note(mutation, (previous or {}).get((variant, name)),
                                len(outcome.races), keys)]
             rows.append({
@@ -171,25 +165,44 @@ def build_rows(variants: Sequence[str] | None = None,
                 "sites": sorted({f"{short_site(r.first.source)} / "
                                  f"{short_site(r.second.source)}" for r in outcome.races})[:4],
                 "unknown_ops": outcome.unknown_ops,
+                "dropped": outcome.dropped,
                 "model": model,
-                "model_scenario": MODEL_SCENARIO[variant],
+                "model_scenario": MODEL_SCENARIO[variant].relative_to(ROOT).as_posix(),
                 "explanation": "; ".join(n for n in notes if n) or None,
             })
     return rows
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Counts over the rows: all, mutation rows, disagreements (a model verdict that is not
+    the real code's, ``not_modelled`` included) and ``not_modelled`` mutation rows."""
+    mutated = [r for r in rows if r["mutation"] is not None]
+    return {
+        "rows": len(rows),
+        "mutation_rows": len(mutated),
+        "disagreements": sum(r["model"] != ("race" if r["races"] else "race_free")
+                             for r in rows if r["model"] != "not_modelled"),
+        "not_modelled": sum(r["model"] == "not_modelled" for r in mutated),
+    }
 
 
 def write(rows: list[dict[str, Any]], out_dir: Path, seconds: float) -> tuple[Path, Path]:
     """Write ``sglang-<version>.json`` and ``.md`` under ``out_dir``; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"sglang-{SGLANG_VERSION}"
+    counts = summarize(rows)
     doc = {"sglang": SGLANG_VERSION, "driver": "hand-written replay of event_loop_overlap "
            "(Scheduler.run_batch does not import without the server's dependencies)",
            "recorder": "recorder.watch(mode='cpu')",
-           "seconds": round(seconds, 1), "rows": rows}
+           "seconds": round(seconds, 1), "summary": counts, "rows": rows}
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"# SGLang {SGLANG_VERSION} FutureMap: real code beside the model", "",
              f"Driver: {doc['driver']}. Recorder: {doc['recorder']}. {doc['seconds']} s.", "",
+             f"Model: the scenarios of overlap_harness/conformance/model_scenarios/. "
+             f"{counts['rows']} rows ({counts['mutation_rows']} mutated): the model disagrees "
+             f"with the real code on {counts['disagreements']}, does not model "
+             f"{counts['not_modelled']}.", "",
              "| variant | mutation | races | kinds | model | explanation |",
              "|---|---|---|---|---|---|"]
     for row in rows:

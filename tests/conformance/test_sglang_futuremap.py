@@ -31,6 +31,8 @@ CAUGHT = [  # (variant, mutation, race kind, buffer the race is on)
     ("eagle_d2h_stream", "publish_ready_wait_dropped", "RAW", "new_seq_lens_buf"),
     ("eagle_d2h_stream", "pinned_mirror_read_early", "host-D2H", "new_seq_lens_cpu_pinned"),
     ("non_spec_decode", "relay_index_freed_without_record_stream", "reuse", "req_pool_indices"),
+    # the ring alone: SGLang's non-spec decode has no record_stream on req_pool_indices
+    ("non_spec_decode", "keep_alive_ring_dropped", "reuse", "req_pool_indices"),
 ]
 
 
@@ -48,6 +50,14 @@ def test_mutation_is_caught_at_sglang_lines(variant, mutation, kind, buffer):
     # the recycled row's race is between the loop's own forward and schedule steps
     in_sglang = mutation != "war_barrier_removed"
     assert any("sglang/srt/managers/overlap_utils.py:" in site for site in sites) == in_sglang
+
+
+def test_record_stream_dropped_alone_is_held_by_the_ring():
+    """The fixed twin of the ring-only drop: SGLang's own record_stream calls skipped (the
+    mixed batch's ``mix_running_indices``), the keep-alive ring kept: race-free."""
+    outcome = run_variant("chunked_prefill", Mutation("record_stream_dropped"))
+    assert outcome.dropped > 0
+    assert outcome.races == []
 
 
 def test_unmodified_spec_run_declares_the_triton_gather():

@@ -12,6 +12,9 @@ from overlap_harness.runner import run_scenarios
 from overlap_harness.scenarios.loader import load_paths
 
 SUITE = Path(__file__).resolve().parents[2] / "scenarios"
+# the SGLang conformance's model scenarios: a label only they remove is removed somewhere too
+CONFORMANCE = (Path(__file__).resolve().parents[2] / "overlap_harness" / "conformance"
+               / "model_scenarios")
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +53,12 @@ def test_every_removal_is_caught_and_vanishes_with_the_sync_back(results) -> Non
 
 
 def test_each_sync_label_the_model_uses_is_removed_somewhere(results) -> None:
+    """By the bundled suite, or by the conformance's model scenarios in a run that reaches it
+    (``mix_running_indices.record_stream`` alone: SGLang's own call, held by the ring)."""
     removed = {label for r in results for label in r.removed}
     used = {label for r in results for label in r.labels_used}
+    conformance = run_scenarios(load_paths([CONFORMANCE]))
+    removed |= {label for r in conformance for label in set(r.removed) & set(r.labels_used)}
     assert used - removed == set()
     must = {"forward_entry", "war_barrier", "publish_ready.schedule_wait",
             "publish_ready.d2h_wait", "d2h.host_sync", "copy_done.host_sync",

@@ -48,6 +48,7 @@ R = Request
 # A finishes after 2 tokens while still scheduled; C arrives at 3 and gets A's row (§9.8)
 RECYCLE = Workload(iterations=8, requests=(R("A", 0, 10, 2), R("B", 0, 6, 40), R("C", 3, 5, 40)))
 STEADY = Workload(iterations=4, requests=(R("A", 0, 10, 40),))
+STEADY_PAIR = Workload(iterations=4, requests=(R("A", 0, 3, 40), R("B", 0, 3, 40)))
 
 
 def timeline(proto: ProtocolConfig, wl: Workload = RECYCLE) -> tuple[list[OpRecord], list]:
@@ -82,6 +83,11 @@ WAIT_EVENT = [("wait:read_done", "schedule"), ("record:read_done", "forward")]
     (WarBarrier.READ_DONE, Mode.NON_SPEC, WAIT_EVENT, "decode_forward"),
     (WarBarrier.AFTER_REPLAY_PREPARE, Mode.SPEC_V2, WAIT_EVENT, "verify_out_cache_loc"),
     (WarBarrier.AFTER_REPLAY_PREPARE, Mode.NON_SPEC, WAIT_ALL, None),
+    # SGLang 0.5.23: verify's event is recorded, then EAGLE's draft-extend runner clears it,
+    # so spec-v2 waits on all of F
+    (WarBarrier.AFTER_LAUNCH_READ_DONE, Mode.SPEC_V2, [WAIT_EVENT[1], *WAIT_ALL],
+     "record:publish_ready"),
+    (WarBarrier.AFTER_LAUNCH_READ_DONE, Mode.NON_SPEC, WAIT_EVENT[::-1], "decode_forward"),
 ], ids=lambda v: getattr(v, "value", None))
 def test_each_placement_syncs_at_its_points(barrier, mode, syncs, recorded_after) -> None:
     ops, _ = timeline(ProtocolConfig(war_barrier=barrier, mode=mode))
@@ -96,6 +102,31 @@ def test_loop_top_waits_first_and_after_launch_follows_the_launch() -> None:
     assert first == ["record:forward->schedule", "wait:forward->schedule"]
     after, _ = timeline(ProtocolConfig(war_barrier=WarBarrier.AFTER_LAUNCH))
     assert op_before(after, 2, "forward", "record:forward->schedule") == "record:copy_done"
+
+
+def test_after_launch_read_done_follows_the_launch_and_prefill_waits_on_all() -> None:
+    """0.5.23's ``_apply_war_barrier`` runs right after the launch; a prefill (an extend
+    forward) publishes no read-done event, so S waits on all of F there."""
+    ops, races = timeline(ProtocolConfig(war_barrier=WarBarrier.AFTER_LAUNCH_READ_DONE,
+                                         mode=Mode.NON_SPEC))
+    assert races == []
+    assert barrier_ops(ops, 0) == WAIT_ALL
+    assert op_before(ops, 0, "forward", "record:forward->schedule") == "record:copy_done"
+    # after the launch: the schedule stream's last op before the wait is the forward entry's
+    assert op_before(ops, 2, "schedule", "wait:read_done") == "record:schedule->forward"
+
+
+def test_after_launch_read_done_leaves_the_stash_index_to_the_pin_ring() -> None:
+    """Publish and stash read ``future_indices`` after the decode's read-done event, so
+    without the pin ring the next schedule step reuses its block (SGLang's non-spec gather
+    has no record_stream); the coarse loop-top barrier orders that reuse."""
+    proto = ProtocolConfig(war_barrier=WarBarrier.AFTER_LAUNCH_READ_DONE, mode=Mode.NON_SPEC)
+    dev = SimDevice(removed=("batch_pin_ring",))
+    run_protocol(dev, (proto, STEADY_PAIR, Timing()))
+    assert (RaceKind.REUSE, "future_indices") in {(r.kind, r.buffer) for r in dev.finish().races}
+    twin = SimDevice(removed=("batch_pin_ring",))
+    run_protocol(twin, (dc.replace(proto, war_barrier=WarBarrier.LOOP_TOP), STEADY_PAIR, Timing()))
+    assert twin.finish().races == []
 
 
 def test_after_replay_prepare_lets_verify_race_a_recycled_row_read_done_does_not() -> None:

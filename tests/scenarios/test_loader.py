@@ -32,7 +32,7 @@ class FutureTable:
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 REPO = Path(__file__).resolve().parent.parent.parent
-WAR_CHOICES = "none|loop_top|read_done|after_launch|after_replay_prepare"
+WAR_CHOICES = "none|loop_top|read_done|after_launch|after_replay_prepare|after_launch_read_done"
 
 
 def problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> list[str]:
