@@ -82,6 +82,11 @@ class Watch:
         """Each tensor's name in reports -> the ``file:line`` that allocated it."""
         return dict(self.recording.buffer_sites)
 
+    def iteration(self, index: int) -> None:
+        """Mark the ops issued from now on as iteration ``index`` of the program's loop (races
+        and timelines name it); before the first mark they are iteration -1."""
+        self.recording.iteration = index
+
     # -- the kernel sink (recorder.kernels) ------------------------------------------------
     @contextmanager
     def quiet(self) -> Iterator[None]:

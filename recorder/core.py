@@ -103,6 +103,7 @@ class Recording:
         self._queried: set[OpId] = set()  # records a query() already answered False for
         self._sync_keys = 0
         self.ops_recorded = 0
+        self.iteration = -1  # the program's loop iteration, set by Watch.iteration
 
     # -- streams ---------------------------------------------------------------------------
     def agent(self, stream_key: object, name: str) -> int:
@@ -120,8 +121,9 @@ class Recording:
         start = op * NODE_SPACING_NS
         end = start + (STREAM_OP_NS if agent != HOST_AGENT else 0)
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
-                                      source=source))
-        return NodeInfo(op, name, agent, agent_name, kind, -1, source, None, None, None)
+                                      iteration=self.iteration, source=source))
+        return NodeInfo(op, name, agent, agent_name, kind, self.iteration, source, None, None,
+                        None)
 
     # -- nodes -----------------------------------------------------------------------------
     def op(self, name: str, agent: int, accesses: Sequence[Access], kind: OpKind,
