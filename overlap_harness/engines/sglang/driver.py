@@ -9,6 +9,7 @@ last one) and the server plumbing around results (:mod:`.plumbing`).
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,7 @@ class _Intake:
         self.counter += 1
         params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
         params.normalize(None)
-        ids = [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)]
+        ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
         return req
@@ -78,7 +79,11 @@ def run_variant(variant: Variant) -> LoopRun:
             graph_runner=variant.graph_runner)
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
-        scheduler.event_loop_overlap()
+        # startup ends with the device idle (weights loaded, graphs captured), and
+        # run_event_loop enters the loop on the schedule stream
+        torch.cuda.synchronize()
+        with torch.cuda.stream(scheduler.schedule_stream):
+            scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
                    scheduler.model_worker.forwards,

@@ -10,12 +10,13 @@ the loop may touch; anything else raises with its name.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.core.strict import StrictStub, unplanned
 
 DEVICE = "cuda"  # faked on the CPU by the recorder
 
@@ -35,6 +36,14 @@ def _false(*args: Any, **kwargs: Any) -> bool:
     return False
 
 
+def _zero(*args: Any, **kwargs: Any) -> int:
+    """A count only metrics read."""
+    return 0
+
+
+_unplanned_loads = unplanned("load_inquirer.get_loads")
+
+
 def _noop(*args: Any, **kwargs: Any) -> None:
     """Server plumbing whose only effect is outside the process (logs, sockets, metrics)."""
 
@@ -49,7 +58,16 @@ def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
                       skip_tokenizer_init=True)
     set_global_server_args_for_scheduler(args)
+    _single_rank()
     return args
+
+
+def _single_rank() -> None:
+    """This process's place in every parallel group: rank 0 of one (no groups are built)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
+                                        moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
 
 
 def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
@@ -87,7 +105,15 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     s.forward_ct = 0
     s.processed_tokens_counter = 0
     s.is_initializing = False
-    s.scheduler_stage_metrics = None  # SGLang's own value when stage metrics are off
+    s._sched_idled = False
+    s._war_barrier_enabled = True  # run_event_loop's value on CUDA
+    s.enable_fpm = False  # forward-pass metrics off (a server option)
+    # the step counters init_load_inquirer starts
+    s.total_prefill_uncached_tokens = s.total_prefill_busy_us = 0
+    s.decode_moment_totals = [0.0] * 6
+    s._prev_step = s._prev_prefill_end_ts = s._pause_started_at = None
+    s._pause_intervals = deque(maxlen=8)
+
     _plumbing(s)
     s.is_generation = True
     s.spec_algorithm = SpeculativeAlgorithm.from_string(None)
@@ -101,7 +127,6 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     _worker_info(s, sizes)
     s.schedule_stream = torch.cuda.Stream()
     s.forward_stream = torch.cuda.Stream()
-    torch.cuda.set_stream(s.schedule_stream)
     s.init_running_status()
     s.init_chunked_prefill()
     s.init_schedule_policy()
@@ -110,9 +135,24 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     s.init_lora_drainer()
     s.maybe_init_ngram_embedding()
     s.maybe_init_scripted_scheduler_hook()
-    s.init_dsa_kpool_truncation_align()
-    s.init_mamba_truncation_align()
+    s.is_hybrid_swa = s.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
+    s.sliding_window_size = s.swa_tokens_per_layer = None
+    s.full_tokens_per_layer = sizes.kv_tokens
+    s.kv_shard_widening = 1
+    s.disable_radix_cache = not radix_cache
+    s.hisparse_coordinator = s.decode_offload_manager = None
+    s.enable_overlap_mlx = False
+    s.require_mlp_sync = False
+    s.weight_updater = StrictStub("weight_updater", offload_tags=set())
+    s.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
     s.init_overlap()
+    s.init_metrics_collector()
+    s.init_metrics_reporter()
+    s.init_pool_stats_observer()
+    s.scheduler_stage_metrics = s.metrics_reporter.scheduler_stage_metrics
+    s.init_dp_attn_adapter()
+    s.init_batch_result_processor()
+    s.init_invariant_checker()
     return scheduler
 
 
@@ -122,7 +162,8 @@ def _model_config() -> StrictStub:
 
     return StrictStub("model_config", _resolved_model_impl=ModelImpl.SGLANG,
                       is_multimodal=False, vocab_size=1000, context_len=64,
-                      num_key_value_heads=1, is_encoder_decoder=False)
+                      num_key_value_heads=1, is_encoder_decoder=False,
+                      self_opened_think_start_ids=None)
 
 
 #: scheduler attribute <- (configuration namespace, key), as ``Scheduler.__init__`` reads them
@@ -184,5 +225,16 @@ def _plumbing(scheduler: Any) -> None:
     output sending): each lists exactly the calls the driven variants make."""
     scheduler.metrics_reporter = StrictStub(
         "metrics_reporter", record_scheduler_active=_noop, enable_metrics=False,
-        num_retracted_reqs=0)
-    scheduler.grammar_manager = StrictStub("grammar_manager", has_waiting_grammars=_false)
+        num_retracted_reqs=0, report_prefill_stats=_noop, report_decode_stats=_noop,
+        log_batch_result_stats=_noop, update_device_timer=_noop)
+    scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop)
+    scheduler.load_inquirer = StrictStub("load_inquirer", _get_num_pending_tokens=_zero,
+                                          get_loads=_unplanned_loads)
+    scheduler.profiler_manager = StrictStub("profiler_manager",
+                                            _profile_batch_predicate=_noop)
+    scheduler.load_snapshot_writer = None  # SGLang's value with load snapshots off
+    scheduler.load_publisher = StrictStub("load_publisher", publish_load_stat=_noop)
+    scheduler.kv_events_publisher = StrictStub("kv_events_publisher", publish_kv_events=_noop)
+    scheduler.idle_sleeper = None  # SGLang's value without --sleep-on-idle
+    scheduler.grammar_manager = StrictStub("grammar_manager", has_waiting_grammars=_false,
+                                           grammar_queue=[])

@@ -68,9 +68,11 @@ class FakeRunner:
         self.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True)
         self.shared_read_done_event: torch.cuda.Event | None = None
         self.req_to_token_pool = req_to_token_pool
+        self.model_config = StrictStub("model_config", use_ngram_embedding=False, use_engram=False)
         self.token_to_kv_pool_allocator = allocator
         self.prefill_aware_swa = False
         self.canary_manager = None
+        self.ngram_embedding_manager = _ngram_manager(req_to_token_pool)
 
 
 class FakeModelWorker:
@@ -81,6 +83,7 @@ class FakeModelWorker:
                  graph_runner: bool) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.model_runner = FakeRunner(req_to_token_pool, allocator)
+        self.model_config = self.model_runner.model_config
         self.graph_runner = graph_runner
         # one value per KV slot: what attention reads and set_kv_buffer writes
         self.kv_buffer = torch.zeros((kv_tokens + 1, 1), dtype=torch.float32, device="cuda")
@@ -112,3 +115,15 @@ def _logits_output() -> Any:
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
     return LogitsProcessorOutput(next_token_logits=None)
+
+
+def _ngram_manager(req_to_token_pool: Any) -> Any:
+    """SGLang's ``NgramEmbeddingManager`` for a model without n-gram embeddings (disabled)."""
+    from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (
+        NgramEmbeddingManager,
+    )
+
+    return NgramEmbeddingManager.from_model(
+        model=StrictStub("model"), model_config=StrictStub("model_config", use_engram=False, ngram_embedding_n=0,
+                                                           use_ngram_embedding=False),
+        req_to_token_pool=req_to_token_pool, max_running_requests=1, device="cuda")
