@@ -73,7 +73,8 @@ def run_variant(variant: Variant) -> LoopRun:
     args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                        radix_cache=variant.radix_cache,
                                        mixed_chunk=variant.mixed_chunk)
-    with recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip):
+    with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
+          environment.retraction_forced(variant.retract_every)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner)

@@ -142,6 +142,20 @@ def cuda_selected(*, hip: bool = False) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def retraction_forced(every: int | None) -> Iterator[None]:
+    """SGLang's retraction test hook (``SGLANG_TEST_RETRACT``, read into scheduler.py's
+    globals at import) on for the block: a decode retracts at every ``every``-th forward,
+    prefill never held back for it. Nothing changes for None."""
+    if every is None:
+        yield
+        return
+    module = sys.modules["sglang.srt.managers.scheduler"]
+    with attributes_set([(module, "TEST_RETRACT", True), (module, "TEST_RETRACT_INTERVAL", every),
+                         (module, "TEST_RETRACT_NO_PREFILL_BS", 1 << 20)]):
+        yield
+
+
 def _pinned_available(device: object = None) -> bool:
     """The CUDA platform's answer: host memory can be pinned."""
     return True
