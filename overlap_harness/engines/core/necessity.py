@@ -18,7 +18,10 @@ from typing import Any, TypeVar
 
 from overlap_harness.engines.core.mutation import Coverage, remove_site
 from overlap_harness.engines.core.results import (
-    NecessityRow, VariantOutcome, Verdict, race_signature,
+    NecessityRow,
+    VariantOutcome,
+    Verdict,
+    race_signature,
 )
 from overlap_harness.engines.core.sites import SiteKind, SyncSite
 

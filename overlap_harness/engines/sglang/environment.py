@@ -94,14 +94,14 @@ def load(source: str | None = None) -> SglangTree:
         raise SglangTreeError(f"import {name} failed: {exc} (docs/sglang-loop.md: install)"
                               ) from None
     elapsed = time.perf_counter() - started
-    package = Path(sys.modules["sglang"].__file__).resolve().parent
+    package = Path(os.path.abspath(sys.modules["sglang"].__file__)).parent
     if root is not None and package.parent != root:
         raise SglangTreeError(f"{source}: sglang was imported from {package}, not this tree")
     return SglangTree(package, _version(package), elapsed)
 
 
 def _already_loaded(module: types.ModuleType, root: Path | None) -> SglangTree:
-    package = Path(module.__file__).resolve().parent
+    package = Path(os.path.abspath(module.__file__)).parent
     if root is not None and package.parent != root:
         raise SglangTreeError(f"sglang is already imported from {package} in this process")
     for name in PATH_MODULES:

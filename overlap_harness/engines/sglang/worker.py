@@ -68,7 +68,8 @@ class FakeRunner:
         self.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True)
         self.shared_read_done_event: torch.cuda.Event | None = None
         self.req_to_token_pool = req_to_token_pool
-        self.model_config = StrictStub("model_config", use_ngram_embedding=False, use_engram=False)
+        self.model_config = StrictStub("model_config", use_ngram_embedding=False,
+                                       use_engram=False)
         self.token_to_kv_pool_allocator = allocator
         self.prefill_aware_swa = False
         self.canary_manager = None
@@ -124,6 +125,7 @@ def _ngram_manager(req_to_token_pool: Any) -> Any:
     )
 
     return NgramEmbeddingManager.from_model(
-        model=StrictStub("model"), model_config=StrictStub("model_config", use_engram=False, ngram_embedding_n=0,
-                                                           use_ngram_embedding=False),
+        model=StrictStub("model"),
+        model_config=StrictStub("model_config", use_engram=False, ngram_embedding_n=0,
+                                use_ngram_embedding=False),
         req_to_token_pool=req_to_token_pool, max_running_requests=1, device="cuda")
