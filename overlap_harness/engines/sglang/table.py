@@ -27,7 +27,7 @@ def markdown(document: dict[str, Any]) -> str:
         if all(m == "-" for m in marks):
             gaps.append(site)
         code = cells["code"].replace("|", "\\|")[:70]
-        lines.append(f"| {Path(site).name}:{site.rsplit(':', 1)[1]} | `{code}` | "
+        lines.append(f"| {Path(site).name} | `{code}` | "
                      + " | ".join(marks) + " |")
     lines += ["", f"Coverage gaps (no variant reaches them): {len(gaps)} of {len(by_site)} "
               "sites.", ""]
