@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("non_spec_decode", "chunked_prefill", "radix_cache", "idle_iteration",
-            "retracted_request")
+VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill", "radix_cache",
+            "idle_iteration", "retracted_request")
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"  # run_batch's first
 KEEP_ALIVE = "self.batch_record_buf[self.batch_record_ct] = [batch, attr_snapshot]"
 

@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--json", type=Path, metavar="FILE", default=None,
                         help="write the races (and the necessity table) as JSON")
     parser.add_argument("--out", type=Path, metavar="DIR", default=None,
-                        help="write sglang-loop.json and sglang-loop.md into DIR")
+                        help="write sglang-loop.json (and .md with --necessity), and per "
+                        "variant the timeline plot of one iteration, Perfetto and SARIF")
     parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
@@ -87,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {path}")
+    if args.out:
+        from overlap_harness.engines.sglang.reports import write_variant_reports
+
+        for name in names:
+            for path in write_variant_reports(name, args.out):
+                print(f"wrote {path}")
     if args.out and args.necessity:
         from overlap_harness.engines.sglang.table import markdown
 

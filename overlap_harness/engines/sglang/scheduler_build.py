@@ -95,65 +95,65 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
 
     from overlap_harness.engines.sglang.worker import FakeModelWorker
 
-    scheduler = Scheduler.__new__(Scheduler)
-    s = scheduler
-    s.server_args = args
-    _configure(s)
-    s.device = DEVICE
-    s.page_size = 1
-    s.enable_overlap = True
-    s.forward_ct = 0
-    s.processed_tokens_counter = 0
-    s.is_initializing = False
-    s._sched_idled = False
-    s._war_barrier_enabled = True  # run_event_loop's value on CUDA
-    s.enable_fpm = False  # forward-pass metrics off (a server option)
+    # named ``self`` so the recorder names the streams as SGLang's own code names them
+    self = Scheduler.__new__(Scheduler)
+    self.server_args = args
+    _configure(self)
+    self.device = DEVICE
+    self.page_size = 1
+    self.enable_overlap = True
+    self.forward_ct = 0
+    self.processed_tokens_counter = 0
+    self.is_initializing = False
+    self._sched_idled = False
+    self._war_barrier_enabled = True  # run_event_loop's value on CUDA
+    self.enable_fpm = False  # forward-pass metrics off (a server option)
     # the step counters init_load_inquirer starts
-    s.total_prefill_uncached_tokens = s.total_prefill_busy_us = 0
-    s.decode_moment_totals = [0.0] * 6
-    s._prev_step = s._prev_prefill_end_ts = s._pause_started_at = None
-    s._pause_intervals = deque(maxlen=8)
+    self.total_prefill_uncached_tokens = self.total_prefill_busy_us = 0
+    self.decode_moment_totals = [0.0] * 6
+    self._prev_step = self._prev_prefill_end_ts = self._pause_started_at = None
+    self._pause_intervals = deque(maxlen=8)
 
-    _plumbing(s)
-    s.is_generation = True
-    s.spec_algorithm = SpeculativeAlgorithm.from_string(None)
-    s.req_to_token_pool, s.token_to_kv_pool_allocator, s.tree_cache = build_pools(
+    _plumbing(self)
+    self.is_generation = True
+    self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+    self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = build_pools(
         sizes, radix_cache=radix_cache)
-    s.model_worker = s.tp_worker = FakeModelWorker(
-        s.req_to_token_pool, s.token_to_kv_pool_allocator, sizes.kv_tokens,
+    self.model_worker = self.tp_worker = FakeModelWorker(
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
         graph_runner=graph_runner)
-    s.draft_worker = None
-    s.model_config = _model_config()
-    _worker_info(s, sizes)
-    s.schedule_stream = torch.cuda.Stream()
-    s.forward_stream = torch.cuda.Stream()
-    s.init_running_status()
-    s.init_chunked_prefill()
-    s.init_schedule_policy()
-    s.init_diffusion_llm()
-    s.maybe_init_dynamic_chunk_sizer()
-    s.init_lora_drainer()
-    s.maybe_init_ngram_embedding()
-    s.maybe_init_scripted_scheduler_hook()
-    s.is_hybrid_swa = s.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
-    s.sliding_window_size = s.swa_tokens_per_layer = None
-    s.full_tokens_per_layer = sizes.kv_tokens
-    s.kv_shard_widening = 1
-    s.disable_radix_cache = not radix_cache
-    s.hisparse_coordinator = s.decode_offload_manager = None
-    s.enable_overlap_mlx = False
-    s.require_mlp_sync = False
-    s.weight_updater = StrictStub("weight_updater", offload_tags=set())
-    s.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
-    s.init_overlap()
-    s.init_metrics_collector()
-    s.init_metrics_reporter()
-    s.init_pool_stats_observer()
-    s.scheduler_stage_metrics = s.metrics_reporter.scheduler_stage_metrics
-    s.init_dp_attn_adapter()
-    s.init_batch_result_processor()
-    s.init_invariant_checker()
-    return scheduler
+    self.draft_worker = None
+    self.model_config = _model_config()
+    _worker_info(self, sizes)
+    self.schedule_stream = torch.cuda.Stream()
+    self.forward_stream = torch.cuda.Stream()
+    self.init_running_status()
+    self.init_chunked_prefill()
+    self.init_schedule_policy()
+    self.init_diffusion_llm()
+    self.maybe_init_dynamic_chunk_sizer()
+    self.init_lora_drainer()
+    self.maybe_init_ngram_embedding()
+    self.maybe_init_scripted_scheduler_hook()
+    self.is_hybrid_swa = self.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
+    self.sliding_window_size = self.swa_tokens_per_layer = None
+    self.full_tokens_per_layer = sizes.kv_tokens
+    self.kv_shard_widening = 1
+    self.disable_radix_cache = not radix_cache
+    self.hisparse_coordinator = self.decode_offload_manager = None
+    self.enable_overlap_mlx = False
+    self.require_mlp_sync = False
+    self.weight_updater = StrictStub("weight_updater", offload_tags=set())
+    self.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
+    self.init_overlap()
+    self.init_metrics_collector()
+    self.init_metrics_reporter()
+    self.init_pool_stats_observer()
+    self.scheduler_stage_metrics = self.metrics_reporter.scheduler_stage_metrics
+    self.init_dp_attn_adapter()
+    self.init_batch_result_processor()
+    self.init_invariant_checker()
+    return self
 
 
 def _model_config() -> StrictStub:

@@ -31,6 +31,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # two requests prefilled and decoded to the end; two more recycle their rows
     Variant("non_spec_decode", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
             pools=TWO_ROWS),
+    # the same on the HIP branches (the result copied on the forward stream, no copy stream)
+    Variant("non_spec_decode_hip", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, hip=True),
     # a 13-token prompt in chunks of 4 beside a decoding request (mixed batches)
     Variant("chunked_prefill", 12, {0: ((3, 8),), 2: ((13, 3),)},
             chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS),
