@@ -107,6 +107,7 @@ def test_twin_tree_with_the_forward_wait_is_race_free(tmp_path):
 def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
     status, output, document, _tree_dir = _tree_run(tmp_path, KEEP_ALIVE, "non_spec_decode")
     assert status == 0, output
+    assert document["races"] == []
 
 
 def test_a_missing_tree_is_one_line_and_exit_2(tmp_path):

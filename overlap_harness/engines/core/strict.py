@@ -17,11 +17,11 @@ from typing import Any
 from overlap_harness.model.errors import HarnessError
 
 
-class UnplannedUseError(HarnessError, AttributeError):
+class UnplannedUseError(HarnessError):
     """Code under test used a stub in a way its driver did not plan for.
 
-    Also an ``AttributeError``, so ``hasattr``/``getattr(x, name, default)`` probes in the
-    engine see a missing attribute (as for a real object without it) instead of crashing."""
+    Not an ``AttributeError`` on purpose: a ``hasattr`` or ``getattr(x, name, default)`` probe
+    of an unplanned name fails too, since its answer would choose a branch silently."""
 
 
 class StrictStub:
@@ -29,16 +29,21 @@ class StrictStub:
 
     ``StrictStub("tree_cache", evict=fn, disable=False)``: ``stub.evict`` is ``fn``,
     ``stub.disable`` is False, ``stub.other`` and ``stub()`` raise :class:`UnplannedUseError`.
-    Attributes may be set later (the engine assigning its own fields is planned use)."""
+    Names in ``absent`` are planned to be missing (the real object has no such attribute, and
+    the engine probes for it): they raise a plain ``AttributeError``. Attributes may be set
+    later (the engine assigning its own fields is planned use)."""
 
-    def __init__(self, stub_name: str, /, **attributes: Any) -> None:
+    def __init__(self, stub_name: str, /, *, absent: tuple[str, ...] = (),
+                 **attributes: Any) -> None:
         object.__setattr__(self, "_stub_name", stub_name)
+        object.__setattr__(self, "_absent", frozenset(absent))
         for key, value in attributes.items():
             object.__setattr__(self, key, value)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)  # protocol probes (copy, pickle) see a plain object
+        if (name.startswith("__") and name.endswith("__")) or name in object.__getattribute__(
+                self, "_absent"):
+            raise AttributeError(name)  # protocol probes (copy, pickle), planned absences
         raise UnplannedUseError(f"{object.__getattribute__(self, '_stub_name')}.{name}: "
                                 "not planned by the driver (strict stub)")
 

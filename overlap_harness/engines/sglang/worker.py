@@ -65,7 +65,9 @@ class FakeRunner:
     ``shared_read_done_event`` of the last forward."""
 
     def __init__(self, req_to_token_pool: Any, allocator: Any) -> None:
-        self.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True)
+        # not a Triton backend: no extend_attention_block_m (the scheduler then uses 64)
+        self.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True,
+                                       absent=("extend_attention_block_m",))
         self.shared_read_done_event: torch.cuda.Event | None = None
         self.req_to_token_pool = req_to_token_pool
         self.model_config = StrictStub("model_config", use_ngram_embedding=False,
