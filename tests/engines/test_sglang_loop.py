@@ -52,37 +52,39 @@ def test_unmodified_loop_is_race_free(installed_run, variant):
     assert f"  {variant}: race-free" in output
 
 
-def _mirror(source: Path, target: Path, edited: Path, old: str | None) -> None:
+def _mirror(source: Path, target: Path, edited: Path, old: str | None,
+            new: str = "pass") -> None:
     """``target`` mirrors ``source`` with symlinks, except the file ``edited`` (relative),
-    a real copy with the first line holding ``old`` made ``pass`` (same line numbers)."""
+    a real copy with the first line holding ``old`` made ``new`` (same line numbers)."""
     target.mkdir()
     head = edited.parts[0]
     for entry in source.iterdir():
         if entry.name == head and len(edited.parts) > 1:
-            _mirror(entry, target / head, Path(*edited.parts[1:]), old)
+            _mirror(entry, target / head, Path(*edited.parts[1:]), old, new)
         elif entry.name == head:
             lines = entry.read_text().splitlines(keepends=True)
             if old is not None:
                 index = next(i for i, line in enumerate(lines) if line.strip() == old)
                 indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
-                lines[index] = f"{indent}pass\n"
+                lines[index] = f"{indent}{new}\n"
             (target / head).write_text("".join(lines))
         elif entry.name != "__pycache__":
             (target / entry.name).symlink_to(entry)
 
 
-def _tree(tmp_path: Path, old: str | None) -> Path:
+def _tree(tmp_path: Path, old: str | None, new: str) -> Path:
     installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
     tree = tmp_path / "tree"
     tree.mkdir()
-    _mirror(installed, tree / "sglang", Path("srt/managers/scheduler.py"), old)
+    _mirror(installed, tree / "sglang", Path("srt/managers/scheduler.py"), old, new)
     return tree
 
 
-def _tree_run(tmp_path: Path, old: str | None, variant: str) -> tuple[int, str, dict, Path]:
+def _tree_run(tmp_path: Path, old: str | None, variant: str,
+              new: str = "pass") -> tuple[int, str, dict, Path]:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    tree = _tree(tmp_path, old)
+    tree = _tree(tmp_path, old, new)
     status, output, document = _command("--sglang-src", str(tree), "--variant", variant,
                                         json_path=tmp_path / "races.json")
     return status, output, document, tree
@@ -108,6 +110,20 @@ def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
     status, output, document, _tree_dir = _tree_run(tmp_path, KEEP_ALIVE, "non_spec_decode")
     assert status == 0, output
     assert document["races"] == []
+
+
+def test_a_tree_calling_what_the_driver_did_not_plan_exits_2_naming_it(tmp_path):
+    old = "self.profiler_manager._profile_batch_predicate(batch)"
+    status, output, _document, tree = _tree_run(
+        tmp_path, old, "non_spec_decode", new="self.profiler_manager.start_profile(batch)")
+    assert status == 2, output
+    scheduler = tree / "sglang/srt/managers/scheduler.py"
+    line = next(i for i, text in enumerate(scheduler.read_text().splitlines(), 1)
+                if "start_profile(batch)" in text)
+    assert output.strip().splitlines()[-1] == (
+        "overlap-harness sglang: variant non_spec_decode cannot be driven on this tree: "
+        "UnplannedUseError: profiler_manager.start_profile: not planned by the driver "
+        f"(strict stub) at {scheduler}:{line}")
 
 
 def test_a_missing_tree_is_one_line_and_exit_2(tmp_path):
