@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import environment, scheduler_build
+from overlap_harness.engines.sglang import environment, kernels, scheduler_build
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
 
@@ -69,6 +69,7 @@ class _Intake:
 
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
+    kernels.declare()
     started = time.process_time()
     args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                        radix_cache=variant.radix_cache,

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.sglang import torchvision_stub
 from overlap_harness.model.errors import HarnessError
@@ -126,7 +128,8 @@ def _version(package: Path) -> str:
 @contextmanager
 def cuda_selected(*, hip: bool = False) -> Iterator[None]:
     """SGLang's CUDA (or HIP) branches for the block: the ``_is_cuda``/``_is_hip`` flags of
-    :data:`FLAGGED_MODULES` where they have them, and pinned memory available."""
+    :data:`FLAGGED_MODULES` where they have them, pinned memory available, Triton supported
+    (the kernels it then launches are declared in :mod:`.kernels`)."""
     from sglang.srt.platforms import current_platform  # deferred: imported by load()
 
     changes: list[tuple[object, str, object]] = []
@@ -138,6 +141,9 @@ def cuda_selected(*, hip: bool = False) -> Iterator[None]:
             if hasattr(module, flag):
                 changes.append((module, flag, value))
     changes.append((current_platform, "is_pin_memory_available", _pinned_available))
+    # the CUDA platform launches Triton kernels (the prefill's req_to_token writer among them)
+    changes.append((current_platform, "capabilities",
+                    msgspec.structs.replace(current_platform.capabilities, supports_triton=True)))
     with attributes_set(changes):
         yield
 

@@ -29,6 +29,14 @@ from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, wr
 VOCAB = 1000
 
 
+def _rows_and_lengths(batch: Any) -> list[tuple[int, int]]:
+    """Each request's pool row and sequence length, from what the host already holds
+    (``req_pool_indices_cpu``, ``seq_lens_cpu``): reading the device tensors would block the
+    host, which the real forward never does."""
+    return list(zip(batch.req_pool_indices_cpu.tolist(), batch.seq_lens_cpu.tolist(),
+                    strict=True))
+
+
 def _forward_accesses(tokens: torch.Tensor, worker: FakeModelWorker, batch: Any
                       ) -> list[DeclaredAccess]:
     """The real forward's accesses (module docstring), from the batch as launched."""
@@ -36,27 +44,26 @@ def _forward_accesses(tokens: torch.Tensor, worker: FakeModelWorker, batch: Any
     out: list[DeclaredAccess] = []
     out += reads(batch.input_ids) + reads(batch.req_pool_indices) + reads(batch.seq_lens)
     out += reads(batch.out_cache_loc)
-    out += writes(worker.kv_buffer, rows=batch.out_cache_loc.to(torch.int64))
-    rows = batch.req_pool_indices.tolist()
-    for row, seq_len in zip(rows, batch.seq_lens.tolist(), strict=True):
+    out += writes(worker.kv_buffer, rows=batch.out_cache_loc)
+    for row, seq_len in _rows_and_lengths(batch):
         entries = req_to_token[row, :seq_len]
         out += reads(entries)
-        out += reads(worker.kv_buffer, rows=entries.to(torch.int64))
+        out += reads(worker.kv_buffer, rows=entries)
     out += writes(tokens)
     return out
 
 
 @declared(_forward_accesses, name="model_forward")
 def _model_forward(worker: FakeModelWorker, batch: Any) -> torch.Tensor:
-    """Values the sampler could have produced: a function of the inputs and KV read."""
+    """Values the sampler could have produced: a function of the KV the forward reads. Only
+    device work (no host read of device memory), as a real forward launches."""
     req_to_token = worker.req_to_token_pool.req_to_token
-    worker.kv_buffer[batch.out_cache_loc.to(torch.int64)] = 1.0  # set_kv_buffer
-    sums = []
-    for row, seq_len in zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist(),
-                            strict=True):
-        slots = req_to_token[row, :seq_len].to(torch.int64)
-        sums.append(int(worker.kv_buffer[slots].sum()) + seq_len)
-    return torch.tensor(sums, dtype=torch.int64, device=batch.seq_lens.device) % VOCAB
+    worker.kv_buffer[batch.out_cache_loc] = 1.0  # set_kv_buffer
+    sums = [worker.kv_buffer[req_to_token[row, :seq_len].to(torch.int64)].sum() + seq_len
+            for row, seq_len in _rows_and_lengths(batch)]
+    if not sums:
+        return torch.zeros(0, dtype=torch.int64, device=batch.seq_lens.device)
+    return torch.stack(sums).to(torch.int64) % VOCAB
 
 
 class FakeRunner:
