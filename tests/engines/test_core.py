@@ -31,6 +31,19 @@ PROGRAM = textwrap.dedent("""\
 WAIT_LINE = 8
 READ_LINE = 10
 
+HELPER = textwrap.dedent("""\
+    import torch
+
+
+    def handed_over(producer, consumer):
+        with torch.cuda.stream(producer):
+            data = torch.ones(4, device="cuda")
+        consumer.wait_stream(producer)
+        with torch.cuda.stream(consumer):
+            return data.sum()
+    """)
+USER = "from stream_helper import handed_over\n"
+
 
 def test_strict_stub_answers_planned_and_names_the_rest():
     stub = StrictStub("tree_cache", disable=True)
@@ -93,3 +106,36 @@ def test_removed_wait_races_at_the_programs_own_lines_and_the_twin_is_clean(prog
     assert [(kind, second.rsplit(":", 1)[1]) for kind, _first, second in mutated] == [
         ("RAW", str(READ_LINE))]
     assert mutated[0][2].rsplit(":", 1)[0].endswith(str(program))
+
+
+def _run_helper(remove):
+    """In a forked child: the helper called through a module that imported it by name."""
+    import torch
+
+    import overlap_harness.recorder as recorder
+
+    helper = sys.modules["stream_helper"]
+    coverage = Coverage()
+    if remove:
+        remove_site(scan(helper.__file__)[0], coverage)
+    with recorder.watch(mode="cpu") as watch:
+        sys.modules["stream_user"].handed_over(torch.cuda.Stream(), torch.cuda.Stream())
+        torch.cuda.synchronize()
+    return [str(r.kind) for r in watch.races], sum(coverage.reached.values())
+
+
+def test_a_module_function_is_rebound_where_it_was_imported_by_name(tmp_path):
+    (tmp_path / "stream_helper.py").write_text(HELPER)
+    (tmp_path / "stream_user.py").write_text(USER)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import stream_user  # noqa: F401  (binds handed_over by name)
+
+        (mutated, reached), (intact, _) = forked_map(_run_helper, [True, False], jobs=1)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("stream_user", None)
+        sys.modules.pop("stream_helper", None)
+    assert intact == []
+    assert reached == 1
+    assert mutated == ["RAW"]

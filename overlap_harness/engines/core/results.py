@@ -65,7 +65,10 @@ class NecessityRow:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The row as JSON."""
+        """The row as JSON; ``real`` is the verdict in the loop report's words (the mutated
+        real code races, is race-free, or never runs the site)."""
+        real = {Verdict.NECESSARY: "race", Verdict.REDUNDANT: "race_free"}.get(
+            self.verdict, str(self.verdict))
         return {"site": self.site, "code": self.code, "kind": self.kind,
-                "variant": self.variant, "verdict": str(self.verdict),
+                "variant": self.variant, "verdict": str(self.verdict), "real": real,
                 "reached": self.reached, "races": self.races, "error": self.error}
