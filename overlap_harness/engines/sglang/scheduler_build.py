@@ -4,8 +4,8 @@
 object is made bare and given what the overlap loop reads: SGLang's own pools, radix cache,
 schedule policy and batch result processor, built by its own ``init_*`` methods where they
 need no server, and :class:`~overlap_harness.engines.core.strict.StrictStub` stand-ins for the
-server plumbing (metrics, output sending, load publishing). Every stand-in lists the attributes
-the loop may touch; anything else raises with its name.
+server plumbing (output sending, load publishing, profiling). Every stand-in lists the
+attributes the loop may touch; anything else raises with its name.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ DEVICE = "cuda"  # faked on the CPU by the recorder
 
 @dataclass(frozen=True, slots=True)
 class PoolSizes:
-    """How big SGLang's pools are made: few request rows so they are recycled, a KV pool
-    small enough that a retraction can be forced."""
+    """How big SGLang's pools are made: few request rows, so that they are recycled within a
+    variant's iterations."""
 
     request_rows: int = 4
     max_context: int = 64
@@ -39,9 +39,6 @@ def _false(*args: Any, **kwargs: Any) -> bool:
 def _zero(*args: Any, **kwargs: Any) -> int:
     """A count only metrics read."""
     return 0
-
-
-_unplanned_loads = unplanned("load_inquirer.get_loads")
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
@@ -221,15 +218,13 @@ def _worker_info(scheduler: Any, sizes: PoolSizes) -> None:
 
 
 def _plumbing(scheduler: Any) -> None:
-    """Strict stand-ins for the server plumbing the loop calls (metrics, load reporting,
-    output sending): each lists exactly the calls the driven variants make."""
-    scheduler.metrics_reporter = StrictStub(
-        "metrics_reporter", record_scheduler_active=_noop, enable_metrics=False,
-        num_retracted_reqs=0, report_prefill_stats=_noop, report_decode_stats=_noop,
-        log_batch_result_stats=_noop, update_device_timer=_noop)
+    """Strict stand-ins for the server plumbing the loop calls (load reporting, output
+    sending, profiling, grammar waits): each lists exactly the calls the driven variants make.
+    The metrics reporter is SGLang's own (``init_metrics_reporter``, metrics off)."""
     scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop)
+    # get_loads is handed to the load publisher as a provider, never called by it here
     scheduler.load_inquirer = StrictStub("load_inquirer", _get_num_pending_tokens=_zero,
-                                          get_loads=_unplanned_loads)
+                                          get_loads=unplanned("load_inquirer.get_loads"))
     scheduler.profiler_manager = StrictStub("profiler_manager",
                                             _profile_batch_predicate=_noop)
     scheduler.load_snapshot_writer = None  # SGLang's value with load snapshots off
