@@ -135,3 +135,36 @@ def test_a_missing_tree_is_one_line_and_exit_2(tmp_path):
                            "here or in its python/ folder\n")
 
 
+
+
+def _pytest_items(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (folder / "test_plain.py").write_text("def test_plain():\n    assert 2 + 2 == 4\n")
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+                           "overlap_harness.engines.sglang.pytest_items", *args, "-q",
+                           "test_plain.py"], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600,
+                          check=False)
+
+
+def test_pytest_items_collect_nothing_unless_asked(tmp_path):
+    done = _pytest_items(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "1 passed" in done.stdout
+
+
+@pytest.mark.slow
+def test_pytest_items_one_per_variant_and_site_with_their_verdicts(tmp_path):
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    done = _pytest_items(tmp_path, "--sglang-loop", "--sglang-variant", "idle_iteration",
+                         "--junitxml", str(tmp_path / "junit.xml"))
+    assert done.returncode == 0, done.stdout
+    import xml.etree.ElementTree as ET
+
+    verdicts = {case.get("name"): {p.get("name"): p.get("value")
+                                   for p in case.iter("property")}
+                for case in ET.parse(tmp_path / "junit.xml").iter("testcase")}
+    assert "idle_iteration" in verdicts
+    assert verdicts["idle_iteration[scheduler.py:4672]"]["verdict"] == "necessary"
+    assert verdicts["idle_iteration[scheduler.py:4567]"]["verdict"] == "redundant"
+    assert verdicts["idle_iteration[overlap_utils.py:497]"]["verdict"] == "not_reached"
