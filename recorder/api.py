@@ -120,8 +120,12 @@ class Watch:
 
     def iteration(self, name: int | str) -> None:
         """Name the iteration the program is in: every op issued from now until the next
-        call is marked ``iteration <name>`` in reports, in place of the counted loop pass."""
+        call is marked ``iteration <name>`` in reports, in place of the counted loop pass. An
+        int also becomes the ops' ``iteration`` in the run's timeline and races (-1 before
+        the first call), which the timeline plot draws and the engine adapters report."""
         self.recording.marks.named = name
+        if isinstance(name, int):
+            self.recording.iteration = name
 
     # -- the kernel sink (recorder.kernels) ------------------------------------------------
     @contextmanager

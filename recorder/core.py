@@ -184,6 +184,7 @@ class Recording:
         self.owner = threading.get_ident()  # the thread that watches
         self.issuing: Callable[[], int] = lambda: HOST_AGENT  # the calling thread's host
         self.stream_issued: Callable[[int], None] = lambda agent: None  # a stream node issued
+        self.iteration = -1  # the program's loop iteration, set by Watch.iteration
 
     # -- streams ---------------------------------------------------------------------------
     @_serialized
@@ -209,9 +210,10 @@ class Recording:
         start = op * NODE_SPACING_NS
         end = start + (0 if detector.is_host(agent) else STREAM_OP_NS)
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
-                                      source=source))
+                                      iteration=self.iteration, source=source))
         self.marks.note(op)
-        return NodeInfo(op, name, agent, agent_name, kind, -1, source, None, None, None)
+        return NodeInfo(op, name, agent, agent_name, kind, self.iteration, source, None, None,
+                        None)
 
     # -- nodes -----------------------------------------------------------------------------
     @_serialized

@@ -1,0 +1,1 @@
+"""Engine-neutral machinery shared by every engine adapter (no engine names here)."""

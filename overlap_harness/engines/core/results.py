@@ -1,0 +1,74 @@
+"""Races and verdicts of engine runs as plain data (the JSON the command writes)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from overlap_harness.model.trace import Access, Race
+from overlap_harness.recorder.sites import split_site
+
+
+class Verdict(StrEnum):
+    """What removing one sync site did to one variant."""
+
+    NECESSARY = "necessary"  # races that the intact code does not have
+    REDUNDANT = "redundant"  # reached, and no new race
+    NOT_REACHED = "not_reached"  # the variant never runs the site's line
+    ERROR = "error"  # the mutated run crashed (the message says how)
+
+
+def _side(access: Access) -> dict[str, Any]:
+    file, line = split_site(access.source)
+    return {"file": os.path.abspath(file) if file else "", "line": line,
+            "op": access.op_name, "stream": access.agent}
+
+
+def race_record(race: Race, variant: str) -> dict[str, Any]:
+    """One race as the command's JSON writes it (files absolute, as run)."""
+    return {"kind": str(race.kind), "tensor": race.buffer, "variant": variant,
+            "iteration": race.second.iteration, "first": _side(race.first),
+            "second": _side(race.second)}
+
+
+def race_signature(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two races the same race across runs (not op ids or iterations)."""
+    return (record["kind"], record["tensor"], record["first"]["file"], record["first"]["line"],
+            record["second"]["file"], record["second"]["line"])
+
+
+@dataclass
+class VariantOutcome:
+    """One variant's run: its races (records), how far it got, a crash if any."""
+
+    variant: str
+    races: list[dict[str, Any]] = field(default_factory=list)
+    iterations: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    unknown_ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NecessityRow:
+    """One site x variant of the necessity table."""
+
+    site: str  # file:line, file absolute
+    code: str
+    kind: str
+    variant: str
+    verdict: Verdict
+    races: list[dict[str, Any]] = field(default_factory=list)
+    reached: int = 0
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as JSON; ``real`` is the verdict in the loop report's words (the mutated
+        real code races, is race-free, or never runs the site)."""
+        real = {Verdict.NECESSARY: "race", Verdict.REDUNDANT: "race_free"}.get(
+            self.verdict, str(self.verdict))
+        return {"site": self.site, "code": self.code, "kind": self.kind,
+                "variant": self.variant, "verdict": str(self.verdict), "real": real,
+                "reached": self.reached, "races": self.races, "error": self.error}

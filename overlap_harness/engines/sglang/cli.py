@@ -1,0 +1,134 @@
+"""``overlap-harness sglang``: SGLang's own overlap loop, every variant, under the recorder.
+
+Exit 0 when no variant races, 1 when one does, 2 on bad input or when the tree cannot be driven
+(SGLang does not import, or a variant's run crashes: an attribute or call the driver did not
+plan for, which is how a changed scheduler shows itself) with one line naming what. With
+``--necessity`` every sync site on the path is removed in turn and the table is printed (and
+written with ``--json``); the exit status still reports the intact code's races.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROG = "overlap-harness sglang"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``sglang`` subcommand; its handler is ``args.func``."""
+    parser = subparsers.add_parser(
+        "sglang", help="run SGLang's own event_loop_overlap under the recorder (CPU, CUDA "
+        "faked); --necessity removes each sync site in turn")
+    parser.add_argument("--sglang-src", metavar="PATH", default=None,
+                        help="a directory holding the sglang package, or an SGLang checkout "
+                        "(its python/ is used); default: the installed sglang")
+    parser.add_argument("--variant", action="append", metavar="NAME", default=None,
+                        help="run only this variant (repeatable); default: all")
+    parser.add_argument("--necessity", action="store_true",
+                        help="remove each sync site in turn: necessary / redundant / "
+                        "not reached per site and variant")
+    parser.add_argument("--json", type=Path, metavar="FILE", default=None,
+                        help="write the races (and the necessity table) as JSON")
+    parser.add_argument("--out", type=Path, metavar="DIR", default=None,
+                        help="write sglang-loop.json (and .md with --necessity), and per "
+                        "variant the timeline plot of one iteration, Perfetto and SARIF")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="forked children at a time for --necessity (default 1)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the tree, run the variants (and the table), report, return the exit status."""
+    from overlap_harness.engines.sglang import environment  # deferred: imports torch
+
+    if args.jobs < 1:
+        return _fail(f"-j: expected a positive number, got {args.jobs}")
+    try:
+        tree = environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return _fail(str(exc))
+    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
+    from overlap_harness.engines.sglang.variants import VARIANTS
+
+    names = args.variant or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        return _fail(f"--variant: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")
+    outcomes = {}
+    for name in names:
+        outcome = run_outcome(name)
+        if outcome.error is not None:
+            return _fail(f"variant {name} cannot be driven on this tree: {outcome.error}")
+        outcomes[name] = outcome
+        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
+        print(f"  {name}: {verdict} ({outcome.iterations} iterations, "
+              f"{outcome.seconds:.2f} CPU s)")
+        for race in outcome.races[:5]:
+            print(f"    {_describe(race)}")
+    document: dict[str, Any] = {
+        "source": str(tree.package_dir), "sglang_version": tree.version,
+        "variants": names, "races": [r for o in outcomes.values() for r in o.races]}
+    if args.necessity:
+        document["necessity"] = _necessity(path_sites(), names, outcomes, run_outcome,
+                                           args.jobs)
+    for path in ([args.json] if args.json else []) + (
+            [args.out / "sglang-loop.json"] if args.out else []):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {path}")
+    if args.out:
+        from overlap_harness.engines.sglang.reports import write_variant_reports
+
+        for name in names:
+            for path in write_variant_reports(name, args.out):
+                print(f"wrote {path}")
+    if args.out and args.necessity:
+        from overlap_harness.engines.sglang.table import markdown
+
+        md = args.out / "sglang-loop.md"
+        md.write_text(markdown(document))
+        print(f"wrote {md}")
+    return 1 if document["races"] else 0
+
+
+def _describe(race: dict[str, Any]) -> str:
+    first, second = race["first"], race["second"]
+    return (f"{race['kind']} {race['tensor']} (iteration {race['iteration']}): "
+            f"{first['op']} on {first['stream']} at {first['file']}:{first['line']} / "
+            f"{second['op']} on {second['stream']} at {second['file']}:{second['line']}")
+
+
+def _necessity(sites: list[Any], names: list[str], outcomes: dict[str, Any], run_one: Any,
+               jobs: int) -> list[dict[str, Any]]:
+    from overlap_harness.engines.core.necessity import necessity_table
+
+    started, cpu = time.perf_counter(), time.process_time()
+    rows = necessity_table(sites, names, outcomes, run_one, jobs)
+    print(f"necessity: {len(sites)} sites, {len(rows)} rows, "
+          f"{time.perf_counter() - started:.1f} s wall")
+    for row in rows:
+        if row.verdict != "not_reached":
+            line = f"  {Path(row.site).name} {row.variant}: {row.verdict}"
+            if row.races:
+                line += f" ({len(row.races)} races, e.g. {_describe(row.races[0])})"
+            if row.error:
+                line += f" ({row.error})"
+            print(line)
+    reached = {row.site for row in rows if row.verdict != "not_reached"}
+    gaps = sorted({row.site for row in rows} - reached)
+    print(f"coverage gaps: {len(gaps)} of {len(gaps) + len(reached)} removable sites reached "
+          f"by no variant: {', '.join(Path(g).name for g in gaps)}")
+    print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
+    return [row.to_json() for row in rows]

@@ -1,0 +1,92 @@
+"""Run SGLang's own ``Scheduler.event_loop_overlap`` for one variant under the recorder.
+
+The loop is SGLang's, unmodified; the driver replaces only ``ingest_requests`` (the ZMQ
+intake: it hands the loop the variant's requests at their iterations through SGLang's own
+``_add_request_to_queue``, marks the iteration for the recorder, and ends the loop after the
+last one) and the server plumbing around results (:mod:`.plumbing`).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import overlap_harness.recorder as recorder
+from overlap_harness.engines.sglang import environment, kernels, scheduler_build
+from overlap_harness.engines.sglang.variants import Variant
+from overlap_harness.model.trace import Race
+
+
+@dataclass
+class LoopRun:
+    """What one run of the loop found."""
+
+    variant: str
+    races: list[Race]
+    iterations: int
+    forwards: int
+    unknown_ops: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    watch: Any = None  # the recorder's Watch, for reports
+
+
+class _Intake:
+    """``ingest_requests`` for the driven loop: the variant's arrivals, iteration marks, and
+    the end of the loop."""
+
+    def __init__(self, scheduler: Any, variant: Variant, watch: Any) -> None:
+        self.scheduler = scheduler
+        self.variant = variant
+        self.watch = watch
+        self.iteration = -1
+        self.counter = 0
+
+    def __call__(self, stop_at_pause: bool = False) -> list[Any]:
+        self.iteration += 1
+        self.watch.iteration(self.iteration)
+        for prompt_len, max_new in self.variant.arrivals.get(self.iteration, ()):
+            self.scheduler._add_request_to_queue(self._request(prompt_len, max_new))
+        if self.iteration + 1 >= self.variant.iterations:
+            self.scheduler.gracefully_exit = True  # the loop stops before the next one
+        return []
+
+    def _request(self, prompt_len: int, max_new: int) -> Any:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        self.counter += 1
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        params.normalize(None)
+        ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
+        req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
+        req.tokenizer = None
+        return req
+
+
+def run_variant(variant: Variant) -> LoopRun:
+    """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
+    kernels.declare()
+    started = time.process_time()
+    args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
+                                       radix_cache=variant.radix_cache,
+                                       mixed_chunk=variant.mixed_chunk)
+    with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
+          environment.retraction_forced(variant.retract_every)):
+        scheduler = scheduler_build.build_scheduler(
+            args, variant.pools, radix_cache=variant.radix_cache,
+            graph_runner=variant.graph_runner)
+        intake = _Intake(scheduler, variant, watch)
+        scheduler.ingest_requests = intake
+        # startup ends with the device idle (weights loaded, graphs captured), and
+        # run_event_loop enters the loop on the schedule stream
+        torch.cuda.synchronize()
+        with torch.cuda.stream(scheduler.schedule_stream):
+            scheduler.event_loop_overlap()
+        torch.cuda.synchronize()
+    return LoopRun(variant.name, watch.races, intake.iteration + 1,
+                   scheduler.model_worker.forwards,
+                   [u.name for u in watch.unknown_ops], time.process_time() - started, watch)

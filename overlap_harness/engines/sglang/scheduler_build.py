@@ -1,0 +1,235 @@
+"""SGLang's own ``Scheduler``, made with ``Scheduler.__new__`` as SGLang's unit tests make it.
+
+``Scheduler.__init__`` starts a server (ZMQ sockets, tokenizer, model weights, NCCL), so the
+object is made bare and given what the overlap loop reads: SGLang's own pools, radix cache,
+schedule policy and batch result processor, built by its own ``init_*`` methods where they
+need no server, and :class:`~overlap_harness.engines.core.strict.StrictStub` stand-ins for the
+server plumbing (output sending, load publishing, profiling). Every stand-in lists the
+attributes the loop may touch; anything else raises with its name.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.core.strict import StrictStub, unplanned
+
+DEVICE = "cuda"  # faked on the CPU by the recorder
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSizes:
+    """How big SGLang's pools are made: few request rows, so that they are recycled within a
+    variant's iterations."""
+
+    request_rows: int = 4
+    max_context: int = 64
+    kv_tokens: int = 96
+
+
+def _false(*args: Any, **kwargs: Any) -> bool:
+    """A feature the driven variants never use (no grammar waits, no pending work)."""
+    return False
+
+
+def _zero(*args: Any, **kwargs: Any) -> int:
+    """A count only metrics read."""
+    return 0
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    """Server plumbing whose only effect is outside the process (logs, sockets, metrics)."""
+
+
+def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
+                mixed_chunk: bool) -> Any:
+    """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    args = ServerArgs(model_path="dummy", page_size=1,
+                      chunked_prefill_size=chunked_prefill_size,
+                      disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
+                      skip_tokenizer_init=True)
+    set_global_server_args_for_scheduler(args)
+    _single_rank()
+    return args
+
+
+def _single_rank() -> None:
+    """This process's place in every parallel group: rank 0 of one (no groups are built)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
+                                        moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
+
+
+def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
+    """SGLang's ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` and ``RadixCache`` (disabled:
+    SGLang's no-prefix-sharing cache) on the (faked) CUDA device."""
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    req_to_token_pool = ReqToTokenPool(sizes.request_rows, sizes.max_context, DEVICE, False)
+    kv_pool = StrictStub("token_to_kv_pool")
+    allocator = TokenToKVPoolAllocator(sizes.kv_tokens, torch.float16, DEVICE, kv_pool, False)
+    params = CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
+                             token_to_kv_pool_allocator=allocator, page_size=1)
+    return req_to_token_pool, allocator, RadixCache(params)
+
+
+def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
+                    graph_runner: bool) -> Any:
+    """A bare SGLang ``Scheduler`` ready for ``event_loop_overlap`` (inside a recorder watch
+    and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`)."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from overlap_harness.engines.sglang.worker import FakeModelWorker
+
+    # named ``self`` so the recorder names the streams as SGLang's own code names them
+    self = Scheduler.__new__(Scheduler)
+    self.server_args = args
+    _configure(self)
+    self.device = DEVICE
+    self.page_size = 1
+    self.enable_overlap = True
+    self.forward_ct = 0
+    self.processed_tokens_counter = 0
+    self.is_initializing = False
+    self._sched_idled = False
+    self._war_barrier_enabled = True  # run_event_loop's value on CUDA
+    self.enable_fpm = False  # forward-pass metrics off (a server option)
+    # the step counters init_load_inquirer starts
+    self.total_prefill_uncached_tokens = self.total_prefill_busy_us = 0
+    self.decode_moment_totals = [0.0] * 6
+    self._prev_step = self._prev_prefill_end_ts = self._pause_started_at = None
+    self._pause_intervals = deque(maxlen=8)
+
+    _plumbing(self)
+    self.is_generation = True
+    self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
+    self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = build_pools(
+        sizes, radix_cache=radix_cache)
+    self.model_worker = self.tp_worker = FakeModelWorker(
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
+        graph_runner=graph_runner)
+    self.draft_worker = None
+    self.model_config = _model_config()
+    _worker_info(self, sizes)
+    self.schedule_stream = torch.cuda.Stream()
+    self.forward_stream = torch.cuda.Stream()
+    self.init_running_status()
+    self.init_chunked_prefill()
+    self.init_schedule_policy()
+    self.init_diffusion_llm()
+    self.maybe_init_dynamic_chunk_sizer()
+    self.init_lora_drainer()
+    self.maybe_init_ngram_embedding()
+    self.maybe_init_scripted_scheduler_hook()
+    self.is_hybrid_swa = self.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
+    self.sliding_window_size = self.swa_tokens_per_layer = None
+    self.full_tokens_per_layer = sizes.kv_tokens
+    self.kv_shard_widening = 1
+    self.disable_radix_cache = not radix_cache
+    self.hisparse_coordinator = self.decode_offload_manager = None
+    self.enable_overlap_mlx = False
+    self.require_mlp_sync = False
+    self.weight_updater = StrictStub("weight_updater", offload_tags=set())
+    self.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
+    self.init_overlap()
+    self.init_metrics_collector()
+    self.init_metrics_reporter()
+    self.init_pool_stats_observer()
+    self.scheduler_stage_metrics = self.metrics_reporter.scheduler_stage_metrics
+    self.init_dp_attn_adapter()
+    self.init_batch_result_processor()
+    self.init_invariant_checker()
+    return self
+
+
+def _model_config() -> StrictStub:
+    """The ``ModelConfig`` fields the loop reads (the real one loads a checkpoint's config)."""
+    from sglang.srt.model_loader.utils import ModelImpl
+
+    return StrictStub("model_config", _resolved_model_impl=ModelImpl.SGLANG,
+                      is_multimodal=False, vocab_size=1000, context_len=64,
+                      num_key_value_heads=1, is_encoder_decoder=False,
+                      self_opened_think_start_ids=None)
+
+
+#: scheduler attribute <- (configuration namespace, key), as ``Scheduler.__init__`` reads them
+_CONFIGURED = {
+    "schedule_policy": ("schedule", "schedule_policy"),
+    "enable_priority_scheduling": ("schedule", "enable_priority_scheduling"),
+    "abort_on_priority_when_disabled": ("schedule", "abort_on_priority_when_disabled"),
+    "schedule_low_priority_values_first": ("schedule", "schedule_low_priority_values_first"),
+    "priority_scheduling_preemption_threshold": (
+        "schedule", "priority_scheduling_preemption_threshold"),
+    "enable_lora": ("lora", "enable_lora"),
+    "enable_lora_overlap_loading": ("lora", "enable_lora_overlap_loading"),
+    "enable_pdmux": ("disagg", "enable_pdmux"),
+    "skip_tokenizer_init": ("serving", "skip_tokenizer_init"),
+    "stream_interval": ("serving", "stream_interval"),
+    "enable_hierarchical_cache": ("memory", "enable_hierarchical_cache"),
+    "enable_lmcache": ("memory", "enable_lmcache"),
+    "enable_session_radix_cache": ("memory", "enable_session_radix_cache"),
+    "enable_hisparse": ("memory", "enable_hisparse"),
+    "enable_unified_memory": ("memory", "enable_unified_memory"),
+    "enable_unified_cache_external_linker": ("memory", "enable_unified_cache_external_linker"),
+    "attn_dp_enabled": ("parallel", "attn_dp_enabled"),
+}
+
+
+def _configure(scheduler: Any) -> None:
+    """The plain configuration fields, read from SGLang's published configuration."""
+    from sglang.srt import runtime_context
+
+    for attribute, (namespace, key) in _CONFIGURED.items():
+        bag = getattr(runtime_context, f"get_{namespace}")()
+        setattr(scheduler, attribute, getattr(bag, key))
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    scheduler.enable_hicache_storage = False
+    scheduler.disaggregation_mode = DisaggregationMode.NULL
+    scheduler.enable_decode_hicache = False
+
+
+def _worker_info(scheduler: Any, sizes: PoolSizes) -> None:
+    """What ``TpModelWorker.get_worker_info`` tells the scheduler, for the pools built here."""
+    from sglang.srt.runtime_context import get_context, get_parallel
+
+    scheduler.max_total_num_tokens = sizes.kv_tokens
+    scheduler.max_prefill_tokens = sizes.kv_tokens
+    scheduler.max_running_requests = sizes.request_rows
+    scheduler.max_queued_requests = None
+    scheduler.max_req_len = sizes.max_context - 1
+    scheduler.max_req_input_len = sizes.max_context - 8
+    scheduler.random_seed = 0
+    scheduler.min_free_slots_delayer = None
+    if not get_parallel().pp_max_micro_batch_size:
+        get_context().override("scheduler.pp_max_micro_batch_size_default",
+                               pp_max_micro_batch_size=sizes.request_rows)
+
+
+def _plumbing(scheduler: Any) -> None:
+    """Strict stand-ins for the server plumbing the loop calls (load reporting, output
+    sending, profiling, grammar waits): each lists exactly the calls the driven variants make.
+    The metrics reporter is SGLang's own (``init_metrics_reporter``, metrics off)."""
+    scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop)
+    # get_loads is handed to the load publisher as a provider, never called by it here
+    scheduler.load_inquirer = StrictStub("load_inquirer", _get_num_pending_tokens=_zero,
+                                          get_loads=unplanned("load_inquirer.get_loads"))
+    scheduler.profiler_manager = StrictStub("profiler_manager",
+                                            _profile_batch_predicate=_noop)
+    scheduler.load_snapshot_writer = None  # SGLang's value with load snapshots off
+    scheduler.load_publisher = StrictStub("load_publisher", publish_load_stat=_noop)
+    scheduler.kv_events_publisher = StrictStub("kv_events_publisher", publish_kv_events=_noop)
+    scheduler.idle_sleeper = None  # SGLang's value without --sleep-on-idle
+    scheduler.grammar_manager = StrictStub("grammar_manager", has_waiting_grammars=_false,
+                                           grammar_queue=[])

@@ -1,0 +1,141 @@
+"""The engine-neutral core on a small program of its own: strict stubs, the sync-site scan,
+and a site removed by recompiling its function (races computed by the recorder, with the
+intact twin race-free)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+
+import pytest
+
+from overlap_harness.engines.core.mutation import Coverage, remove_site
+from overlap_harness.engines.core.necessity import forked_map
+from overlap_harness.engines.core.sites import SiteKind, scan
+from overlap_harness.engines.core.strict import StrictStub, UnplannedUseError, strict_module
+
+PROGRAM = textwrap.dedent("""\
+    import torch
+
+
+    class Loop:
+        def step(self, producer, consumer):
+            with torch.cuda.stream(producer):
+                data = torch.ones(4, device="cuda")
+            consumer.wait_stream(producer)
+            with torch.cuda.stream(consumer):
+                total = data.sum()
+            return total
+    """)
+WAIT_LINE = 8
+READ_LINE = 10
+
+HELPER = textwrap.dedent("""\
+    import torch
+
+
+    def handed_over(producer, consumer):
+        with torch.cuda.stream(producer):
+            data = torch.ones(4, device="cuda")
+        consumer.wait_stream(producer)
+        with torch.cuda.stream(consumer):
+            return data.sum()
+    """)
+USER = "from stream_helper import handed_over\n"
+
+
+def test_strict_stub_answers_planned_and_names_the_rest():
+    stub = StrictStub("tree_cache", disable=True)
+    assert stub.disable is True
+    with pytest.raises(UnplannedUseError, match=r"^tree_cache\.evict: not planned"):
+        stub.evict  # noqa: B018
+    with pytest.raises(UnplannedUseError, match=r"^tree_cache\(\) called"):
+        stub()
+    with pytest.raises(UnplannedUseError):  # a probe would choose a branch silently
+        getattr(stub, "evict", None)
+
+
+def test_strict_module_names_the_missing_name():
+    module = strict_module("fakevision.io", "stand-in", {"known": 1})
+    assert module.known == 1
+    with pytest.raises(UnplannedUseError, match=r"^fakevision\.io\.decode_jpeg: not in"):
+        module.decode_jpeg  # noqa: B018
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "stream_program.py"
+    path.write_text(PROGRAM)
+    spec = importlib.util.spec_from_file_location("stream_program", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stream_program"] = module
+    spec.loader.exec_module(module)
+    yield path
+    sys.modules.pop("stream_program", None)
+
+
+def test_scan_finds_the_wait_in_its_method(program):
+    sites = scan(program)
+    assert [(s.line, s.kind, s.function) for s in sites] == [
+        (WAIT_LINE, SiteKind.WAIT_STREAM, "Loop.step")]
+
+
+def _run(path_and_remove):
+    """In a forked child: the program under the recorder, its wait removed or not."""
+    import torch
+
+    import overlap_harness.recorder as recorder
+
+    path, remove = path_and_remove
+    coverage = Coverage()
+    if remove:
+        remove_site(scan(path)[0], coverage)
+    with recorder.watch(mode="cpu") as watch:
+        sys.modules["stream_program"].Loop().step(torch.cuda.Stream(), torch.cuda.Stream())
+        torch.cuda.synchronize()
+    return ([(str(r.kind), r.first.source, r.second.source) for r in watch.races],
+            coverage.reached)
+
+
+def test_removed_wait_races_at_the_programs_own_lines_and_the_twin_is_clean(program):
+    (mutated, reached), (intact, _) = forked_map(_run, [(str(program), True),
+                                                        (str(program), False)], jobs=1)
+    assert intact == []
+    assert reached == {f"{program.name}:{WAIT_LINE}": 1}
+    assert [(kind, second.rsplit(":", 1)[1]) for kind, _first, second in mutated] == [
+        ("RAW", str(READ_LINE))]
+    assert mutated[0][2].rsplit(":", 1)[0].endswith(str(program))
+
+
+def _run_helper(remove):
+    """In a forked child: the helper called through a module that imported it by name."""
+    import torch
+
+    import overlap_harness.recorder as recorder
+
+    helper = sys.modules["stream_helper"]
+    coverage = Coverage()
+    if remove:
+        remove_site(scan(helper.__file__)[0], coverage)
+    with recorder.watch(mode="cpu") as watch:
+        sys.modules["stream_user"].handed_over(torch.cuda.Stream(), torch.cuda.Stream())
+        torch.cuda.synchronize()
+    return [str(r.kind) for r in watch.races], sum(coverage.reached.values())
+
+
+def test_a_module_function_is_rebound_where_it_was_imported_by_name(tmp_path):
+    (tmp_path / "stream_helper.py").write_text(HELPER)
+    (tmp_path / "stream_user.py").write_text(USER)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import stream_user  # noqa: F401  (binds handed_over by name)
+
+        (mutated, reached), (intact, _) = forked_map(_run_helper, [True, False], jobs=1)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("stream_user", None)
+        sys.modules.pop("stream_helper", None)
+    assert intact == []
+    assert reached == 1
+    assert mutated == ["RAW"]

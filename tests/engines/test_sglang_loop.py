@@ -1,0 +1,170 @@
+"""SGLang's own ``event_loop_overlap`` under the recorder, through ``overlap-harness sglang``.
+
+Every run is a child process, as a user runs the command: it imports SGLang once, from the
+installed package or from a tree given with ``--sglang-src`` (a mirror of the installed package
+whose one edited file is a real copy), and the verdicts are the detector's. Skipped, with the
+import's own error, when SGLang or the light packages it imports are missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill", "radix_cache",
+            "idle_iteration", "retracted_request")
+FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"  # run_batch's first
+KEEP_ALIVE = "self.batch_record_buf[self.batch_record_ct] = [batch, attr_snapshot]"
+
+
+def _command(*args: str, json_path: Path) -> tuple[int, str, dict]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", *args, "--json",
+                           str(json_path)], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)
+    output = done.stdout + done.stderr
+    if done.returncode == 2 and "overlap-harness sglang: import " in output:
+        pytest.skip(output.strip().splitlines()[-1])
+    document = json.loads(json_path.read_text()) if json_path.exists() else {}
+    return done.returncode, output, document
+
+
+@pytest.fixture(scope="module")
+def installed_run(tmp_path_factory):
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    return _command(json_path=tmp_path_factory.mktemp("sglang") / "races.json")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_unmodified_loop_is_race_free(installed_run, variant):
+    status, output, document = installed_run
+    assert status == 0, output
+    assert variant in document["variants"]
+    assert [r for r in document["races"] if r["variant"] == variant] == []
+    assert f"  {variant}: race-free" in output
+
+
+def _mirror(source: Path, target: Path, edited: Path, old: str | None,
+            new: str = "pass") -> None:
+    """``target`` mirrors ``source`` with symlinks, except the file ``edited`` (relative),
+    a real copy with the first line holding ``old`` made ``new`` (same line numbers)."""
+    target.mkdir()
+    head = edited.parts[0]
+    for entry in source.iterdir():
+        if entry.name == head and len(edited.parts) > 1:
+            _mirror(entry, target / head, Path(*edited.parts[1:]), old, new)
+        elif entry.name == head:
+            lines = entry.read_text().splitlines(keepends=True)
+            if old is not None:
+                index = next(i for i, line in enumerate(lines) if line.strip() == old)
+                indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+                lines[index] = f"{indent}{new}\n"
+            (target / head).write_text("".join(lines))
+        elif entry.name != "__pycache__":
+            (target / entry.name).symlink_to(entry)
+
+
+def _tree(tmp_path: Path, old: str | None, new: str) -> Path:
+    installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    _mirror(installed, tree / "sglang", Path("srt/managers/scheduler.py"), old, new)
+    return tree
+
+
+def _tree_run(tmp_path: Path, old: str | None, variant: str,
+              new: str = "pass") -> tuple[int, str, dict, Path]:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    tree = _tree(tmp_path, old, new)
+    status, output, document = _command("--sglang-src", str(tree), "--variant", variant,
+                                        json_path=tmp_path / "races.json")
+    return status, output, document, tree
+
+
+def test_tree_without_the_forward_wait_races_in_its_own_files(tmp_path):
+    status, output, document, tree = _tree_run(tmp_path, FORWARD_WAIT, "non_spec_decode")
+    assert status == 1, output
+    assert document["source"] == str(tree / "sglang")
+    sides = [side for r in document["races"] for side in (r["first"], r["second"])]
+    assert any(s["file"] == str(tree / "sglang/srt/mem_cache/memory_pool.py") for s in sides)
+    assert {r["kind"] for r in document["races"]} >= {"RAW"}
+
+
+def test_twin_tree_with_the_forward_wait_is_race_free(tmp_path):
+    status, output, document, _tree_dir = _tree_run(tmp_path, None, "non_spec_decode")
+    assert status == 0, output
+    assert document["races"] == []
+
+
+@pytest.mark.slow
+def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
+    status, output, document, _tree_dir = _tree_run(tmp_path, KEEP_ALIVE, "non_spec_decode")
+    assert status == 0, output
+    assert document["races"] == []
+
+
+def test_a_tree_calling_what_the_driver_did_not_plan_exits_2_naming_it(tmp_path):
+    old = "self.profiler_manager._profile_batch_predicate(batch)"
+    status, output, _document, tree = _tree_run(
+        tmp_path, old, "non_spec_decode", new="self.profiler_manager.start_profile(batch)")
+    assert status == 2, output
+    scheduler = tree / "sglang/srt/managers/scheduler.py"
+    line = next(i for i, text in enumerate(scheduler.read_text().splitlines(), 1)
+                if "start_profile(batch)" in text)
+    assert output.strip().splitlines()[-1] == (
+        "overlap-harness sglang: variant non_spec_decode cannot be driven on this tree: "
+        "UnplannedUseError: profiler_manager.start_profile: not planned by the driver "
+        f"(strict stub) at {scheduler}:{line}")
+
+
+def test_a_missing_tree_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
+                           str(tmp_path / "nowhere")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert done.returncode == 2
+    assert done.stderr == (f"overlap-harness sglang: {tmp_path / 'nowhere'}: no sglang package "
+                           "here or in its python/ folder\n")
+
+
+
+
+def _pytest_items(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (folder / "test_plain.py").write_text("def test_plain():\n    assert 2 + 2 == 4\n")
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+                           "overlap_harness.engines.sglang.pytest_items", *args, "-q",
+                           "test_plain.py"], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600,
+                          check=False)
+
+
+def test_pytest_items_collect_nothing_unless_asked(tmp_path):
+    done = _pytest_items(tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert "1 passed" in done.stdout
+
+
+@pytest.mark.slow
+def test_pytest_items_one_per_variant_and_site_with_their_verdicts(tmp_path):
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    done = _pytest_items(tmp_path, "--sglang-loop", "--sglang-variant", "idle_iteration",
+                         "--junitxml", str(tmp_path / "junit.xml"))
+    assert done.returncode == 0, done.stdout
+    import xml.etree.ElementTree as ET
+
+    verdicts = {case.get("name"): {p.get("name"): p.get("value")
+                                   for p in case.iter("property")}
+                for case in ET.parse(tmp_path / "junit.xml").iter("testcase")}
+    assert "idle_iteration" in verdicts
+    assert verdicts["idle_iteration[scheduler.py:4672]"]["verdict"] == "necessary"
+    assert verdicts["idle_iteration[scheduler.py:4567]"]["verdict"] == "redundant"
+    assert verdicts["idle_iteration[overlap_utils.py:497]"]["verdict"] == "not_reached"
