@@ -310,4 +310,5 @@ def test_watch_iteration_marks_and_no_mark_outside_loops() -> None:
     (race,) = w.races
     assert w.mark_of(race.first) is None  # no loop, no name: nothing to say
     assert w.mark_of(race.second).describe() == "iteration 7"
-    assert "(iteration" not in race.describe()  # the model's text has no "-1" either
+    # the model's text names the iteration the program set, and says nothing before it
+    assert "add_ on side" in race.describe() and "sum (iteration 7) on default" in race.describe()
