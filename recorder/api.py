@@ -26,11 +26,13 @@ from overlap_harness.model.errors import HarnessError
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import kernels, project_kernels
+from overlap_harness.recorder.accelerator_fakes import accelerator_patches
 from overlap_harness.recorder.core import Access, Recording, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
 from overlap_harness.recorder.elements import row_elements, to_storage_elements
 from overlap_harness.recorder.fake_streams import CudaState, active, cuda_patches, patched
+from overlap_harness.recorder.pinned_views import device_view_of
 
 MODES = ("auto", "cpu", "gpu")
 _RUNNING: list[Watch] = []  # the watch in progress (torch's modes and patches are global)
@@ -81,6 +83,14 @@ class Watch:
     def buffer_sites(self) -> dict[str, str]:
         """Each tensor's name in reports -> the ``file:line`` that allocated it."""
         return dict(self.recording.buffer_sites)
+
+    def device_view(self, pinned: torch.Tensor) -> torch.Tensor:
+        """A device (UVA) view of the pinned tensor ``pinned``: kernels that read it read the
+        pinned buffer, on their stream (:mod:`recorder.pinned_views`). CPU mode only."""
+        if not self.cpu_mode:
+            raise RecorderError("device_view: GPU mode sees real UVA views as device memory; "
+                                "only CPU mode fakes them")
+        return device_view_of(self.memory.device_views, pinned)
 
     # -- the kernel sink (recorder.kernels) ------------------------------------------------
     @contextmanager
@@ -143,6 +153,7 @@ class Watch:
         self.dispatch = RecordingDispatchMode(self.recording, self.memory)
         stack.enter_context(active(cuda))
         stack.enter_context(patched(cuda_patches()))
+        stack.enter_context(patched(accelerator_patches()))  # torch.Event, torch.accelerator
         cuda.agent(None)  # the default stream is agent 1, as on the simulated device
         function_mode = FakeCudaFunctionMode(self.memory, self.dispatch)
         stack.enter_context(patched(function_mode.patches()))
