@@ -157,8 +157,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
 
     # -- methods torch itself cannot run or would get wrong on a CPU-only build ------------
     def _to(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        copy = bool(kwargs.pop("copy", False))  # _parse_to refuses it; torch's .to takes it
         device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        copy = bool(kwargs.get("copy", False))
         on_device = self._device_info(t) is not None
         plain: dict[str, Any] = {"dtype": dtype or t.dtype, "copy": copy}
         if memory_format is not None:

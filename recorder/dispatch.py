@@ -51,6 +51,9 @@ _VALUE_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten._unique2
                  aten.bincount.default, aten.equal.default}
 
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
+# ``zeros_like(t)`` and kin take only ``t``'s shape, dtype and layout: its data is not read
+_LIKE_OPS = {aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+             aten.full_like.default, aten.rand_like.default, aten.randn_like.default}
 
 
 class Placement(StrEnum):
@@ -151,6 +154,8 @@ class RecordingDispatchMode(TorchDispatchMode):
                 host_involved = True
             else:  # device memory, or pinned memory a kernel reads through a device view
                 device_involved = True
+            if func in _LIKE_OPS and t is args[0]:
+                continue  # only its metadata is read (it still places the output)
             inputs.append((t, info, write))
         out = func(*args, **kwargs)
         fresh = self._fresh_outputs(func, out, device_involved)

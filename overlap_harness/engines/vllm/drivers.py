@@ -1,0 +1,170 @@
+"""vLLM's own overlap code driven for several steps under the recorder (CPU mode).
+
+Each driver runs the real vLLM classes and methods on the path and fakes only the model:
+the forward and the sampler are a few torch ops on the current (default) stream that read
+and write exactly the tensors the real kernels do (the logits, the sampled ids, the block
+table rows the step uses). The engine's async scheduling is modelled as it runs: step N's
+work is issued, then the output of step N-1 is taken (``get_output()``), so two steps are in
+flight.
+
+* :func:`v1_async_output` - the V1 runner's ``AsyncGPUModelRunnerOutput``: the D2H of sampled
+  ids (and logprobs) on ``async_output_copy_stream`` after ``wait_stream``, the event, and
+  ``get_output()``'s synchronize then ``tolist()``.
+* :func:`v1_input_prep` - the V1 runner's ``synchronize_input_prep()`` around the host writes
+  of the pinned staging buffers (``CpuGpuBuffer.np``) and their non-blocking H2D copies.
+* :func:`mrv2_step` - Model Runner V2: ``StagedWriteTensor.apply_write`` (the ``UvaBufferPool``
+  ring read by a kernel through UVA views), then ``AsyncOutput`` on the copy stream.
+
+Every driver returns the :class:`~overlap_harness.recorder.api.Watch` it ran under.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
+from overlap_harness.engines.vllm.kernels import apply_write_kernel_declared
+from overlap_harness.recorder import watch
+
+NUM_REQS = 3
+VOCAB = 16
+
+
+@dataclass
+class Variant:
+    """A driven path and its parameters; ``run()`` returns the watch."""
+
+    name: str
+    driver: Any
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run(self) -> Any:
+        return self.driver(**self.kwargs)
+
+
+def _sample(logits: torch.Tensor) -> torch.Tensor:
+    """The fake sampler: greedy ids, one per request, on the current stream."""
+    return logits.argmax(dim=-1, keepdim=True).to(torch.int32)
+
+
+def _logprobs(logits: torch.Tensor) -> Any:
+    from vllm.v1.outputs import LogprobsTensors
+
+    top = torch.log_softmax(logits, dim=-1).topk(2, dim=-1)
+    ranks = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
+    return LogprobsTensors(top.indices.to(torch.int32), top.values, ranks)
+
+
+def _runner_output(num_reqs: int) -> Any:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = [f"req{i}" for i in range(num_reqs)]
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
+                                                                enumerate(req_ids)})
+
+
+def v1_async_output(steps: int = 4, logprobs: bool = True) -> Any:
+    """The V1 runner's async output path, two steps in flight."""
+    import_vllm()
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    with watch("cpu") as w, cuda_selected(w):
+        async_output_copy_stream = torch.cuda.Stream()
+        logits = torch.zeros(NUM_REQS, VOCAB, device="cuda")
+        pending: list[Any] = []
+        results = []
+        for step in range(steps):
+            logits.add_(float(step + 1))  # the forward: this step's logits
+            sampled = _sample(logits)
+            output = AsyncGPUModelRunnerOutput(
+                _runner_output(NUM_REQS), sampled, _logprobs(logits) if logprobs else None,
+                [], async_output_copy_stream, vocab_size=VOCAB)
+            pending.append(output)
+            if len(pending) == 2:  # the engine takes step N-1's output after issuing step N
+                results.append(pending.pop(0).get_output())
+        results.extend(p.get_output() for p in pending)
+    w.outputs = results
+    return w
+
+
+def _bare_v1_runner() -> Any:
+    """A ``GPUModelRunner`` made with ``__new__``: only the fields ``synchronize_input_prep``
+    reads are set (any other field is missing, as on an object that never had it)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.prepare_inputs_event = torch.cuda.Event(blocking=True)
+    return runner
+
+
+def v1_input_prep(steps: int = 4) -> Any:
+    """``execute_model``'s host-side input preparation under ``synchronize_input_prep()``:
+    the host writes the pinned staging rows (``CpuGpuBuffer.np``) and issues their
+    non-blocking H2D copies; the forward reads the device rows. Nothing else orders the host
+    against step N-1's copies, so the fence is what keeps step N's rewrite after them."""
+    import_vllm()
+    from vllm.v1.utils import CpuGpuBuffer
+
+    with watch("cpu") as w, cuda_selected(w):
+        runner = _bare_v1_runner()
+        input_ids = CpuGpuBuffer(8, dtype=torch.int32, device=torch.device("cuda"))
+        positions = CpuGpuBuffer(8, dtype=torch.int64, device=torch.device("cuda"))
+        logits = torch.zeros(8, VOCAB, device="cuda")
+        for step in range(steps):
+            with runner.synchronize_input_prep():
+                input_ids.np[:NUM_REQS] = [step * 10 + r for r in range(NUM_REQS)]
+                positions.np[:NUM_REQS] = step
+                input_ids.copy_to_gpu(NUM_REQS)
+                positions.copy_to_gpu(NUM_REQS)
+            rows = input_ids.gpu[:NUM_REQS].long() % 8  # the forward reads this step's inputs
+            logits[rows] += positions.gpu[:NUM_REQS].unsqueeze(1).float()
+    return w
+
+
+def mrv2_step(steps: int = 4, ring_depth: int | None = None) -> Any:
+    """Model Runner V2: each step stages block-table row writes, applies them with the
+    write kernel reading the ``UvaBufferPool`` ring through UVA views, runs the forward,
+    and copies the sampled ids out with ``AsyncOutput``; step N-1's output is taken after
+    step N is issued. ``ring_depth`` is the pools' ``max_concurrency`` (vLLM's default: 2)."""
+    import_vllm()
+    from vllm.v1.worker.gpu import buffer_utils
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+    with watch("cpu") as w, cuda_selected(w), apply_write_kernel_declared(buffer_utils):
+        device = torch.device("cuda")
+        block_table = buffer_utils.StagedWriteTensor((NUM_REQS, 4), torch.int32, device,
+                                                     max_concurrency=ring_depth)
+        main_stream = torch.cuda.current_stream()
+        copy_stream = torch.cuda.Stream()
+        logits = torch.zeros(NUM_REQS, VOCAB, device=device)
+        pending: list[Any] = []
+        results = []
+        for step in range(steps):
+            for req in range(NUM_REQS):  # the scheduler's new blocks for this step
+                block_table.stage_write(req, 0, [step * 4 + req, step])
+            block_table.apply_write()
+            logits.add_(block_table.gpu[:, :1].float())  # the forward reads the rows
+            sampled = _sample(logits)
+            num_sampled = torch.ones(NUM_REQS, dtype=torch.int32, device=device)
+            sampler_output = SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None,
+                                           num_nans=None, num_sampled=num_sampled,
+                                           num_rejected=torch.zeros_like(num_sampled))
+            pending.append(AsyncOutput(_runner_output(NUM_REQS), sampler_output, num_sampled,
+                                       main_stream, copy_stream, check_ep_fault=False,
+                                       pending_aux_output=None))
+            if len(pending) == 2:
+                results.append(pending.pop(0).get_output())
+        results.extend(p.get_output() for p in pending)
+    w.outputs = results
+    return w
+
+
+VARIANTS = {
+    "v1-async-output": Variant("v1-async-output", v1_async_output),
+    "v1-input-prep": Variant("v1-input-prep", v1_input_prep),
+    "mrv2-uva-ring": Variant("mrv2-uva-ring", mrv2_step),
+}
