@@ -1,5 +1,7 @@
 """Remove one statement from an engine's function by recompiling that function alone, with
-its own file name and line numbers, so races found in the mutant point at the engine's lines.
+its own file name and line numbers, so races found in the mutant point at the engine's lines;
+and take one function from another version of the engine's file (the version before a fix)
+the same way (:func:`function_from_file`).
 
 Engine-neutral (nothing here knows vLLM): the shared core's mutation, written beside the vLLM
 adapter until the two cores are merged. The function's source is read from its file, the
@@ -129,3 +131,32 @@ def removed(target: Site) -> Iterator[Any]:
         yield replacement
     finally:
         setattr(target.owner, target.attribute, raw)
+
+
+def function_from_file(source_file: str | Path, class_name: str | None, name: str,
+                       module_globals: dict[str, Any]) -> Any:
+    """The function ``class_name.name`` (or module-level ``name``) as defined in
+    ``source_file``, compiled alone with that file's name and line numbers and run in
+    ``module_globals`` (the installed module's, so its imports resolve). Decorators are
+    applied; a zero-argument ``super()`` is not supported (no class cell).
+
+    Raises:
+        MutationError: the file has no such definition.
+    """
+    source_file = str(source_file)
+    tree = ast.parse(Path(source_file).read_text(), filename=source_file)
+    scope: list[ast.stmt] = tree.body
+    if class_name is not None:
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+        if not classes:
+            raise MutationError(f"{source_file}: no class {class_name}")
+        scope = classes[0].body
+    found = [n for n in scope if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+             and n.name == name]
+    if not found:
+        raise MutationError(f"{source_file}: no function {class_name or ''}.{name}")
+    module = ast.Module(body=[found[-1]], type_ignores=[])
+    code = compile(module, source_file, "exec")
+    local: dict[str, Any] = {}
+    exec(code, module_globals, local)
+    return local[name]

@@ -64,3 +64,15 @@ def test_decorated_functions_and_super_calls_survive():
 def test_a_needle_that_is_not_there_is_one_clear_error():
     with pytest.raises(MutationError, match="no line containing 'value -= 1'"):
         site(Counter, "step", "value -= 1")
+
+
+def test_a_function_from_another_version_of_a_file_keeps_that_files_lines(tmp_path):
+    from overlap_harness.engines.vllm.mutation import function_from_file
+
+    old = tmp_path / "old_counter.py"
+    old.write_text("class Counter:\n    def step(self, value):\n        return value + OFFSET\n")
+    step = function_from_file(old, "Counter", "step", {"OFFSET": 5})
+    assert step(None, 1) == 6
+    assert step.__code__.co_filename == str(old) and step.__code__.co_firstlineno == 2
+    with pytest.raises(MutationError, match=r"no function Counter\.stop"):
+        function_from_file(old, "Counter", "stop", {})
