@@ -38,3 +38,13 @@ def test_a_ring_shallower_than_the_batch_queue_races_at_vllms_lines(queue, ring)
     assert {(str(r.kind), f"{Path(r.first.source).name}", f"{Path(r.second.source).name}")
             for r in watcher.races} == {
         ("WAR", f"buffer_utils.py:{launch.line}", f"buffer_utils.py:{rewrite.line}")}
+
+
+def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
+    from overlap_harness.engines.vllm import drivers, necessity
+
+    variants = {name: variant.run for name, variant in drivers.VARIANTS.items()}
+    variants["engine-core"] = engine_steps
+    rows = necessity.necessity_table(variants)
+    assert len(rows) == 11 and {r["real"] for r in rows} == {"race"}
+    assert all(r["site"].split("/site-packages/")[-1].startswith("vllm/") for r in rows)
