@@ -90,26 +90,30 @@ def v1_async_output(steps: int = 4, logprobs: bool = True) -> Any:
     return w
 
 
-def _bare_v1_runner() -> Any:
+def _bare_v1_runner(async_scheduling: bool) -> Any:
     """A ``GPUModelRunner`` made with ``__new__``: only the fields ``synchronize_input_prep``
-    reads are set (any other field is missing, as on an object that never had it)."""
+    reads are set, as ``__init__`` sets them (the event exists only with async scheduling);
+    any other field is missing, as on an object that never had it."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     runner = GPUModelRunner.__new__(GPUModelRunner)
-    runner.prepare_inputs_event = torch.cuda.Event(blocking=True)
+    runner.prepare_inputs_event = (torch.cuda.Event(blocking=True) if async_scheduling
+                                   else None)
     return runner
 
 
-def v1_input_prep(steps: int = 4) -> Any:
+def v1_input_prep(steps: int = 4, async_scheduling: bool = True) -> Any:
     """``execute_model``'s host-side input preparation under ``synchronize_input_prep()``:
     the host writes the pinned staging rows (``CpuGpuBuffer.np``) and issues their
     non-blocking H2D copies; the forward reads the device rows. Nothing else orders the host
-    against step N-1's copies, so the fence is what keeps step N's rewrite after them."""
+    against step N-1's copies, so the fence is what keeps step N's rewrite after them.
+    ``async_scheduling=False`` with two steps in flight is the pipeline-parallel batch queue
+    without async scheduling: ``__init__`` makes no event there, so the fence is empty."""
     import_vllm()
     from vllm.v1.utils import CpuGpuBuffer
 
     with watch("cpu") as w, cuda_selected(w):
-        runner = _bare_v1_runner()
+        runner = _bare_v1_runner(async_scheduling)
         input_ids = CpuGpuBuffer(8, dtype=torch.int32, device=torch.device("cuda"))
         positions = CpuGpuBuffer(8, dtype=torch.int64, device=torch.device("cuda"))
         logits = torch.zeros(8, VOCAB, device="cuda")

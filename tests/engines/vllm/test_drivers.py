@@ -97,3 +97,16 @@ def test_mrv2_async_output_syncs_are_necessary(attribute, needle, kinds):
     with removed(site(AsyncOutput, attribute, needle)):
         races = race_lines(drivers.mrv2_step())
     assert {kind for kind, *_rest in races} == kinds
+
+
+def test_pipeline_parallel_batch_queue_without_async_scheduling_has_an_empty_fence():
+    """vLLM 0.32's ``__init__`` makes ``prepare_inputs_event`` only with async scheduling, so
+    a pipeline-parallel batch queue (two steps in flight) without it rewrites the staging
+    buffers under step N-1's pending copies: the race of vLLM PR #47644 (open)."""
+    from vllm.v1.utils import CpuGpuBuffer
+
+    races = race_lines(drivers.v1_input_prep(async_scheduling=False))
+    copy = site(CpuGpuBuffer, "copy_to_gpu", "non_blocking=True")
+    assert races and {(kind, first) for kind, _b, first, _s in races} == {
+        ("host-D2H", f"utils.py:{copy.line}")}
+    assert drivers.v1_input_prep(async_scheduling=True).races == []
