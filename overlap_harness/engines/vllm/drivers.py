@@ -167,8 +167,67 @@ def mrv2_step(steps: int = 4, ring_depth: int | None = None) -> Any:
     return w
 
 
+def _read_pooled(output: Any) -> list:
+    """The engine's use of a pooling output: every finished request's vector read on the
+    host (serialized for the client)."""
+    return [None if t is None else t.tolist() for t in output.pooler_output]
+
+
+def v1_pooling(steps: int = 4, hidden: int = 4) -> Any:
+    """The V1 runner's pooling output: ``AsyncGPUPoolingModelRunnerOutput`` copies the
+    pooled vectors of the finished requests on ``async_output_copy_stream``; step N-1's
+    output is taken (and read) after step N is issued. Every other step one request is still
+    prefilling (a partial ``finished_mask``)."""
+    import_vllm()
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUPoolingModelRunnerOutput
+
+    with watch("cpu") as w, cuda_selected(w):
+        async_output_copy_stream = torch.cuda.Stream()
+        hidden_states = torch.zeros(NUM_REQS, hidden, device="cuda")
+        pending: list[Any] = []
+        pooled = []
+        for step in range(steps):
+            hidden_states.add_(float(step + 1))  # the forward
+            pooler_output = hidden_states * 2.0  # the pooler: a fresh tensor each step
+            finished = [True] * NUM_REQS if step % 2 else [True, False, True]
+            pending.append(AsyncGPUPoolingModelRunnerOutput(
+                _runner_output(NUM_REQS), pooler_output, finished, async_output_copy_stream))
+            if len(pending) == 2:
+                pooled.append(_read_pooled(pending.pop(0).get_output()))
+        pooled.extend(_read_pooled(p.get_output()) for p in pending)
+    w.outputs = pooled
+    return w
+
+
+def mrv2_pooling(steps: int = 4, hidden: int = 4) -> Any:
+    """Model Runner V2's ``AsyncPoolingOutput``: the pooled vectors copied on the copy
+    stream, ``get_output()`` (which ``unbind``s the host tensor before its synchronize: views,
+    no read), then the engine reads them."""
+    import_vllm()
+    from vllm.v1.worker.gpu.async_utils import AsyncPoolingOutput
+
+    with watch("cpu") as w, cuda_selected(w):
+        main_stream = torch.cuda.current_stream()
+        copy_stream = torch.cuda.Stream()
+        hidden_states = torch.zeros(NUM_REQS, hidden, device="cuda")
+        pending: list[Any] = []
+        pooled = []
+        for step in range(steps):
+            hidden_states.add_(float(step + 1))
+            pooler_output = hidden_states * 2.0
+            pending.append(AsyncPoolingOutput(_runner_output(NUM_REQS), pooler_output,
+                                              [True] * NUM_REQS, main_stream, copy_stream))
+            if len(pending) == 2:
+                pooled.append(_read_pooled(pending.pop(0).get_output()))
+        pooled.extend(_read_pooled(p.get_output()) for p in pending)
+    w.outputs = pooled
+    return w
+
+
 VARIANTS = {
     "v1-async-output": Variant("v1-async-output", v1_async_output),
     "v1-input-prep": Variant("v1-input-prep", v1_input_prep),
     "mrv2-uva-ring": Variant("mrv2-uva-ring", mrv2_step),
+    "v1-pooling": Variant("v1-pooling", v1_pooling),
+    "mrv2-pooling": Variant("mrv2-pooling", mrv2_pooling),
 }

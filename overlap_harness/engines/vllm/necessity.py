@@ -93,15 +93,23 @@ def row(variant: str, site: Site, run: Callable[[], Any], reached: set[tuple]) -
 
 def targets() -> list[tuple[Any, str, list[str]]]:
     """vLLM's driven functions with sync statements, and the variants that run them."""
-    from vllm.v1.worker.gpu.async_utils import AsyncOutput
-    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput, AsyncPoolingOutput
+    from vllm.v1.worker.gpu_model_runner import (
+        AsyncGPUModelRunnerOutput,
+        AsyncGPUPoolingModelRunnerOutput,
+        GPUModelRunner,
+    )
 
     return [
         (AsyncGPUModelRunnerOutput, "__init__", ["v1-async-output"]),
         (AsyncGPUModelRunnerOutput, "get_output", ["v1-async-output"]),
         (GPUModelRunner, "synchronize_input_prep", ["v1-input-prep"]),
+        (AsyncGPUPoolingModelRunnerOutput, "__init__", ["v1-pooling"]),
+        (AsyncGPUPoolingModelRunnerOutput, "get_output", ["v1-pooling"]),
         (AsyncOutput, "__init__", ["mrv2-uva-ring", "engine-core"]),
         (AsyncOutput, "get_output", ["mrv2-uva-ring", "engine-core"]),
+        (AsyncPoolingOutput, "__init__", ["mrv2-pooling"]),
+        (AsyncPoolingOutput, "get_output", ["mrv2-pooling"]),
     ]
 
 

@@ -110,3 +110,18 @@ def test_pipeline_parallel_batch_queue_without_async_scheduling_has_an_empty_fen
     assert races and {(kind, first) for kind, _b, first, _s in races} == {
         ("host-D2H", f"utils.py:{copy.line}")}
     assert drivers.v1_input_prep(async_scheduling=True).races == []
+
+
+def test_mrv2_pooling_unbind_before_synchronize_is_not_a_race():
+    """vLLM issue #36942 reads ``get_output()``'s ``unbind()`` before ``synchronize()`` as a
+    race; ``unbind`` makes views and reads nothing, so the recorder finds none, while the
+    synchronize itself is necessary (the engine's read of the vectors races without it)."""
+    from vllm.v1.worker.gpu.async_utils import AsyncPoolingOutput
+
+    unbind = site(AsyncPoolingOutput, "get_output", ".unbind(dim=0)")
+    fence = site(AsyncPoolingOutput, "get_output", "self.copy_event.synchronize()")
+    assert unbind.line < fence.line
+    watcher = drivers.mrv2_pooling()
+    assert watcher.races == [] and watcher.outputs[0] == [[2.0] * 4] * 3
+    with removed(fence):
+        assert {str(r.kind) for r in drivers.mrv2_pooling().races} >= {"host-D2H"}
