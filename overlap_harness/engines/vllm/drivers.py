@@ -27,6 +27,7 @@ import torch
 
 from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
 from overlap_harness.engines.vllm.kernels import apply_write_kernel_declared
+from overlap_harness.engines.vllm.strict import StrictStub
 from overlap_harness.recorder import watch
 
 NUM_REQS = 3
@@ -224,10 +225,75 @@ def mrv2_pooling(steps: int = 4, hidden: int = 4) -> Any:
     return w
 
 
+def _spec_runner(num_spec_tokens: int) -> Any:
+    """A bare ``GPUModelRunner`` with the spec-decode fields ``__init__`` sets under async
+    scheduling (events, copy streams, pinned buffers) and a strict input batch."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.use_async_scheduling, runner.use_async_spec_decode = True, False
+    runner.num_spec_tokens = num_spec_tokens
+    runner.draft_token_ids_event = torch.Event()
+    runner.draft_token_ids_copy_stream = torch.cuda.Stream()
+    runner.draft_token_ids_cpu = torch.empty((NUM_REQS, num_spec_tokens), dtype=torch.int64,
+                                             pin_memory=True)
+    runner.valid_sampled_token_count_event = torch.Event()
+    runner.valid_sampled_token_count_copy_stream = torch.cuda.Stream()
+    runner.valid_sampled_token_count_cpu = torch.empty(NUM_REQS, dtype=torch.int32,
+                                                       pin_memory=True)
+    runner._draft_token_ids, runner._draft_token_req_ids = None, None
+    runner.input_batch = StrictStub(
+        "input_batch", req_ids=[f"req{i}" for i in range(NUM_REQS)],
+        prev_sampled_token_ids=None,
+        sampling_metadata=StrictStub("sampling_metadata", output_token_ids=[]))
+    return runner
+
+
+def v1_spec_decode(steps: int = 4, num_spec_tokens: int = 2) -> Any:
+    """EAGLE/MTP-style speculative decoding under async scheduling in the V1 runner: each
+    step the target forward and rejection sampler (fakes) produce the accepted ids and the
+    valid counts, ``_copy_valid_sampled_token_count`` copies the counts out on their stream,
+    the drafter (fake) proposes the next draft ids, ``_copy_draft_token_ids_to_cpu`` copies
+    them out (a request with structured output makes it needed), and the sampled ids leave
+    through ``AsyncGPUModelRunnerOutput``. The next step starts with
+    ``_get_valid_sampled_token_count()`` (as ``_prepare_inputs`` does) and the engine takes the
+    drafts with ``take_draft_token_ids()``."""
+    import_vllm()
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    width = 1 + num_spec_tokens
+    with watch("cpu") as w, cuda_selected(w):
+        runner = _spec_runner(num_spec_tokens)
+        async_output_copy_stream = torch.cuda.Stream()
+        logits = torch.zeros(NUM_REQS, width, VOCAB, device="cuda")
+        scheduler_output = StrictStub("scheduler_output", has_structured_output_requests=True)
+        pending: list[Any] = []
+        counts, drafts = [], []
+        for step in range(steps):
+            counts.append(runner._get_valid_sampled_token_count())  # _prepare_inputs
+            logits.add_(float(step + 1))  # the target forward over 1 + k positions
+            sampled = logits.argmax(dim=-1).to(torch.int32)  # the rejection sampler
+            valid = torch.full((NUM_REQS,), width, dtype=torch.int32, device="cuda")
+            runner._copy_valid_sampled_token_count(sampled[:, -1], valid)
+            runner._draft_token_ids = sampled[:, 1:].to(torch.int64) + 1  # the drafter
+            runner._copy_draft_token_ids_to_cpu(scheduler_output)
+            pending.append(AsyncGPUModelRunnerOutput(_runner_output(NUM_REQS), sampled, None,
+                                                     [], async_output_copy_stream,
+                                                     vocab_size=VOCAB))
+            drafts.append(runner.take_draft_token_ids())  # the engine, before scheduling
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+        for output in pending:
+            output.get_output()
+    w.outputs = (counts, drafts)
+    return w
+
+
 VARIANTS = {
     "v1-async-output": Variant("v1-async-output", v1_async_output),
     "v1-input-prep": Variant("v1-input-prep", v1_input_prep),
     "mrv2-uva-ring": Variant("mrv2-uva-ring", mrv2_step),
     "v1-pooling": Variant("v1-pooling", v1_pooling),
     "mrv2-pooling": Variant("mrv2-pooling", mrv2_pooling),
+    "v1-spec-decode": Variant("v1-spec-decode", v1_spec_decode),
 }

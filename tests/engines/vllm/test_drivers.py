@@ -125,3 +125,16 @@ def test_mrv2_pooling_unbind_before_synchronize_is_not_a_race():
     assert watcher.races == [] and watcher.outputs[0] == [[2.0] * 4] * 3
     with removed(fence):
         assert {str(r.kind) for r in drivers.mrv2_pooling().races} >= {"host-D2H"}
+
+
+def test_v1_spec_decode_counts_and_drafts_reach_the_host_after_their_events():
+    watcher = drivers.v1_spec_decode(steps=3)
+    counts, drafts = watcher.outputs
+    assert counts == [[], [3, 3, 3], [3, 3, 3]]
+    assert all(d is not None and len(d.draft_token_ids) == 3 for d in drafts)
+    with removed(site(GPUModelRunner, "_get_valid_sampled_token_count",
+                      "sampled_count_event.synchronize()")):
+        racy = race_lines(drivers.v1_spec_decode(steps=3))
+    read = site(GPUModelRunner, "_get_valid_sampled_token_count", "counts_cpu[:")
+    assert any(kind == "host-D2H" and second == f"gpu_model_runner.py:{read.line}"
+               for kind, _b, _f, second in racy)

@@ -46,5 +46,5 @@ def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
     variants = {name: variant.run for name, variant in drivers.VARIANTS.items()}
     variants["engine-core"] = engine_steps
     rows = necessity.necessity_table(variants)
-    assert len(rows) == 17 and {r["real"] for r in rows} == {"race"}
+    assert len(rows) == 23 and {r["real"] for r in rows} == {"race"}
     assert all(r["site"].split("/site-packages/")[-1].startswith("vllm/") for r in rows)
