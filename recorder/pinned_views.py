@@ -11,8 +11,8 @@ stream, against the pinned buffer's storage. Views of a device view are device v
 
 **NumPy views.** ``pinned.numpy()`` shares the pinned memory; a write through it
 (``buf.np[:n] = x``) is a host write that no torch op sees. In CPU mode ``.numpy()`` of a
-watched pinned tensor returns a :class:`HostArray`, which records item assignment and ufunc
-outputs as host writes, and reads that produce values (a scalar, a fancy-indexed copy,
+watched pinned tensor returns a :class:`HostArray`, which records item assignment, ``fill``
+and ufunc outputs as host writes, and reads that produce values (a scalar, a fancy-indexed copy,
 ``tolist``, ``copy``, a ufunc input) as host reads. Taking a basic slice reads nothing (a
 view, as in NumPy). Not seen: NumPy functions that read through ``__array_function__``
 (``np.sum(view)``) and raw pointers (``ctypes``).
@@ -120,6 +120,10 @@ class HostArray(np.ndarray):
             return out  # a view: reads nothing yet
         self._record("ndarray.__getitem__", key, False)
         return out.view(np.ndarray) if isinstance(out, np.ndarray) else out
+
+    def fill(self, value: Any) -> None:
+        self._record("ndarray.fill", None, True)
+        self.view(np.ndarray).fill(value)
 
     def tolist(self) -> Any:
         self._record("ndarray.tolist", None, False)

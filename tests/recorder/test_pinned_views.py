@@ -143,6 +143,24 @@ def test_numpy_views_of_pinned_memory_record_exact_host_accesses():
     assert run(wait=True) == []
 
 
+def test_numpy_fill_and_in_place_arithmetic_are_host_writes():
+    def run(wait: bool) -> list:
+        with watch("cpu") as w:
+            staging = torch.zeros(6, dtype=torch.int64, pin_memory=True)
+            device = torch.zeros(6, dtype=torch.int64, device="cuda")
+            host = staging.numpy()
+            device.copy_(staging, non_blocking=True)  # the stream reads the whole buffer
+            if wait:
+                torch.cuda.current_stream().synchronize()
+            host[3:].fill(1)
+            host[:3] += 2
+        return race_kinds(w)
+
+    racy = run(wait=False)  # fill, and += (its ufunc write and Python's item assignment)
+    assert set(racy) == {(str(RaceKind.HOST_D2H), "staging")} and len(racy) >= 2
+    assert run(wait=True) == []
+
+
 def test_numpy_writes_after_the_watch_record_nothing():
     with watch("cpu") as w:
         staging = torch.zeros(4, dtype=torch.int32, pin_memory=True)
