@@ -28,6 +28,7 @@ import torch
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
 from overlap_harness.recorder import graph_api, kernels, project_kernels
+from overlap_harness.recorder.accelerator_fakes import accelerator_patches
 from overlap_harness.recorder.core import Access, Recording, Replayable, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
 from overlap_harness.recorder.dispatch import RecordingDispatchMode, access_of
@@ -41,6 +42,7 @@ from overlap_harness.recorder.fake_streams import (
 from overlap_harness.recorder.graphs import GraphSet
 from overlap_harness.recorder.iterations import IterationMark, LoopCounter
 from overlap_harness.recorder.patching import patched
+from overlap_harness.recorder.pinned_views import device_view_of
 from overlap_harness.recorder.storages import StorageResizes
 from overlap_harness.recorder.threads import HostThreads, entered, thread_patches
 from overlap_harness.recorder.unmodelled import (
@@ -126,6 +128,13 @@ class Watch:
         self.recording.marks.named = name
         if isinstance(name, int):
             self.recording.iteration = name
+    def device_view(self, pinned: torch.Tensor) -> torch.Tensor:
+        """A device (UVA) view of the pinned tensor ``pinned``: kernels that read it read the
+        pinned buffer, on their stream (:mod:`recorder.pinned_views`). CPU mode only."""
+        if not self.cpu_mode:
+            raise RecorderError("device_view: GPU mode sees real UVA views as device memory; "
+                                "only CPU mode fakes them")
+        return device_view_of(self.memory.device_views, pinned)
 
     # -- the kernel sink (recorder.kernels) ------------------------------------------------
     @contextmanager
@@ -206,6 +215,7 @@ class Watch:
         faked = cuda_patches()
         graph_faked = graph_api.cpu_patches()  # CUDA graphs: modelled, never refused
         stack.enter_context(patched(faked))
+        stack.enter_context(patched(accelerator_patches()))  # torch.Event, torch.accelerator
         stack.enter_context(patched(
             cpu_patches(self.recording,
                         {name for obj, name, _ in faked + graph_faked if obj is torch.cuda},

