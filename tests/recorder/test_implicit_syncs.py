@@ -19,9 +19,13 @@ from overlap_harness.recorder import gpu_mode, watch
 from overlap_harness.recorder.own_work import in_recorder_work, recorder_work
 
 
-def races(program: Callable[[bool], None], fixed: bool) -> list[tuple[str, str, str, str]]:
-    with watch("cpu") as watcher:
+def races(program: Callable[[bool], None], fixed: bool,
+          mode: str = "cpu") -> list[tuple[str, str, str, str]]:
+    """(kind, variable, first op@stream, second op@stream) of each race ``program`` has."""
+    with watch(mode) as watcher:
         program(fixed)
+        if mode == "gpu":
+            torch.cuda.synchronize()
     return sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
                    f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
 
@@ -99,12 +103,7 @@ def test_trace_hooks_ignore_the_recorders_own_device_work(monkeypatch):
 @pytest.mark.parametrize("name", sorted(SHAPED_BY_VALUES))
 def test_gpu_mode_orders_the_host_as_cpu_mode_does(name, fixed):
     program = _side_write_then_host_write(SHAPED_BY_VALUES[name])
-    with watch("gpu") as watcher:
-        program(fixed)
-        torch.cuda.synchronize()
-    on_gpu = sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
-                     f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
-    assert on_gpu == races(program, fixed)
+    assert races(program, fixed, "gpu") == races(program, fixed)
 
 
 def _device_to_pageable_then_other_stream_write(fixed: bool) -> None:
@@ -133,9 +132,5 @@ def test_a_non_blocking_copy_into_pageable_memory_orders_the_host():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fixed", [False, True])
 def test_gpu_mode_orders_a_copy_into_pageable_memory_as_cpu_mode_does(fixed):
-    with watch("gpu") as watcher:
-        _device_to_pageable_then_other_stream_write(fixed)
-        torch.cuda.synchronize()
-    on_gpu = sorted((str(r.kind), r.buffer.split("@")[0], f"{r.first.op_name}@{r.first.agent}",
-                     f"{r.second.op_name}@{r.second.agent}") for r in watcher.races)
-    assert on_gpu == races(_device_to_pageable_then_other_stream_write, fixed)
+    program = _device_to_pageable_then_other_stream_write
+    assert races(program, fixed, "gpu") == races(program, fixed)
