@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.cli_options import count
+from overlap_harness.output_paths import prepare_outputs
+
 PROG = "overlap-harness sglang"
 
 
@@ -37,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--out", type=Path, metavar="DIR", default=None,
                         help="write sglang-loop.json (and .md with --necessity), and per "
                         "variant the timeline plot of one iteration, Perfetto and SARIF")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
     return parser
@@ -52,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
-    if args.jobs < 1:
-        return _fail(f"-j: expected a positive number, got {args.jobs}")
+    prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
