@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.mutation import function_from_file
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
-from overlap_harness.engines.vllm.mutation import function_from_file
-from overlap_harness.engines.vllm.strict import StrictStub
 from overlap_harness.recorder import declared, reads, watch, writes
 
 WHEEL_CACHE_ENV = "OVERLAP_HARNESS_VLLM_WHEELS"
