@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from overlap_harness.engines.core.results import race_signature
 from overlap_harness.engines.vllm import historical, necessity
 from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
 
@@ -46,7 +47,7 @@ def build(jobs: int = 1) -> dict:
     start = time.process_time()
     baseline = {name: necessity.run_outcome(name) for name in names}
     released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
-    rows = [row.to_json() for row in necessity.table(names, baseline, jobs)]
+    rows = [_distinct(row.to_json()) for row in necessity.table(names, baseline, jobs)]
     reached = [row for row in rows if row["verdict"] != "not_reached"]
     with tempfile.TemporaryDirectory() as folder:
         history = [historical.historical_entry(race, Path(folder))
@@ -57,6 +58,15 @@ def build(jobs: int = 1) -> dict:
             "variants": released, "sites": len({row["site"] for row in rows}),
             "counts": counts, "rows": _portable(reached), "historical": history,
             "cpu_seconds": round(time.process_time() - start, 1)}
+
+
+def _distinct(row: dict) -> dict:
+    """``row`` with each race once (the same pair of lines recurs every step); ``races``
+    counts them all."""
+    seen: dict[tuple, dict] = {}
+    for race in row["races"]:
+        seen.setdefault(race_signature(race), race)
+    return {**row, "race_count": len(row["races"]), "races": list(seen.values())}
 
 
 def _pair(race: dict) -> str:
@@ -81,7 +91,7 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         pairs = "; ".join(sorted({_pair(r) for r in row["races"]})[:2])
         out.append(f"| {row['variant']} | {row['site']} | `{row['code']}` | "
-                   f"{row['verdict']} | {len(row['races'])} | {pairs} |")
+                   f"{row['verdict']} | {row['race_count']} | {pairs} |")
     out += ["", "## Published races at their pre-fix releases", "",
             "| ref | pattern | pre-fix | races | lines | post-fix | races |",
             "|---|---|---|---|---|---|---|"]
