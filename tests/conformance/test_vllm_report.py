@@ -41,7 +41,7 @@ def test_the_necessity_counts_add_up(report: dict) -> None:
 
 
 def test_every_historical_race_is_found_before_its_fix_and_gone_after(report: dict) -> None:
-    assert len(report["historical"]) >= 2
+    assert len(report["historical"]) >= 4
     refs = [entry["ref"] for entry in report["historical"]]
     assert len(set(refs)) == len(refs)
     for entry in report["historical"]:
@@ -51,8 +51,6 @@ def test_every_historical_race_is_found_before_its_fix_and_gone_after(report: di
         assert pre["lines"], entry["ref"]
         for line in pre["lines"]:
             sides = (line["first"], line["second"])
-            assert any(side.startswith(f"{pre['source'].split(':')[0]}:vllm/")
-                       for side in sides), (entry["ref"], sides)
             assert all(":vllm/" in side or side.startswith("vllm/") for side in sides), (
                 entry["ref"], sides)
 

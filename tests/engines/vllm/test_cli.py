@@ -49,7 +49,7 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     assert "v1-async-output: race-free" in intact.stdout
     runner = tree / "vllm" / RUNNER
     lines = runner.read_text().splitlines(keepends=True)
-    index = [i for i, line in enumerate(lines) if line.strip() == FENCE][0]  # get_output's
+    index = next(i for i, line in enumerate(lines) if line.strip() == FENCE)  # get_output's
     lines[index] = lines[index].replace(FENCE, "pass")
     runner.write_text("".join(lines))
     racy = _run(tree)
