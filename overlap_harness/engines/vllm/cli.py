@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.cli_options import count
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness vllm"
@@ -41,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="write the races (and the necessity table) as JSON")
     parser.add_argument("--out", type=Path, metavar="DIR", default=None,
                         help="write vllm.json (and vllm.md with --necessity)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
     return parser
@@ -54,8 +55,6 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
-    if args.jobs < 1:
-        return _fail(f"-j: expected a positive number, got {args.jobs}")
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     from overlap_harness.engines.vllm import environment  # deferred: imports torch
 
