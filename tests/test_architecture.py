@@ -103,3 +103,16 @@ def test_no_generic_top_level_package_is_installed() -> None:
     block = text.split("packages = [", 1)[1].split("]", 1)[0]
     names = [n.strip().strip('"') for n in block.split(",") if n.strip()]
     assert names and all(n == PACKAGE or n.startswith(PACKAGE + ".") for n in names), names
+
+
+def test_the_engine_core_imports_no_engine_adapter() -> None:
+    """engines/core is engine-neutral: an adapter imports it, never the reverse (a third
+    engine is one more adapter beside it)."""
+    core = f"{PACKAGE}.engines.core"
+    adapters = {m.split(".")[2] for m in _modules() if m.startswith(f"{PACKAGE}.engines.")
+                and m.count(".") >= 3 and m.split(".")[2] != "core"}
+    assert {"sglang", "vllm"} <= adapters
+    wrong = sorted(f"{a} -> {b}" for a, b in _graph().edges
+                   if a.startswith(core) and b.startswith(f"{PACKAGE}.engines.")
+                   and not b.startswith(core) and b != f"{PACKAGE}.engines")
+    assert not wrong, "\n".join(wrong)

@@ -3,7 +3,7 @@ under the recorder (every driven variant as released), the necessity table of it
 its published races at their pre-fix releases.
 
 Run in a venv with vLLM (docs/vllm.md):  python tools/vllm_report.py --out reports/conformance
-Until the shared engine core wires `overlap-harness vllm`, this is how the report is made.
+`overlap-harness vllm --necessity` runs the same table; this adds the historical races.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from overlap_harness.engines.vllm import drivers, engine_core, historical, necessity
+from overlap_harness.engines.core.results import race_signature
+from overlap_harness.engines.vllm import historical, necessity
 from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
 
 
@@ -39,23 +40,39 @@ def _portable(value: object) -> object:
     return value
 
 
-def build() -> dict:
+def build(jobs: int = 1) -> dict:
     """The whole report as one JSON-ready document."""
     info = import_vllm()
-    variants = {name: variant.run for name, variant in drivers.VARIANTS.items()}
-    variants["engine-core"] = engine_core.engine_steps
+    names = list(necessity.variant_runs())
     start = time.process_time()
-    released = {}
-    for name, run in variants.items():
-        watcher = run()
-        released[name] = {"races": len(watcher.races), "ops": watcher.recording.ops_recorded}
-    rows = necessity.necessity_table(variants)
+    baseline = {name: necessity.run_outcome(name) for name in names}
+    released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
+    rows = [_distinct(row.to_json()) for row in necessity.table(names, baseline, jobs)]
+    reached = [row for row in rows if row["verdict"] != "not_reached"]
     with tempfile.TemporaryDirectory() as folder:
         history = [historical.historical_entry(race, Path(folder))
                    for race in historical.HISTORICAL]
+    counts = {verdict: sum(row["verdict"] == verdict for row in rows)
+              for verdict in ("necessary", "redundant", "not_reached", "error")}
     return {"vllm_version": info.version, "source": "site-packages/vllm",
-            "variants": released, "rows": _portable(rows), "historical": history,
+            "variants": released, "sites": len({row["site"] for row in rows}),
+            "counts": counts, "rows": _portable(reached), "historical": history,
             "cpu_seconds": round(time.process_time() - start, 1)}
+
+
+def _distinct(row: dict) -> dict:
+    """``row`` with each race once (the same pair of lines recurs every step); ``races``
+    counts them all."""
+    seen: dict[tuple, dict] = {}
+    for race in row["races"]:
+        seen.setdefault(race_signature(race), race)
+    return {**row, "race_count": len(row["races"]), "races": list(seen.values())}
+
+
+def _pair(race: dict) -> str:
+    first, second = race["first"], race["second"]
+    return (f"{race['kind']} {Path(first['file']).name}:{first['line']} -> "
+            f"{Path(second['file']).name}:{second['line']}")
 
 
 def markdown(report: dict) -> str:
@@ -64,14 +81,17 @@ def markdown(report: dict) -> str:
            "Made by `tools/vllm_report.py` (docs/vllm.md). CPU mode; only the model faked.", "",
            "| variant | races as released | recorded ops |", "|---|---|---|"]
     out += [f"| {name} | {v['races']} | {v['ops']} |" for name, v in report["variants"].items()]
+    counts = report["counts"]
     out += ["", "## Necessity of each sync (removed from vLLM's own function)", "",
-            "| variant | site | code | verdict | races | first -> second |",
+            f"{report['sites']} removable sites x {len(report['variants'])} variants: "
+            f"{counts['necessary']} necessary, {counts['redundant']} redundant, "
+            f"{counts['error']} errors, {counts['not_reached']} not reached (left out below).",
+            "", "| variant | site | code | verdict | races | e.g. first -> second |",
             "|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        pairs = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}"
-                          for p in row["pairs"][:3])
+        pairs = "; ".join(sorted({_pair(r) for r in row["races"]})[:2])
         out.append(f"| {row['variant']} | {row['site']} | `{row['code']}` | "
-                   f"{row['real']} | {row['races']} | {pairs} |")
+                   f"{row['verdict']} | {row['race_count']} | {pairs} |")
     out += ["", "## Published races at their pre-fix releases", "",
             "| ref | pattern | pre-fix | races | lines | post-fix | races |",
             "|---|---|---|---|---|---|---|"]
@@ -80,16 +100,18 @@ def markdown(report: dict) -> str:
         lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
         out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
                    f"| {lines} | {post['source']} | {post['races']} |")
-    out += ["", f"CPU time of the runs (imports excluded): {report['cpu_seconds']} s.", ""]
+    out += ["", f"CPU time of the runs in this process (imports excluded; forked children "
+            f"not counted): {report['cpu_seconds']} s.", ""]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/conformance"))
+    parser.add_argument("-j", "--jobs", type=int, default=1)
     args = parser.parse_args(argv)
     try:
-        report = build()
+        report = build(args.jobs)
     except VllmUnavailable as exc:
         print(f"vllm_report: {exc}", file=sys.stderr)
         return 2

@@ -77,6 +77,12 @@ def _stub_sglang(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(environment, "load", work_reached)
 
 
+def _stub_vllm(mp: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.vllm import environment as vllm_environment
+
+    mp.setattr(vllm_environment, "load", work_reached)
+
+
 def _stub_measure(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(calibrate_cmd, "measure_profile", work_reached)
 
@@ -113,6 +119,8 @@ CASES = [
     Case("calibrate", "--report-out", ("calibrate", "--compare", "{tmp}/r.json", "--profile",
                                        "{tmp}/p.json", "--report-out", "{path}"), "folder",
          _stub_compare),
+    Case("vllm", "--out", ("vllm", "--out", "{path}"), "folder", _stub_vllm),
+    Case("vllm", "--json", ("vllm", "--json", "{path}"), "file", _stub_vllm),
 ]
 INPUT_OPTIONS = {"--profile"}  # options with a FILE metavar that name what a command reads
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -96,10 +97,20 @@ def format_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _single_threaded_ops() -> None:
+    """Run torch's CPU ops on the calling thread from now on: an OpenMP worker pool the parent
+    already started does not exist in a forked child, and a child that enters a parallel
+    region waits for it forever. The engines' tensors are a few elements; nothing is lost."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
 def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) -> list[T]:
     """``[function(item) for item in items]``, each call in its own forked child (what it
     changes in the process dies with the child), ``jobs`` children at a time; results come
     back pickled through a pipe. A child that dies without answering raises."""
+    _single_threaded_ops()
     results: dict[int, T] = {}
     running: dict[int, tuple[int, int]] = {}  # pid -> (item index, read end)
     pending = list(enumerate(items))

@@ -49,6 +49,7 @@ class VariantOutcome:
     seconds: float = 0.0
     error: str | None = None
     unknown_ops: list[str] = field(default_factory=list)
+    ops: int = 0  # ops the recorder recorded (an adapter without iterations reports these)
 
 
 @dataclass

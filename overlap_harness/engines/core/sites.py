@@ -13,6 +13,8 @@ recompile that one function without it (:mod:`.mutation`).
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -128,7 +130,29 @@ class _Scanner(ast.NodeVisitor):
 
 def scan(path: str | Path) -> list[SyncSite]:
     """Every sync site of the Python file ``path`` inside a function, in line order."""
+    file = Path(path)
+    return list(_scan_file(str(path), file.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _scan_file(path: str, _mtime_ns: int) -> tuple[SyncSite, ...]:
+    """The scan of one file as it is now (the modification time keys the cache: an adapter
+    asks for a large file once per driven function)."""
     text = Path(path).read_text()
-    scanner = _Scanner(str(path), text.splitlines())
-    scanner.visit(ast.parse(text, str(path)))
-    return sorted(scanner.sites, key=lambda s: s.line)
+    scanner = _Scanner(path, text.splitlines())
+    scanner.visit(ast.parse(text, path))
+    return tuple(sorted(scanner.sites, key=lambda s: s.line))
+
+
+def function_sites(owner: object, attribute: str) -> list[SyncSite]:
+    """The sync sites of one live function, ``owner.attribute`` (a method of a class, or a
+    function of a module), as :func:`scan` finds them in its file: an adapter that drives a
+    few functions of a large file names them instead of the whole file."""
+    raw = inspect.getattr_static(owner, attribute)
+    if isinstance(raw, staticmethod | classmethod):
+        raw = raw.__func__
+    function = inspect.unwrap(raw)
+    lines, first = inspect.getsourcelines(function)
+    file = inspect.getsourcefile(function) or ""
+    last = first + len(lines) - 1
+    return [s for s in scan(file) if first <= s.line <= last]

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
 from overlap_harness.engines.vllm.kernels import apply_write_kernel_declared
-from overlap_harness.engines.vllm.strict import StrictStub
 from overlap_harness.recorder import watch
 
 NUM_REQS = 3
@@ -78,6 +78,7 @@ def v1_async_output(steps: int = 4, logprobs: bool = True) -> Any:
         pending: list[Any] = []
         results = []
         for step in range(steps):
+            w.iteration(step)
             logits.add_(float(step + 1))  # the forward: this step's logits
             sampled = _sample(logits)
             output = AsyncGPUModelRunnerOutput(
@@ -119,6 +120,7 @@ def v1_input_prep(steps: int = 4, async_scheduling: bool = True) -> Any:
         positions = CpuGpuBuffer(8, dtype=torch.int64, device=torch.device("cuda"))
         logits = torch.zeros(8, VOCAB, device="cuda")
         for step in range(steps):
+            w.iteration(step)
             with runner.synchronize_input_prep():
                 input_ids.np[:NUM_REQS] = [step * 10 + r for r in range(NUM_REQS)]
                 positions.np[:NUM_REQS] = step
@@ -149,6 +151,7 @@ def mrv2_step(steps: int = 4, ring_depth: int | None = None) -> Any:
         pending: list[Any] = []
         results = []
         for step in range(steps):
+            w.iteration(step)
             for req in range(NUM_REQS):  # the scheduler's new blocks for this step
                 block_table.stage_write(req, 0, [step * 4 + req, step])
             block_table.apply_write()
@@ -188,6 +191,7 @@ def v1_pooling(steps: int = 4, hidden: int = 4) -> Any:
         pending: list[Any] = []
         pooled = []
         for step in range(steps):
+            w.iteration(step)
             hidden_states.add_(float(step + 1))  # the forward
             pooler_output = hidden_states * 2.0  # the pooler: a fresh tensor each step
             finished = [True] * NUM_REQS if step % 2 else [True, False, True]
@@ -214,6 +218,7 @@ def mrv2_pooling(steps: int = 4, hidden: int = 4) -> Any:
         pending: list[Any] = []
         pooled = []
         for step in range(steps):
+            w.iteration(step)
             hidden_states.add_(float(step + 1))
             pooler_output = hidden_states * 2.0
             pending.append(AsyncPoolingOutput(_runner_output(NUM_REQS), pooler_output,
@@ -270,6 +275,7 @@ def v1_spec_decode(steps: int = 4, num_spec_tokens: int = 2) -> Any:
         pending: list[Any] = []
         counts, drafts = [], []
         for step in range(steps):
+            w.iteration(step)
             counts.append(runner._get_valid_sampled_token_count())  # _prepare_inputs
             logits.add_(float(step + 1))  # the target forward over 1 + k positions
             sampled = logits.argmax(dim=-1).to(torch.int32)  # the rejection sampler

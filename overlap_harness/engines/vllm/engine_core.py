@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.strict import StrictStub, UnplannedUseError
 from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
 from overlap_harness.engines.vllm.kernels import apply_write_kernel_declared
-from overlap_harness.engines.vllm.strict import StrictStub, UnplannedUseError
 from overlap_harness.recorder import watch
 
 MAX_REQS, BLOCK_SIZE, VOCAB = 4, 4, 16

@@ -29,11 +29,12 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from overlap_harness.engines.vllm.strict import StrictStub
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.model.errors import HarnessError
 
 DRIVEN_MODULES = (
@@ -87,6 +88,43 @@ def import_vllm() -> VllmInfo:
     info = VllmInfo(getattr(vllm, "__version__", "unknown"), str(vllm.__path__[0]),
                     time.perf_counter() - start)
     _IMPORTED.append(info)
+    return info
+
+
+def tree_root(src: str | None) -> Path | None:
+    """The folder to put first on ``sys.path`` for ``--vllm-src PATH``: PATH itself when it
+    holds the ``vllm`` package (a checkout's root, or a site-packages), PATH's parent when
+    PATH is the package; None for the installed vLLM.
+
+    Raises:
+        VllmUnavailable: PATH is not a folder, or holds no ``vllm`` package.
+    """
+    if src is None:
+        return None
+    path = Path(src).expanduser().resolve()
+    if not path.is_dir():
+        raise VllmUnavailable(f"--vllm-src {src}: not a folder")
+    if (path / "vllm" / "__init__.py").is_file():
+        return path
+    if path.name == "vllm" and (path / "__init__.py").is_file():
+        return path.parent
+    raise VllmUnavailable(f"--vllm-src {src}: holds no vllm package (no vllm/__init__.py)")
+
+
+def load(src: str | None = None) -> VllmInfo:
+    """Import vLLM from ``src`` (see :func:`tree_root`; None: the installed one), once.
+
+    Raises:
+        VllmUnavailable: the tree is not a vLLM tree, an import fails, or vLLM was already
+            imported from elsewhere in this process.
+    """
+    root = tree_root(src)
+    if root is not None:
+        sys.path.insert(0, str(root))
+    info = import_vllm()
+    if root is not None and not Path(info.location).resolve().is_relative_to(root):
+        raise VllmUnavailable(f"--vllm-src {src}: vllm was imported from {info.location}, "
+                              "not from this tree")
     return info
 
 

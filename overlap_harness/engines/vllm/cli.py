@@ -1,0 +1,116 @@
+"""``overlap-harness vllm``: vLLM's own async-scheduling code, every variant, under the
+recorder.
+
+Exit 0 when no variant races, 1 when one does, 2 on bad input or when the tree cannot be driven
+(vLLM does not import from it, or a variant's run crashes: an attribute or call the driver did
+not plan for, which is how changed vLLM code shows itself) with one line naming what. With
+``--necessity`` every sync site of the driven functions is removed in turn and the table is
+printed (and written with ``--json``/``--out``); the exit status still reports the intact
+code's races.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from overlap_harness.cli_options import count
+from overlap_harness.output_paths import prepare_outputs
+
+PROG = "overlap-harness vllm"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``vllm`` subcommand; its handler is ``args.func``."""
+    parser = subparsers.add_parser(
+        "vllm", help="run vLLM's own async-scheduling code (V1 runner, Model Runner V2, the "
+        "engine core's batch queue) under the recorder (CPU, CUDA faked); --necessity "
+        "removes each sync site in turn")
+    parser.add_argument("--vllm-src", metavar="PATH", default=None,
+                        help="a directory holding the vllm package (a vLLM checkout, or a "
+                        "site-packages); default: the installed vllm")
+    parser.add_argument("--variant", action="append", metavar="NAME", default=None,
+                        help="run only this variant (repeatable); default: all")
+    parser.add_argument("--necessity", action="store_true",
+                        help="remove each sync site in turn: necessary / redundant / "
+                        "not reached per site and variant")
+    parser.add_argument("--json", type=Path, metavar="FILE", default=None,
+                        help="write the races (and the necessity table) as JSON")
+    parser.add_argument("--out", type=Path, metavar="DIR", default=None,
+                        help="write vllm.json (and vllm.md with --necessity)")
+    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
+                        help="forked children at a time for --necessity (default 1)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the tree, run the variants (and the table), report, return the exit status."""
+    prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
+    from overlap_harness.engines.vllm import environment  # deferred: imports torch
+
+    try:
+        info = environment.load(args.vllm_src)
+    except environment.VllmUnavailable as exc:
+        return _fail(" ".join(str(exc).split()))
+    from overlap_harness.engines.core.report import describe
+    from overlap_harness.engines.vllm import necessity
+
+    known = list(necessity.variant_runs())
+    names = args.variant or known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        return _fail(f"--variant: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
+    outcomes = {}
+    for name in names:
+        outcome = necessity.run_outcome(name)
+        if outcome.error is not None:
+            return _fail(f"variant {name} cannot be driven on this tree: {outcome.error}")
+        outcomes[name] = outcome
+        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
+        print(f"  {name}: {verdict} ({outcome.ops} ops, {outcome.seconds:.2f} CPU s)")
+        for race in outcome.races[:5]:
+            print(f"    {describe(race)}")
+    document: dict[str, Any] = {
+        "source": info.location, "vllm_version": info.version, "variants": names,
+        "races": [r for o in outcomes.values() for r in o.races]}
+    if args.necessity:
+        document["necessity"] = _necessity(names, outcomes, args.jobs)
+    for path in ([args.json] if args.json else []) + (
+            [args.out / "vllm.json"] if args.out else []):
+        path.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {path}")
+    if args.out and args.necessity:
+        from overlap_harness.engines.core.report import necessity_markdown
+
+        md = args.out / "vllm.md"
+        md.write_text(necessity_markdown(f"vLLM {info.version}: sync sites of the driven "
+                                         "async-scheduling code", info.location, names,
+                                         document["necessity"]))
+        print(f"wrote {md}")
+    return 1 if document["races"] else 0
+
+
+def _necessity(names: list[str], outcomes: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
+    from overlap_harness.engines.core.report import summary_lines
+    from overlap_harness.engines.vllm import necessity
+
+    started, cpu = time.perf_counter(), time.process_time()
+    sites = necessity.sites()
+    rows = necessity.table(names, outcomes, jobs)
+    print(f"necessity: {len(sites)} sites, {len(rows)} rows, "
+          f"{time.perf_counter() - started:.1f} s wall")
+    for line in summary_lines(rows):
+        print(line)
+    print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
+    return [row.to_json() for row in rows]

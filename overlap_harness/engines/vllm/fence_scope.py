@@ -1,0 +1,123 @@
+"""Which of ``execute_model``'s input-preparation phases a vLLM release puts inside its
+input-prep fence, and what the host's rewrites of vLLM's reused pinned buffers race when a
+phase is left outside.
+
+The V1 runner reuses pinned CPU tensors between steps and copies them to the device with
+non-blocking H2D copies; under async scheduling (or a pipeline-parallel batch queue) step
+N+1's host code can rewrite a buffer before step N's copy of it has run. The fence is
+``prepare_inputs_event``: synchronized before the host rewrites, recorded after the copies
+are issued (inline in 0.10.2, ``synchronize_input_prep()`` since 0.11.0). Which phases it
+covers changed from release to release, and each change was a published fix:
+:func:`fenced_phases` reads it from a release's own ``execute_model`` (AST: the phases called
+inside ``with self.synchronize_input_prep()``, or between the inline ``synchronize()`` and
+``record()``). The phases' host writes and copies are vLLM's own code (the installed
+``InputBatch`` and ``BlockTable``): ``_update_states`` adds and removes requests
+(``add_request`` writes the sampling tensors and block-table rows through their NumPy views)
+and refreshes the sampling metadata (``copy_slice`` H2D); ``_prepare_inputs`` commits the
+block table (``copy_to_gpu``).
+"""
+
+from __future__ import annotations
+
+import ast
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
+from overlap_harness.recorder import watch
+
+PHASES = ("update_states", "prepare_inputs", "preprocess")  # execute_model's order
+
+
+def fenced_phases(runner_file: str | Path) -> dict[str, bool]:
+    """``{phase: inside the fence}`` for the phases ``GPUModelRunner.execute_model`` of
+    ``runner_file`` calls (``self._update_states(...)`` and so on)."""
+    tree = ast.parse(Path(runner_file).read_text(), str(runner_file))
+    runner = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+                  and n.name == "GPUModelRunner")
+    execute = next(n for n in runner.body if isinstance(n, ast.FunctionDef)
+                   and n.name == "execute_model")
+    blocks, syncs, records, calls = [], [], [], {}
+    for node in ast.walk(execute):
+        if isinstance(node, ast.With) and any("synchronize_input_prep" in ast.unparse(
+                item.context_expr) for item in node.items):
+            blocks.append((node.lineno, node.end_lineno or node.lineno))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func)
+            if target == "self.prepare_inputs_event.synchronize":
+                syncs.append(node.lineno)
+            elif target == "self.prepare_inputs_event.record":
+                records.append(node.lineno)
+            elif target.startswith("self._") and target[6:] in PHASES:
+                calls[target[6:]] = node.lineno
+    return {phase: any(a <= line <= b for a, b in blocks)
+            or (any(s < line for s in syncs) and any(line < r for r in records))
+            for phase, line in calls.items()}
+
+
+def _request(step: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    params = SamplingParams(temperature=0.5 + 0.25 * (step % 4), top_p=0.9)
+    return CachedRequestState(f"req{step}", [1, 2, 3], [], params, None, ([step],), 0, [])
+
+
+def input_batch_steps(runner_file: str | Path | None, steps: int = 4,
+                      event: bool = True) -> Any:
+    """Steps of ``_update_states`` (a request finishes, a new one is added, the sampling
+    metadata refreshed: vLLM's ``InputBatch``) and ``_prepare_inputs`` (the block table
+    committed), fenced as ``runner_file``'s ``execute_model`` fences them (None: the
+    installed runner's); the fake forward reads the device copies; the sampled ids go out
+    through ``AsyncGPUModelRunnerOutput``, step N-1's output taken after step N is issued.
+    ``event=False``: no ``prepare_inputs_event`` (the installed ``__init__`` makes none
+    without async scheduling, as with a pipeline-parallel batch queue). Returns the watch."""
+    info = import_vllm()
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from overlap_harness.engines.vllm.drivers import _bare_v1_runner, _runner_output, _sample
+
+    source = runner_file or Path(info.location) / "v1" / "worker" / "gpu_model_runner.py"
+    inside = fenced_phases(source)
+    with watch("cpu") as w, cuda_selected(w):
+        device = torch.device("cuda")
+        runner = _bare_v1_runner(async_scheduling=event)
+        batch = InputBatch(max_num_reqs=4, max_model_len=32, max_num_batched_tokens=64,
+                           device=device, vocab_size=16, block_sizes=[4],
+                           max_num_blocks_per_req=[8])
+        copy_stream = torch.cuda.Stream()
+        pending: list[Any] = []
+        for step in range(steps):
+            w.iteration(step)
+            fence = runner.synchronize_input_prep() if any(inside.values()) else nullcontext()
+            phases = {"update_states": lambda s=step: _update_states(batch, s),
+                      "prepare_inputs": lambda: batch.block_table.commit_block_table(1)}
+            outside_first = [p for p in phases if not inside.get(p)]
+            for phase in outside_first:  # before the fence: the fixes moved them in
+                phases[phase]()
+            with fence:
+                for phase in phases:
+                    if inside.get(phase):
+                        phases[phase]()
+            metadata = batch.sampling_metadata  # the forward reads this step's copies
+            blocks = batch.block_table[0].get_device_tensor(1)
+            logits = (metadata.temperature.unsqueeze(1) * blocks[:, :1].float()).repeat(1, 16)
+            pending.append(AsyncGPUModelRunnerOutput(_runner_output(1), _sample(logits), None,
+                                                     [], copy_stream, vocab_size=16))
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+        for output in pending:
+            output.get_output()
+    return w
+
+
+def _update_states(batch: Any, step: int) -> None:
+    if step:
+        batch.remove_request(f"req{step - 1}")
+        batch.condense()
+    batch.add_request(_request(step))
+    batch.refresh_metadata()

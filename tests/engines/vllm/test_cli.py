@@ -1,0 +1,57 @@
+"""``overlap-harness vllm --vllm-src PATH`` on a user's tree: a mirror of the installed vLLM
+(every file a link, one file a copy) with one necessary sync removed exits 1 with races in
+that tree's own file; the unedited mirror exits 0. Each run is a fresh process (vLLM is
+imported once per process, from one tree). Skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+
+try:
+    INFO = import_vllm()
+except VllmUnavailable as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[3]
+RUNNER = Path("v1") / "worker" / "gpu_model_runner.py"
+FENCE = "self.async_copy_ready_event.synchronize()"
+
+
+def _mirror(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    subprocess.run(["cp", "-rs", INFO.location, str(tree / "vllm")], check=True)
+    runner = tree / "vllm" / RUNNER
+    text = runner.read_text()
+    runner.unlink()
+    runner.write_text(text)  # a real file of the mirror, edited below
+    return tree
+
+
+def _run(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
+                           str(tree), "--variant", "v1-async-output"], capture_output=True,
+                          text=True, env=env, check=False, timeout=300)
+
+
+def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) -> None:
+    tree = _mirror(tmp_path)
+    intact = _run(tree)
+    assert intact.returncode == 0, intact.stderr[-2000:]
+    assert "v1-async-output: race-free" in intact.stdout
+    runner = tree / "vllm" / RUNNER
+    lines = runner.read_text().splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == FENCE)  # get_output's
+    lines[index] = lines[index].replace(FENCE, "pass")
+    runner.write_text("".join(lines))
+    racy = _run(tree)
+    assert racy.returncode == 1, racy.stderr[-2000:]
+    assert "host-D2H" in racy.stdout and f"at {runner}:" in racy.stdout
