@@ -19,11 +19,14 @@ _MISSING = object()
 
 @contextmanager
 def patched(patches: Sequence[Patch]) -> Iterator[None]:
-    """Apply ``patches`` inside the block; restore every original on the way out (an
-    attribute the object did not have itself, only inherited, is deleted again)."""
-    saved = [(obj, name, vars(obj).get(name, _MISSING)) for obj, name, _ in patches]
+    """Apply ``patches`` in order inside the block; restore every original in reverse order on
+    the way out, also when the block (or a later patch) raises. An attribute the object did not
+    have itself, only inherited (or did not have at all), is deleted again."""
+    saved: list[tuple[Any, str, Any]] = []
     try:
         for obj, name, value in patches:
+            saved.append((obj, name, vars(obj).get(name, _MISSING) if hasattr(obj, "__dict__")
+                          else getattr(obj, name, _MISSING)))
             setattr(obj, name, value)
         yield
     finally:
