@@ -117,6 +117,7 @@ class ProtocolConfig:
     pool_size: int = _f(16, "request-pool rows; row 0 is the padding row", (2, 4096))
     alloc_factor: int = _f(2, "KV over-allocation factor in prepare_for_decode (2 at REF)", (1, 4))
     pin_ring_depth: int = _f(2, "iterations a batch's snapshot tensors stay pinned", (0, 4))
+    result_queue_hold: bool = _f(False, "the result queue holds each batch's future_indices (SGLang 0.5.23: batch.copy()'s req_pool_indices) until its result is processed, ring or not")
     stash_stream: StashStream = _f(StashStream.FORWARD, "stream the stash runs on; side = a stream with no event (scenario 1's bug)")
     future_layout: FutureLayout = _f(FutureLayout.ROWS, "rows: one FutureMap slot per request-pool row (REF); ring: the old ring (#13713)")
     ring_size: int = _f(4, "slots of the old FutureMap ring", (1, 4096))

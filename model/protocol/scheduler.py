@@ -59,7 +59,7 @@ class Scheduler:
         self.barrier.after_launch(device, schedule, forward)
         self.results.append(batch)
         if len(self.results) > 1:
-            self.pop_and_process(self.results.pop(0))
+            self._process_queued(self.results.pop(0))
         if ctx.config.delayed_sampling and batch.kind == "decode" and not ctx.is_spec:
             self.runner.delayed_sample(batch)
 
@@ -68,7 +68,12 @@ class Scheduler:
         self.ctx.device.set_iteration(n)
         self.future_map.on_loop_end()
         while self.results:
-            self.pop_and_process(self.results.pop(0))
+            self._process_queued(self.results.pop(0))
+
+    def _process_queued(self, batch: Batch) -> None:
+        """Pop the result queue's oldest batch: process it, then let it go."""
+        self.pop_and_process(batch)
+        self.ctx.processed(batch)
 
     # -- get_next_batch_to_run ------------------------------------------------------------
     def get_next_batch(self, n: int) -> Batch:
