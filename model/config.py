@@ -120,6 +120,8 @@ class ProtocolConfig:
     skip_finishing_decode: bool = _f(False, "non-spec: leave out of the decode batch a request whose queued result commits its last token by length (SGLang 0.5.23's _reqs_finishing_inflight, scheduler.py 4444-4457, on in event_loop_overlap)")
     prefill_rewrites_prefix: bool = _f(False, "a prefill chunk writes its request's req_to_token row from column 0, the prefix's entries again (SGLang 0.5.23's write_req_to_token_pool_triton, allocation.py 452)")
     radix_cache_rewrite: bool = _f(False, "after a prefill's result, the radix cache rewrites each unfinished request's req_to_token row on S (RadixCache.cache_unfinished_req through req_to_token_pool.write, memory_pool.py 414)")
+    copy_stream: bool = _f(False, "results copied to the host on a copy stream that waits on F (SGLang 0.5.23's _copy_result_to_cpu on CUDA, scheduler.py 5032)")
+    async_d2h: bool = _f(False, "results copied with SGLang 0.5.23's async_d2h: the host keeps only the pinned copy and drops the device result at once, kept alive for the copy by record_stream on the copying stream (utils/common.py 608-617)")
     result_queue_hold: bool = _f(False, "the result queue holds each batch's future_indices (SGLang 0.5.23: batch.copy()'s req_pool_indices) until its result is processed, ring or not")
     stash_stream: StashStream = _f(StashStream.FORWARD, "stream the stash runs on; side = a stream with no event (scenario 1's bug)")
     future_layout: FutureLayout = _f(FutureLayout.ROWS, "rows: one FutureMap slot per request-pool row (REF); ring: the old ring (#13713)")

@@ -68,6 +68,9 @@ class SyncLabel(StrEnum):
     MIXED_TAILS_HOST_WAIT = "mixed_tails.host_wait"
     MIXED_TAILS_D2H_WAIT = "mixed_tails.d2h_wait"
     RESOLVE_STREAM_ORDER = "resolve.stream_order"
+    # SGLang 0.5.23's result copy (scheduler.py 5032, utils/common.py 616)
+    COPY_STREAM_FORWARD_WAIT = "copy_stream.forward_wait"
+    D2H_RESULT_RECORD_STREAM = "d2h_result.record_stream"
 
 
 @dataclass(frozen=True, slots=True)

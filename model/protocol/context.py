@@ -80,6 +80,7 @@ class RunContext:
         self.d2h_stream: Stream | None = (
             device.stream("fwd_prepare_d2h") if has_d2h_stream else None)
         self.plan_stream: Stream | None = device.stream("plan") if config.plan_stream else None
+        self.copy_stream: Stream | None = device.stream("copy") if config.copy_stream else None
         # sizes
         self.pool_size = config.pool_size  # request-pool rows, row 0 the padding row
         self.max_context = config.max_context  # columns of req_to_token

@@ -40,27 +40,15 @@ SITE_LABELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("mix_running_indices.record_stream",)),
     ("overlap_utils.py", "indices.record_stream", ("future_indices.record_stream",)),
     ("batch_result_processor.py", "copy_done.synchronize()", ("copy_done.host_sync",)),
+    ("scheduler.py", "copy_stream.wait_stream(self.forward_stream)",
+     ("copy_stream.forward_wait",)),
+    ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
     # an event never recorded: its synchronize() returns at once, as with no host sync
     ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
 )
 
 #: why a site has no counterpart, or why the model's verdict differs (file name, code piece)
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
-    ("scheduler.py", "copy_stream.wait_stream(self.forward_stream)",
-     "not modelled: the model copies results to the host on the forward stream itself "
-     "(stream order), SGLang 0.5.23 on a copy stream that waits on the forward stream "
-     "(_copy_result_to_cpu, scheduler.py 5032); the model has no copy stream to fence"),
-    ("common.py", "record_stream",
-     "not modelled: async_d2h's record_stream keeps the device result alive for the copy "
-     "stream's read; the model's result copy runs on the forward stream (no copy stream), so "
-     "no cross-stream lifetime exists to keep"),
-    ("scheduler.py", "batch_record_buf[",
-     "the model frees a batch's index tensors at launch when the ring is removed; the real "
-     "loop's result_queue also holds batch.copy() (req_pool_indices, out_cache_loc, "
-     "spec_info: schedule_batch.py 3992-4022, scheduler.py 2112) until process_batch_result, "
-     "which runs after copy_done.synchronize(), so the host is ordered after the forward "
-     "before the last reference goes: the ring is redundant in non-spec (model out of date: "
-     "the result queue's hold is not modelled)"),
 )
 
 
