@@ -37,6 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--out", type=Path, metavar="DIR", default=None,
                         help="write sglang-loop.json (and .md with --necessity), and per "
                         "variant the timeline plot of one iteration, Perfetto and SARIF")
+    parser.add_argument("--loop-report", type=Path, metavar="DIR", default=None,
+                        help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
+                        "each site's real verdict beside the model's removal of its "
+                        "counterpart (reports/conformance holds the committed one)")
     parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
@@ -54,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         return _fail(f"-j: expected a positive number, got {args.jobs}")
+    if args.loop_report and not args.necessity:
+        return _fail("--loop-report needs --necessity (the report is the necessity table "
+                     "beside the model)")
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
@@ -94,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             for path in write_variant_reports(name, args.out):
                 print(f"wrote {path}")
+    if args.loop_report:
+        from overlap_harness.engines.sglang.loop_report import write as write_loop_report
+
+        for path in write_loop_report(document, args.loop_report):
+            print(f"wrote {path}")
     if args.out and args.necessity:
         from overlap_harness.engines.sglang.table import markdown
 

@@ -5,10 +5,12 @@ that one statement removed, :mod:`overlap_harness.engines.core.necessity`), the 
 variant's scenario (``conformance/model_scenarios/sglang_loop_<variant>.toml``: the same
 arrivals, SGLang 0.5.23's protocol keys) with the model's counterpart of that site removed:
 the sync labels of :data:`SITE_LABELS`, matched on the site's file and code, not its line, so
-a moved line keeps its counterpart. A site with no counterpart is ``not_modelled``, and so is
-one whose labels the model's run never reaches; rows the real loop never reaches are not
-compared (their model column says ``not_modelled``). Every disagreement and every reached
-``not_modelled`` row says why (:data:`EXPLANATIONS`).
+a moved line keeps its counterpart. Every row explains itself: the labels the model's run
+removed where it agrees, the reason where it does not. A site with no counterpart is
+``not_modelled``, and so is one whose labels the model's run never reaches; rows the real
+loop never reaches are not compared (their model column says ``not_modelled``). Known
+reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (none are
+needed for SGLang 0.5.23).
 
 Computing the model column needs no SGLang, so a test recomputes it from the committed report
 and fails when the model parts from the real verdicts recorded there.
@@ -82,9 +84,13 @@ def model_verdict(variant: str, labels: tuple[str, ...]) -> str:
     return result.verdict
 
 
-def _explain(file_name: str, code: str, real: str, model: str, variant: str) -> str | None:
-    if real == "not_reached" or real == model:
-        return None
+def _explain(file_name: str, code: str, real: str, model: str, variant: str,
+             labels: Sequence[str]) -> str:
+    if real == "not_reached":
+        return f"the variant never runs this line (coverage gap for {variant})"
+    if real == model:
+        return (f"agrees: the model's sglang_loop_{variant} without "
+                f"{', '.join(labels)} is {model} too")
     known = explanation_for(file_name, code)
     if known:
         return known
@@ -112,8 +118,9 @@ def build_rows(necessity: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                      "real": real, "races": len(entry["races"]),
                      "race_examples": [_race_text(r) for r in entry["races"][:2]],
                      "model_labels": list(labels), "model": model,
+                     "agrees": real == model,
                      "explanation": _explain(file_name, entry["code"], real, model,
-                                             entry["variant"])})
+                                             entry["variant"], labels)})
     return rows
 
 
@@ -182,7 +189,7 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         code = row["code"].replace("|", "\\|")[:70]
         lines.append(f"| {row['variant']} | {row['site']} | `{code}` | {row['real']} | "
-                     f"{row['races']} | {row['model']} | {row['explanation'] or ''} |")
+                     f"{row['races']} | {row['model']} | {row['explanation']} |")
     unreached = sorted({r["site"] for r in report["rows"]}
                        - {r["site"] for r in report["rows"] if r["real"] != "not_reached"})
     lines += ["", f"Sites no variant reaches ({len(unreached)}): "
