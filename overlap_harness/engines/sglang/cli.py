@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.output_paths import prepare_outputs
+
 PROG = "overlap-harness sglang"
 
 
@@ -61,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if args.loop_report and not args.necessity:
         return _fail("--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")
+    # every output is checked (folders made) before the minutes of import and runs
+    prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report},
+                    files={"--json": args.json})
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
