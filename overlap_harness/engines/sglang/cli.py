@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.cli_options import count
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -43,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
                         "each site's real verdict beside the model's removal of its "
                         "counterpart (reports/conformance holds the committed one)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
     return parser
@@ -58,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
-    if args.jobs < 1:
-        return _fail(f"-j: expected a positive number, got {args.jobs}")
     if args.loop_report and not args.necessity:
         return _fail("--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")
