@@ -42,6 +42,10 @@ class SyncLabel(StrEnum):
 
     FORWARD_ENTRY = "forward_entry"
     WAR_BARRIER = "war_barrier"
+    # the two branches of SGLang 0.5.23's _apply_war_barrier, removable one at a time
+    # (scheduler.py 2021 / 2023); ``war_barrier`` removes both
+    WAR_BARRIER_READ_DONE_WAIT = "war_barrier.read_done_wait"
+    WAR_BARRIER_FALLBACK_WAIT = "war_barrier.fallback_wait"
     PUBLISH_READY_SCHEDULE_WAIT = "publish_ready.schedule_wait"
     PUBLISH_READY_D2H_WAIT = "publish_ready.d2h_wait"
     PUBLISH_READY_HOST_WAIT = "publish_ready.host_wait"
@@ -64,6 +68,9 @@ class SyncLabel(StrEnum):
     MIXED_TAILS_HOST_WAIT = "mixed_tails.host_wait"
     MIXED_TAILS_D2H_WAIT = "mixed_tails.d2h_wait"
     RESOLVE_STREAM_ORDER = "resolve.stream_order"
+    # SGLang 0.5.23's result copy (scheduler.py 5032, utils/common.py 616)
+    COPY_STREAM_FORWARD_WAIT = "copy_stream.forward_wait"
+    D2H_RESULT_RECORD_STREAM = "d2h_result.record_stream"
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,9 @@ class AfterLaunchReadDone(BarrierPlacement):
     spec-v2 gets the coarse fence. Prefill and mixed (extend) batches publish none either
     (base_attn_backend.py 195-233: ``UNKNOWN`` for extend), so they get the coarse fence too.
     Forward reads that come after the event (publish and stash reading ``future_indices``) are
-    not covered by it: their tensors' lifetime rests on the keep-alive ring."""
+    not covered by it: their tensors' lifetime rests on the keep-alive ring. Each branch has
+    its own label as well (``war_barrier.read_done_wait``, ``war_barrier.fallback_wait``), so
+    one of SGLang's two lines can be removed alone."""
 
     def __init__(self) -> None:
         self.read_done: Event | None = None
@@ -136,8 +138,9 @@ class AfterLaunchReadDone(BarrierPlacement):
         """S waits the published event (consumed), else everything F has queued."""
         event, self.read_done = self.read_done, None
         if event is not None:
-            device.wait_event(schedule, event, SyncLabel.WAR_BARRIER)
-        else:
+            if device.sync_enabled(SyncLabel.WAR_BARRIER_READ_DONE_WAIT):
+                device.wait_event(schedule, event, SyncLabel.WAR_BARRIER)
+        elif device.sync_enabled(SyncLabel.WAR_BARRIER_FALLBACK_WAIT):
             device.wait_stream(schedule, forward, SyncLabel.WAR_BARRIER)
 
 

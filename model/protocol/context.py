@@ -30,6 +30,10 @@ from overlap_harness.model.protocol.kernels import DraftOrganizer, check_gather_
 from overlap_harness.model.protocol.outcome import ProtocolOutcome
 from overlap_harness.model.protocol.state import Batch
 
+#: the batch tensors SGLang 0.5.23's result queue keeps through ``batch.copy()`` (its
+#: ``req_pool_indices``, which the non-spec FutureMap gathers with) until the result is processed
+RESULT_QUEUE_HELD = frozenset({"future_indices"})
+
 
 class StreamAliasError(HarnessError):
     """The schedule and forward streams are one stream (#31681): every race would vanish."""
@@ -76,6 +80,7 @@ class RunContext:
         self.d2h_stream: Stream | None = (
             device.stream("fwd_prepare_d2h") if has_d2h_stream else None)
         self.plan_stream: Stream | None = device.stream("plan") if config.plan_stream else None
+        self.copy_stream: Stream | None = device.stream("copy") if config.copy_stream else None
         # sizes
         self.pool_size = config.pool_size  # request-pool rows, row 0 the padding row
         self.max_context = config.max_context  # columns of req_to_token
@@ -103,7 +108,7 @@ class RunContext:
         self.organizer = DraftOrganizer(config.topk, config.num_steps, self.num_draft_tokens,
                                         self.pool_size, device.torch_device)
         self.outcome = ProtocolOutcome()
-        self._pin_ring: deque[list[Buffer]] = deque()
+        self._pin_ring: deque[Batch] = deque()
 
     def tmp(self, batch: Batch, name: str, shape: Sequence[int], dtype: torch.dtype,
             stream: Stream) -> Buffer:
@@ -116,15 +121,33 @@ class RunContext:
         """Step 4d: pin the batch's snapshot tensors for ``pin_ring_depth`` iterations.
 
         With the ``batch_pin_ring`` label removed (or depth 0) they are freed at once: the
-        host drops its last reference while F may still read them.
+        host drops its last reference while F may still read them. With
+        ``result_queue_hold`` the future indices stay until the batch's result is processed
+        (:meth:`processed`): SGLang 0.5.23's result queue holds ``batch.copy()``, which keeps
+        ``req_pool_indices`` (schedule_batch.py 3992-4022, scheduler.py 2112).
         """
         keep = self.device.sync_enabled(SyncLabel.BATCH_PIN_RING)
-        self._pin_ring.append(batch.pinned)
+        self._pin_ring.append(batch)
         depth = self.config.pin_ring_depth if keep else 0
         while len(self._pin_ring) > depth:
-            for buf in self._pin_ring.popleft():
-                if not buf.freed:
+            old = self._pin_ring.popleft()
+            for buf in old.pinned:
+                if buf.freed:
+                    continue
+                if (self.config.result_queue_hold and not old.processed
+                        and buf.name in RESULT_QUEUE_HELD):
+                    old.held.append(buf)
+                else:
                     self.device.free(buf)
+
+    def processed(self, batch: Batch) -> None:
+        """The batch's result was processed: the result queue drops its copy of the batch,
+        and with it the last reference to what :meth:`pin` left held."""
+        batch.processed = True
+        for buf in batch.held:
+            if not buf.freed:
+                self.device.free(buf)
+        batch.held.clear()
 
 
 def check_v0523_keys(config: ProtocolConfig, is_spec: bool, on_cuda: bool) -> None:

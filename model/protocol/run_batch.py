@@ -201,15 +201,25 @@ class BatchRunner:
         self._copy_to_cpu(batch, {"next_tokens": next_ids})
 
     def _copy_to_cpu(self, batch: Batch, bufs: dict[str, Buffer]) -> None:
-        """Non-blocking D2H of the results into pinned memory on F, then a NEW copy_done
-        event (step 4i); the debug-check flags travel with them."""
+        """Non-blocking D2H of the results into pinned memory on F (or on the copy stream,
+        after it waits on F), then a NEW copy_done event (step 4i); the debug-check flags
+        travel with them. With ``async_d2h`` the host drops each device result right after
+        its copy, which only ``record_stream`` on the copying stream keeps alive."""
         ctx, device = self.ctx, self.ctx.device
         batch.copy_done = device.event("copy_done")
         bufs = {**bufs, **batch.flags}
         batch.flags = {}
+        stream = ctx.copy_stream or ctx.forward_stream
+        if ctx.copy_stream is not None:
+            device.wait_stream(stream, ctx.forward_stream, SyncLabel.COPY_STREAM_FORWARD_WAIT)
         for name, src in bufs.items():
             dst = device.buffer(f"{name}_cpu", src.shape, src.dtype, pinned=True)
-            device.copy(ctx.forward_stream, src, dst, non_blocking=True, cost_us=ctx.d2h_us,
+            device.copy(stream, src, dst, non_blocking=True, cost_us=ctx.d2h_us,
                         name=f"d2h_{name}")
             batch.results[name] = dst
-        device.record(batch.copy_done, ctx.forward_stream)
+            if ctx.config.async_d2h:
+                device.record_stream(src, stream, SyncLabel.D2H_RESULT_RECORD_STREAM)
+                if src in batch.pinned:
+                    batch.pinned.remove(src)
+                device.free(src)
+        device.record(batch.copy_done, stream)

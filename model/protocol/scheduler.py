@@ -59,7 +59,7 @@ class Scheduler:
         self.barrier.after_launch(device, schedule, forward)
         self.results.append(batch)
         if len(self.results) > 1:
-            self.pop_and_process(self.results.pop(0))
+            self._process_queued(self.results.pop(0))
         if ctx.config.delayed_sampling and batch.kind == "decode" and not ctx.is_spec:
             self.runner.delayed_sample(batch)
 
@@ -68,7 +68,12 @@ class Scheduler:
         self.ctx.device.set_iteration(n)
         self.future_map.on_loop_end()
         while self.results:
-            self.pop_and_process(self.results.pop(0))
+            self._process_queued(self.results.pop(0))
+
+    def _process_queued(self, batch: Batch) -> None:
+        """Pop the result queue's oldest batch: process it, then let it go."""
+        self.pop_and_process(batch)
+        self.ctx.processed(batch)
 
     # -- get_next_batch_to_run ------------------------------------------------------------
     def get_next_batch(self, n: int) -> Batch:
@@ -115,6 +120,22 @@ class Scheduler:
         ctx.device.launch(ctx.schedule_stream, "mix_running_indices", lambda: rows, writes=[mix],
                           cost_us=ctx.kernel_us)
         return Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec), mix_idx=mix)
+
+    def _finishing_inflight(self) -> list[Req]:
+        """With ``skip_finishing_decode`` (non-spec): the requests whose result, queued and not
+        yet processed, gives them their last token by length; SGLang leaves them out of the
+        next decode batch instead of decoding them once more."""
+        if not self.ctx.config.skip_finishing_decode or self.ctx.is_spec or not self.results:
+            return []
+        queued = self.results[-1]
+        finishing = []
+        for part in queued.parts or (queued,):
+            for i, r in enumerate(part.reqs):
+                gives_token = part.kind == "decode" or (
+                    part.kind == "prefill" and part.last_chunk[i])
+                if gives_token and not r.finished and len(r.tokens) + 1 >= r.spec.max_new:
+                    finishing.append(r)
+        return finishing
 
     def _late_finishes(self) -> set[str]:
         """Requests a ``finish_late`` event finishes while this iteration processes results."""
@@ -215,6 +236,8 @@ class Scheduler:
             batch.chunk_ends.append(e)
             batch.last_chunk.append(e >= r.target_len)
             ranges.append(self.grow(r, e + ctx.alloc_len))
+        if ctx.config.prefill_rewrites_prefix:  # the prefix's entries written again
+            ranges = [(0, end) for _, end in ranges]
         self.write_alloc(todo, ranges, "prefill_alloc")
         self.future_map.build_indices(batch, "build_future_indices")
         toks = [t for r, s, e in zip(todo, batch.chunk_starts, batch.chunk_ends, strict=True)
@@ -237,7 +260,8 @@ class Scheduler:
     def prepare_for_decode(self, n: int) -> Batch:
         """The decode batch: SWA eviction, over-allocation, ``req_to_token[row, cur:nxt]`` on S."""
         ctx = self.ctx
-        reqs = list(self.running)
+        finishing = self._finishing_inflight()
+        reqs = [r for r in self.running if r not in finishing]
         batch = Batch("decode", n, reqs)
         ranges = []
         for r in reqs:
@@ -306,6 +330,11 @@ class Scheduler:
                 r.finished = True
                 out.finished_at = batch.iteration
                 self.release(r, "release_kv")
+        if ctx.config.radix_cache_rewrite and batch.kind == "prefill":
+            kept = [r for r in batch.reqs if not r.finished and r.prefilled]
+            if kept:
+                self.write_alloc(kept, [(0, r.prefilled) for r in kept],
+                                 "cache_unfinished_req")
         for b in batch.results.values():
             device.free(b)
         batch.results = {}

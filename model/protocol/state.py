@@ -121,6 +121,8 @@ class Batch:
     host_lens: list[int] = field(default_factory=list)  # lengths the host declares with
     exact_lens: bool = True  # False: host_lens is a lower bound (backend opted out)
     pinned: list[Buffer] = field(default_factory=list)  # batch tensors for the pin ring
+    held: list[Buffer] = field(default_factory=list)  # what the result queue still holds
+    processed: bool = False  # its result was processed (the result queue let it go)
     results: dict[str, Buffer] = field(default_factory=dict)  # pinned D2H targets
     flags: dict[str, Buffer] = field(default_factory=dict)  # debug-check flags (device side)
     copy_done: Event | None = None

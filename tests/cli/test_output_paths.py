@@ -71,7 +71,7 @@ def _stub_conformance(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(sglang_env, "unavailable_reason", work_reached)
 
 
-def _stub_sglang(mp: pytest.MonkeyPatch) -> None:
+def _stub_sglang_loop(mp: pytest.MonkeyPatch) -> None:
     from overlap_harness.engines.sglang import environment
 
     mp.setattr(environment, "load", work_reached)
@@ -111,8 +111,10 @@ CASES = [
          _stub_check),
     Case("conformance", "--out", ("conformance", "--out", "{path}"), "folder",
          _stub_conformance),
-    Case("sglang", "--out", ("sglang", "--out", "{path}"), "folder", _stub_sglang),
-    Case("sglang", "--json", ("sglang", "--json", "{path}"), "file", _stub_sglang),
+    Case("sglang", "--out", ("sglang", "--out", "{path}"), "folder", _stub_sglang_loop),
+    Case("sglang", "--json", ("sglang", "--json", "{path}"), "file", _stub_sglang_loop),
+    Case("sglang", "--loop-report", ("sglang", "--necessity", "--loop-report", "{path}"),
+         "folder", _stub_sglang_loop),
     Case("calibrate", "--out", ("calibrate", "--out", "{path}"), "file", _stub_measure),
     Case("calibrate", "--timelines", ("calibrate", "--out", "{tmp}/p.json", "--timelines",
                                       "{path}"), "file", _stub_measure),

@@ -8,6 +8,7 @@ import's own error, when SGLang or the light packages it imports are missing.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -72,12 +73,48 @@ def _mirror(source: Path, target: Path, edited: Path, old: str | None,
             (target / entry.name).symlink_to(entry)
 
 
-def _tree(tmp_path: Path, old: str | None, new: str) -> Path:
+def _tree(tmp_path: Path, old: str | None, new: str,
+          edited: str = "srt/managers/scheduler.py") -> Path:
     installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
     tree = tmp_path / "tree"
     tree.mkdir()
-    _mirror(installed, tree / "sglang", Path("srt/managers/scheduler.py"), old, new)
+    _mirror(installed, tree / "sglang", Path(edited), old, new)
     return tree
+
+
+def _without_statement(tree: Path, relative: str, line: int) -> None:
+    """The tree's real copy of ``relative`` with the statement starting at ``line`` made
+    ``pass`` (its other lines blank: every line keeps its number)."""
+    path = tree / "sglang" / relative
+    text = path.read_text()
+    statement = next(node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.stmt)
+                     and node.lineno == line)
+    lines = text.splitlines(keepends=True)
+    first = lines[line - 1]
+    lines[line - 1] = first[: len(first) - len(first.lstrip())] + "pass\n"
+    for index in range(line, statement.end_lineno or line):
+        lines[index] = "\n"
+    path.write_text("".join(lines))
+
+
+def _loop_report_sites(real: str) -> list[tuple[str, int, str]]:
+    """(file inside sglang/, line, a variant) of each site whose removal the committed loop
+    report marks ``real`` in some variant (``race``), or in every variant reaching it
+    (``race_free``)."""
+    rows = json.loads((ROOT / "reports/conformance/sglang-0.5.23-loop.json").read_text())["rows"]
+    verdicts: dict[str, dict[str, str]] = {}
+    for row in rows:
+        if row["real"] != "not_reached":
+            verdicts.setdefault(row["site"], {})[row["variant"]] = row["real"]
+    chosen = []
+    for site, by_variant in sorted(verdicts.items()):
+        hits = [v for v, verdict in by_variant.items() if verdict == "race"]
+        file, line = site.removeprefix("sglang/").rsplit(":", 1)
+        if real == "race" and hits:
+            chosen.append((file, int(line), hits[0]))
+        elif real == "race_free" and not hits:
+            chosen.append((file, int(line), next(iter(by_variant))))
+    return chosen
 
 
 def _tree_run(tmp_path: Path, old: str | None, variant: str,
@@ -110,6 +147,45 @@ def test_twin_tree_with_the_forward_wait_is_race_free(tmp_path):
 @pytest.mark.slow
 def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
     status, output, document, _tree_dir = _tree_run(tmp_path, KEEP_ALIVE, "non_spec_decode")
+    assert status == 0, output
+    assert document["races"] == []
+
+
+def _site_run(tmp_path: Path, file: str, line: int, variant: str) -> tuple[int, str, dict,
+                                                                          Path]:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    tree = _tree(tmp_path, None, "pass", edited=file)
+    _without_statement(tree, file, line)
+    status, output, document = _command("--sglang-src", str(tree), "--variant", variant,
+                                        json_path=tmp_path / "races.json")
+    return status, output, document, tree
+
+
+def _assert_races_in_tree(status: int, output: str, document: dict, tree: Path) -> None:
+    assert status == 1, output
+    sides = [side for r in document["races"] for side in (r["first"], r["second"])]
+    assert any(s["file"].startswith(str(tree / "sglang") + os.sep) for s in sides), output
+
+
+def test_tree_without_async_d2h_record_stream_races_in_its_own_files(tmp_path):
+    """A necessary line outside scheduler.py (utils/common.py's async_d2h)."""
+    status, output, document, tree = _site_run(tmp_path, "srt/utils/common.py", 616,
+                                               "non_spec_decode")
+    _assert_races_in_tree(status, output, document, tree)
+    assert {r["kind"] for r in document["races"]} == {"reuse"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file, line, variant", _loop_report_sites("race"))
+def test_every_necessary_site_removed_from_a_tree_exits_1(tmp_path, file, line, variant):
+    _assert_races_in_tree(*_site_run(tmp_path, file, line, variant))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file, line, variant", _loop_report_sites("race_free"))
+def test_every_redundant_site_removed_from_a_tree_exits_0(tmp_path, file, line, variant):
+    status, output, document, _tree_dir = _site_run(tmp_path, file, line, variant)
     assert status == 0, output
     assert document["races"] == []
 

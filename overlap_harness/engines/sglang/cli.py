@@ -40,6 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--out", type=Path, metavar="DIR", default=None,
                         help="write sglang-loop.json (and .md with --necessity), and per "
                         "variant the timeline plot of one iteration, Perfetto and SARIF")
+    parser.add_argument("--loop-report", type=Path, metavar="DIR", default=None,
+                        help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
+                        "each site's real verdict beside the model's removal of its "
+                        "counterpart (reports/conformance holds the committed one)")
     parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
@@ -55,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
-    prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
+    if args.loop_report and not args.necessity:
+        return _fail("--loop-report needs --necessity (the report is the necessity table "
+                     "beside the model)")
+    # every output is checked (folders made) before the minutes of import and runs
+    prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report},
+                    files={"--json": args.json})
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
@@ -96,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             for path in write_variant_reports(name, args.out):
                 print(f"wrote {path}")
+    if args.loop_report:
+        from overlap_harness.engines.sglang.loop_report import write as write_loop_report
+
+        for path in write_loop_report(document, args.loop_report):
+            print(f"wrote {path}")
     if args.out and args.necessity:
         from overlap_harness.engines.sglang.table import markdown
 

@@ -1,0 +1,197 @@
+"""The loop report: each SGLang sync site removed from the real loop, beside the model's removal.
+
+For every variant and sync site of the necessity table (the real ``event_loop_overlap`` with
+that one statement removed, :mod:`overlap_harness.engines.core.necessity`), the model runs the
+variant's scenario (``conformance/model_scenarios/sglang_loop_<variant>.toml``: the same
+arrivals, SGLang 0.5.23's protocol keys) with the model's counterpart of that site removed:
+the sync labels of :data:`SITE_LABELS`, matched on the site's file and code, not its line, so
+a moved line keeps its counterpart. Every row explains itself: the labels the model's run
+removed where it agrees, the reason where it does not. A site with no counterpart is
+``not_modelled``, and so is one whose labels the model's run never reaches; rows the real
+loop never reaches are not compared (their model column says ``not_modelled``). Known
+reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (none are
+needed for SGLang 0.5.23).
+
+Computing the model column needs no SGLang, so a test recomputes it from the committed report
+and fails when the model parts from the real verdicts recorded there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from overlap_harness.runner import run_spec
+from overlap_harness.scenarios.expand import expand
+from overlap_harness.scenarios.loader import load_scenario
+
+MODEL_SCENARIOS = Path(__file__).resolve().parents[2] / "conformance" / "model_scenarios"
+
+#: (file name, a piece of the statement's code) -> the model's sync labels removed for it
+SITE_LABELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("scheduler.py", "forward_stream.wait_stream(self.schedule_stream)", ("forward_entry",)),
+    ("scheduler.py", "schedule_stream.wait_event(ev)", ("war_barrier.read_done_wait",)),
+    ("scheduler.py", "schedule_stream.wait_stream(self.forward_stream)",
+     ("war_barrier.fallback_wait",)),
+    ("scheduler.py", "batch_record_buf[", ("batch_pin_ring",)),
+    ("overlap_utils.py", "mix_running_indices.record_stream",
+     ("mix_running_indices.record_stream",)),
+    ("overlap_utils.py", "indices.record_stream", ("future_indices.record_stream",)),
+    ("batch_result_processor.py", "copy_done.synchronize()", ("copy_done.host_sync",)),
+    ("scheduler.py", "copy_stream.wait_stream(self.forward_stream)",
+     ("copy_stream.forward_wait",)),
+    ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
+    # an event never recorded: its synchronize() returns at once, as with no host sync
+    ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
+)
+
+#: why a site has no counterpart, or why the model's verdict differs (file name, code piece)
+EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
+)
+
+
+def labels_for(file_name: str, code: str) -> tuple[str, ...]:
+    """The model's labels removed for the SGLang site (empty: no counterpart)."""
+    for name, piece, labels in SITE_LABELS:
+        if name == file_name and piece in code:
+            return labels
+    return ()
+
+
+def explanation_for(file_name: str, code: str) -> str | None:
+    """The committed reason for a site's disagreement or missing counterpart, if any."""
+    return next((text for name, piece, text in EXPLANATIONS
+                 if name == file_name and piece in code), None)
+
+
+@cache
+def model_verdict(variant: str, labels: tuple[str, ...]) -> str:
+    """The model's verdict for the variant's scenario with ``labels`` removed;
+    ``not_modelled`` when there are none or the run reaches none of them."""
+    path = MODEL_SCENARIOS / f"sglang_loop_{variant}.toml"
+    if not labels or not path.exists():
+        return "not_modelled"
+    base = next(run for run in expand(load_scenario(path)) if not run.mutation_name)
+    removed = frozenset(labels)
+    result = run_spec(dataclasses.replace(base, removed=removed, mutation_name="loop_site",
+                                          allow_unused=True))
+    if not removed & set(result.labels_used):
+        return "not_modelled"
+    return result.verdict
+
+
+def _explain(file_name: str, code: str, real: str, model: str, variant: str,
+             labels: Sequence[str]) -> str:
+    if real == "not_reached":
+        return f"the variant never runs this line (coverage gap for {variant})"
+    if real == model:
+        return (f"agrees: the model's sglang_loop_{variant} without "
+                f"{', '.join(labels)} is {model} too")
+    known = explanation_for(file_name, code)
+    if known:
+        return known
+    if model == "not_modelled":
+        return (f"not modelled: no sync label of the model stands for this site, or "
+                f"sglang_loop_{variant} never reaches it")
+    return (f"real loop {real}, model {model}: the model does not follow SGLang here "
+            "(model out of date); see the races' SGLang file:line")
+
+
+def build_rows(necessity: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report's rows from the necessity table's JSON rows (``overlap-harness sglang
+    --necessity --json``): site as ``file:line`` inside the sglang package."""
+    rows = []
+    for entry in necessity:
+        site = short_site(entry["site"])
+        file_name = Path(site.rsplit(":", 1)[0]).name
+        real = entry["real"] if entry["verdict"] != "error" else "error"
+        labels = labels_for(file_name, entry["code"])
+        # a site the real loop never runs is not compared: the same code can stand in
+        # another function for another mechanism (the spec-v2 twins of publish_ready's waits)
+        model = (model_verdict(entry["variant"], labels) if real in ("race", "race_free")
+                 else "not_modelled")
+        rows.append({"variant": entry["variant"], "site": site, "code": entry["code"],
+                     "real": real, "races": len(entry["races"]),
+                     "race_examples": [_race_text(r) for r in entry["races"][:2]],
+                     "model_labels": list(labels), "model": model,
+                     "agrees": real == model,
+                     "explanation": _explain(file_name, entry["code"], real, model,
+                                             entry["variant"], labels)})
+    return rows
+
+
+def short_site(site: str) -> str:
+    """``sglang/srt/managers/scheduler.py:4672`` for a site anywhere inside a sglang tree."""
+    marker = "/sglang/srt/"
+    return "sglang/srt/" + site.split(marker, 1)[1] if marker in site else site
+
+
+def _race_text(race: dict[str, Any]) -> str:
+    first, second = race["first"], race["second"]
+    return (f"{race['kind']} {race['tensor']}: {first['op']} on {first['stream']} at "
+            f"{short_site(first['file'])}:{first['line']} / {second['op']} on "
+            f"{second['stream']} at {short_site(second['file'])}:{second['line']}")
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts: rows, reached rows, disagreements (reached rows whose model verdict is
+    ``race``/``race_free`` and differs from the real one), not_modelled reached rows."""
+    reached = [r for r in rows if r["real"] in ("race", "race_free")]
+    modelled = [r for r in reached if r["model"] != "not_modelled"]
+    not_modelled = len(reached) - len(modelled)
+    return {"rows": len(rows), "reached": len(reached),
+            "race": sum(r["real"] == "race" for r in reached),
+            "race_free": sum(r["real"] == "race_free" for r in reached),
+            "not_reached": sum(r["real"] == "not_reached" for r in rows),
+            "error": sum(r["real"] == "error" for r in rows),
+            "modelled": len(modelled),
+            "disagreements": sum(r["model"] != r["real"] for r in modelled),
+            "not_modelled": not_modelled,
+            "not_modelled_fraction": round(not_modelled / len(reached), 4) if reached else 0.0}
+
+
+def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """``sglang-<version>-loop.json`` and ``.md`` in ``out_dir`` from the necessity document
+    (``overlap-harness sglang --necessity``'s JSON); returns both paths."""
+    rows = build_rows(document["necessity"])
+    version = document["sglang_version"]
+    report = {"sglang_version": version, "variants": document["variants"],
+              "summary": summarize(rows), "rows": rows}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"sglang-{version}-loop.json"
+    json_path.write_text(json.dumps(report, indent=1) + "\n")
+    md_path = out_dir / f"sglang-{version}-loop.md"
+    md_path.write_text(markdown(report))
+    return json_path, md_path
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a page: the summary, the reached rows, the sites no variant reaches."""
+    counts = report["summary"]
+    lines = [f"# SGLang {report['sglang_version']}'s own overlap loop beside the model", "",
+             "Written by `overlap-harness sglang --necessity --loop-report DIR` "
+             "(overlap_harness/engines/sglang/loop_report.py). Per variant and sync site: the "
+             "real loop with that statement removed (`real`) and the model's scenario of the "
+             "variant with its counterpart removed (`model`).", "",
+             f"Rows {counts['rows']}: reached {counts['reached']} (race {counts['race']}, "
+             f"race_free {counts['race_free']}), not reached {counts['not_reached']}, "
+             f"error {counts['error']}. Modelled {counts['modelled']}, disagreements "
+             f"{counts['disagreements']}, not_modelled {counts['not_modelled']} "
+             f"({counts['not_modelled_fraction']:.0%} of reached rows).", "",
+             "| variant | site | code | real | races | model | explanation |",
+             "|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        if row["real"] == "not_reached":
+            continue
+        code = row["code"].replace("|", "\\|")[:70]
+        lines.append(f"| {row['variant']} | {row['site']} | `{code}` | {row['real']} | "
+                     f"{row['races']} | {row['model']} | {row['explanation']} |")
+    unreached = sorted({r["site"] for r in report["rows"]}
+                       - {r["site"] for r in report["rows"] if r["real"] != "not_reached"})
+    lines += ["", f"Sites no variant reaches ({len(unreached)}): "
+              + ", ".join(f"`{s}`" for s in unreached) + ".", ""]
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""The committed loop report (reports/conformance/sglang-0.5.23-loop.json), checked without SGLang.
+
+The real column was computed by ``overlap-harness sglang --necessity --loop-report`` on SGLang
+0.5.23; here the model column is computed again from the model scenarios, so a model change
+that parts from the real loop's recorded verdicts fails, and the summary, the targets
+(0 disagreements, ``not_modelled`` under 10% of reached rows) and the explanations are
+checked against the rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.sglang import loop_report
+
+REPORT = Path(__file__).resolve().parents[2] / "reports" / "conformance" / "sglang-0.5.23-loop.json"
+REACHED = ("race", "race_free")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads(REPORT.read_text())
+
+
+def test_summary_counts_the_rows(report):
+    assert report["summary"] == loop_report.summarize(report["rows"])
+    assert report["summary"]["rows"] == len(report["rows"])
+
+
+def test_targets_met(report):
+    counts = report["summary"]
+    assert counts["reached"] > 0 and counts["error"] == 0
+    assert counts["disagreements"] == 0
+    assert counts["not_modelled"] / counts["reached"] < 0.10
+
+
+def test_every_variant_reaches_sites(report):
+    reached = {row["variant"] for row in report["rows"] if row["real"] in REACHED}
+    assert reached == set(report["variants"])
+
+
+def test_rows_have_valid_verdicts_and_explanations(report):
+    for row in report["rows"]:
+        assert row["real"] in ("race", "race_free", "not_reached"), row
+        assert row["model"] in ("race", "race_free", "not_modelled"), row
+        assert (row["races"] > 0) == (row["real"] == "race"), row
+        file_name = Path(row["site"].rsplit(":", 1)[0]).name
+        assert row["model_labels"] == list(loop_report.labels_for(file_name, row["code"]))
+        assert row["agrees"] == (row["real"] == row["model"]), row
+        assert row["explanation"], row
+        if row["real"] in REACHED and not row["agrees"]:
+            assert not row["explanation"].startswith("agrees"), row
+
+
+def test_model_column_recomputed(report):
+    """The model as it is now gives the committed model verdict on every reached row."""
+    for row in report["rows"]:
+        if row["real"] in REACHED:
+            got = loop_report.model_verdict(row["variant"], tuple(row["model_labels"]))
+            assert got == row["model"], (row["variant"], row["site"], got)
+
+
+def test_a_model_that_parts_is_counted():
+    """The summary's disagreement count is not constant: a flipped model verdict counts."""
+    rows = [{"variant": "v", "site": "s.py:1", "real": "race", "model": "race_free"},
+            {"variant": "v", "site": "s.py:2", "real": "race_free", "model": "not_modelled"},
+            {"variant": "v", "site": "s.py:3", "real": "not_reached", "model": "not_modelled"}]
+    counts = loop_report.summarize(rows)
+    assert (counts["disagreements"], counts["not_modelled"], counts["reached"]) == (1, 1, 2)
