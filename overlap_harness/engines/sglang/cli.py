@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.cli_options import count
+from overlap_harness.engines.core.command import add_engine_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -27,25 +27,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "sglang", help="run SGLang's own event_loop_overlap under the recorder (CPU, CUDA "
         "faked); --necessity removes each sync site in turn")
-    parser.add_argument("--sglang-src", metavar="PATH", default=None,
-                        help="a directory holding the sglang package, or an SGLang checkout "
-                        "(its python/ is used); default: the installed sglang")
-    parser.add_argument("--variant", action="append", metavar="NAME", default=None,
-                        help="run only this variant (repeatable); default: all")
-    parser.add_argument("--necessity", action="store_true",
-                        help="remove each sync site in turn: necessary / redundant / "
-                        "not reached per site and variant")
-    parser.add_argument("--json", type=Path, metavar="FILE", default=None,
-                        help="write the races (and the necessity table) as JSON")
-    parser.add_argument("--out", type=Path, metavar="DIR", default=None,
-                        help="write sglang-loop.json (and .md with --necessity), and per "
-                        "variant the timeline plot of one iteration, Perfetto and SARIF")
+    add_engine_options(
+        parser, "sglang", source_help="a directory holding the sglang package, or an SGLang "
+        "checkout (its python/ is used); default: the installed sglang",
+        out_help="write sglang-loop.json (and .md with --necessity), and per variant the "
+        "timeline plot of one iteration, Perfetto and SARIF")
     parser.add_argument("--loop-report", type=Path, metavar="DIR", default=None,
                         help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
                         "each site's real verdict beside the model's removal of its "
                         "counterpart (reports/conformance holds the committed one)")
-    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
-                        help="forked children at a time for --necessity (default 1)")
     parser.set_defaults(func=run)
     return parser
 

@@ -15,10 +15,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from overlap_harness.cli_options import count
+from overlap_harness.engines.core.command import add_engine_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness vllm"
@@ -30,20 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "vllm", help="run vLLM's own async-scheduling code (V1 runner, Model Runner V2, the "
         "engine core's batch queue) under the recorder (CPU, CUDA faked); --necessity "
         "removes each sync site in turn")
-    parser.add_argument("--vllm-src", metavar="PATH", default=None,
-                        help="a directory holding the vllm package (a vLLM checkout, or a "
-                        "site-packages); default: the installed vllm")
-    parser.add_argument("--variant", action="append", metavar="NAME", default=None,
-                        help="run only this variant (repeatable); default: all")
-    parser.add_argument("--necessity", action="store_true",
-                        help="remove each sync site in turn: necessary / redundant / "
-                        "not reached per site and variant")
-    parser.add_argument("--json", type=Path, metavar="FILE", default=None,
-                        help="write the races (and the necessity table) as JSON")
-    parser.add_argument("--out", type=Path, metavar="DIR", default=None,
-                        help="write vllm.json (and vllm.md with --necessity)")
-    parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
-                        help="forked children at a time for --necessity (default 1)")
+    add_engine_options(
+        parser, "vllm", source_help="a directory holding the vllm package (a vLLM checkout, "
+        "or a site-packages); default: the installed vllm",
+        out_help="write vllm.json (and vllm.md with --necessity)")
     parser.set_defaults(func=run)
     return parser
 
