@@ -25,7 +25,7 @@ from torch.utils import _pytree
 
 from overlap_harness.recorder.fake_streams import FakeStream, state
 from overlap_harness.recorder.graphs import GraphSet, GraphState
-from overlap_harness.recorder.sites import assigned_name, user_site
+from overlap_harness.recorder.names import variable_here
 
 _ACTIVE: list[GraphSet] = []  # the running watch's graphs
 _IN_GPU_MODE = "check it in GPU mode (--gpu)"
@@ -53,7 +53,7 @@ class FakeCUDAGraph:
     """``torch.cuda.CUDAGraph`` in CPU mode, named after the variable it is assigned to."""
 
     def __init__(self, keep_graph: bool = False) -> None:
-        self._state = _graphs().new_graph(assigned_name(user_site()))
+        self._state = _graphs().new_graph(variable_here())
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global",
                       **kwargs: Any) -> None:
@@ -176,7 +176,7 @@ def gpu_patches(graphs: GraphSet, memory: Any) -> list[tuple[Any, str, Any]]:
 
     def new(klass: type, *args: Any, **kwargs: Any) -> Any:
         graph = original["__new__"].__func__(klass, *args, **kwargs)
-        names[id(graph)] = assigned_name(user_site())  # as CPU mode names it (user's line)
+        names[id(graph)] = variable_here()  # as CPU mode names it (the user's statement)
         return graph
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:

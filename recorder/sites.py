@@ -91,29 +91,7 @@ def split_site(site: str) -> tuple[str, int | None]:
     return site, None
 
 
-def assigned_name(site: str) -> str | None:
-    """The variable a site's line assigns to (``buf`` in ``buf = torch.zeros(4)``), if any:
-    how reports name a tensor."""
-    file, line = split_site(site)
-    if line is None:
-        return None
-    text = _line_text(file, line)
-    head, sep, _rest = text.partition("=")
-    if not sep or _rest.startswith("="):
-        return None
-    target = head.strip().split(":")[0].strip()  # drop an annotation
-    if target and all(part.isidentifier() for part in target.split(".")):
-        return target
-    return None
 
-
-@functools.lru_cache(maxsize=1024)
-def _line_text(file: str, line: int) -> str:
-    try:
-        lines = Path(file).read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
 class SourceBusy(Exception):
