@@ -47,6 +47,7 @@ def _fail(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    from overlap_harness.engines.core.report import describe
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.loop_report and not args.necessity:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name}: {verdict} ({outcome.iterations} iterations, "
               f"{outcome.seconds:.2f} CPU s)")
         for race in outcome.races[:5]:
-            print(f"    {_describe(race)}")
+            print(f"    {describe(race)}")
     document: dict[str, Any] = {
         "source": str(tree.package_dir), "sglang_version": tree.version,
         "variants": names, "races": [r for o in outcomes.values() for r in o.races]}
@@ -109,32 +110,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if document["races"] else 0
 
 
-def _describe(race: dict[str, Any]) -> str:
-    first, second = race["first"], race["second"]
-    return (f"{race['kind']} {race['tensor']} (iteration {race['iteration']}): "
-            f"{first['op']} on {first['stream']} at {first['file']}:{first['line']} / "
-            f"{second['op']} on {second['stream']} at {second['file']}:{second['line']}")
-
-
 def _necessity(sites: list[Any], names: list[str], outcomes: dict[str, Any], run_one: Any,
                jobs: int) -> list[dict[str, Any]]:
     from overlap_harness.engines.core.necessity import necessity_table
+    from overlap_harness.engines.core.report import summary_lines
 
     started, cpu = time.perf_counter(), time.process_time()
     rows = necessity_table(sites, names, outcomes, run_one, jobs)
     print(f"necessity: {len(sites)} sites, {len(rows)} rows, "
           f"{time.perf_counter() - started:.1f} s wall")
-    for row in rows:
-        if row.verdict != "not_reached":
-            line = f"  {Path(row.site).name} {row.variant}: {row.verdict}"
-            if row.races:
-                line += f" ({len(row.races)} races, e.g. {_describe(row.races[0])})"
-            if row.error:
-                line += f" ({row.error})"
-            print(line)
-    reached = {row.site for row in rows if row.verdict != "not_reached"}
-    gaps = sorted({row.site for row in rows} - reached)
-    print(f"coverage gaps: {len(gaps)} of {len(gaps) + len(reached)} removable sites reached "
-          f"by no variant: {', '.join(Path(g).name for g in gaps)}")
+    for line in summary_lines(rows):
+        print(line)
     print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
     return [row.to_json() for row in rows]
