@@ -157,6 +157,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         builds its data in C++ and only lifts it through the dispatcher as an alias). On a GPU
         such a device tensor is a blocking copy from pageable host memory, which synchronizes
         its stream: the host is ordered after it, as after ``.item()``."""
+        if self.dispatch.paused:  # recording nothing (the overhead benchmark's baseline)
+            return
         outputs = out if isinstance(out, tuple | list) else (out,)
         site, targets = user_site(), targets_here()
         for position, t in enumerate(outputs):
