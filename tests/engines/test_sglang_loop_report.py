@@ -84,6 +84,14 @@ def test_site_labels_may_name_the_function():
         == ("mixed_tails.forward_wait",)
     assert loop_report.labels_for("overlap_utils.py", wait) == ()  # function not known
     assert loop_report.labels_for("overlap_utils.py", wait, "FutureMap.publish") == ()
+    sync = "result.copy_done.synchronize()"
+    processor = "SchedulerBatchResultProcessor"
+    assert loop_report.labels_for("batch_result_processor.py", sync,
+                                  f"{processor}.process_batch_result_idle") \
+        == ("copy_done.idle_host_sync",)
+    assert loop_report.labels_for("batch_result_processor.py", sync,
+                                  f"{processor}.process_batch_result_decode") \
+        == ("copy_done.host_sync",)
     entry = "self.forward_stream.wait_stream(self.schedule_stream)"
     assert loop_report.labels_for("scheduler.py", entry) == ("forward_entry",)
     assert loop_report.labels_for("scheduler.py", entry, "Scheduler.run_batch") \
@@ -100,3 +108,12 @@ def test_rows_carry_the_function_and_match_on_it():
     assert row["model_labels"] == ["mixed_tails.forward_wait"]
     assert row["site"] == "sglang/srt/managers/overlap_utils.py:555"
 
+
+def test_the_idle_batch_host_wait_is_its_own_label_in_the_dp_scenario():
+    """Removing only the idle batches' wait is race-free (they carry no result), removing
+    every result wait races; the key is off elsewhere, where the label is never reached."""
+    assert loop_report.model_verdict("idle_dp_rank", ("copy_done.idle_host_sync",)) \
+        == "race_free"
+    assert loop_report.model_verdict("idle_dp_rank", ("copy_done.host_sync",)) == "race"
+    assert loop_report.model_verdict("idle_iteration", ("copy_done.idle_host_sync",)) \
+        == "not_modelled"

@@ -56,6 +56,9 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
      ("d2h.host_sync",)),
     ("overlap_utils.py", "resolve_mixed_spec_tails", "fwd_prepare_d2h_stream.synchronize()",
      ("d2h.host_sync",)),
+    # an idle batch's wait (an attention-DP rank), apart from prefill's and decode's
+    ("batch_result_processor.py", "process_batch_result_idle", "copy_done.synchronize()",
+     ("copy_done.idle_host_sync",)),
     ("scheduler.py", "forward_stream.wait_stream(self.schedule_stream)", ("forward_entry",)),
     ("scheduler.py", "schedule_stream.wait_event(ev)", ("war_barrier.read_done_wait",)),
     ("scheduler.py", "schedule_stream.wait_stream(self.forward_stream)",
