@@ -19,7 +19,8 @@ SGLang's model runner does under DP attention: decode and idle batches replay th
 graph only when every rank voted for it (``batch.can_run_decode_cuda_graph``, the gathered
 minimum), and a replay publishes the runner's read-done event, idle ones included. An idle
 forward touches no memory the scheduler shares: its inputs are empty, so its declared op
-reads and writes nothing (the MLP's gather buffers are the model's own).
+reads and writes nothing (the MLP's gather buffers are the model's own, and a padded graph
+replay's rows point at ``ReqToTokenPool``'s padding row 0, which no request is given).
 """
 
 from __future__ import annotations
