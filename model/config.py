@@ -123,6 +123,7 @@ class ProtocolConfig:
     copy_stream: bool = _f(False, "results copied to the host on a copy stream that waits on F (SGLang 0.5.23's _copy_result_to_cpu on CUDA, scheduler.py 5032)", late=True)
     async_d2h: bool = _f(False, "results copied with SGLang 0.5.23's async_d2h: the host keeps only the pinned copy and drops the device result at once, kept alive for the copy by record_stream on the copying stream (utils/common.py 608-617)", late=True)
     result_queue_hold: bool = _f(False, "the result queue holds each batch's future_indices (SGLang 0.5.23: batch.copy()'s req_pool_indices) until its result is processed, ring or not", late=True)
+    idle_result_sync: bool = _f(False, "an empty (DP idle) batch's host wait on its copy_done is its own statement (SGLang 0.5.23's process_batch_result_idle, batch_result_processor.py 946), removable alone as copy_done.idle_host_sync; copy_done.host_sync still removes it too", late=True)
     stash_stream: StashStream = _f(StashStream.FORWARD, "stream the stash runs on; side = a stream with no event (scenario 1's bug)")
     future_layout: FutureLayout = _f(FutureLayout.ROWS, "rows: one FutureMap slot per request-pool row (REF); ring: the old ring (#13713)")
     ring_size: int = _f(4, "slots of the old FutureMap ring", (1, 4096))

@@ -52,6 +52,9 @@ class SyncLabel(StrEnum):
     D2H_HOST_SYNC = "d2h.host_sync"
     SEQ_LENS_CPU_SYNC = "seq_lens.cpu_sync"
     COPY_DONE_HOST_SYNC = "copy_done.host_sync"
+    # the empty batch's own wait (protocol.idle_result_sync; SGLang 0.5.23's
+    # process_batch_result_idle)
+    COPY_DONE_IDLE_HOST_SYNC = "copy_done.idle_host_sync"
     VERIFY_DONE_SCHEDULE_WAIT = "verify_done.schedule_wait"
     FUTURE_INDICES_RECORD_STREAM = "future_indices.record_stream"
     BATCH_PIN_RING = "batch_pin_ring"

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill", "radix_cache",
-            "idle_iteration", "retracted_request")
+            "idle_iteration", "retracted_request", "idle_dp_rank")
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"  # run_batch's first
 KEEP_ALIVE = "self.batch_record_buf[self.batch_record_ct] = [batch, attr_snapshot]"
 

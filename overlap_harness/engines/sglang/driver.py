@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import environment, kernels, scheduler_build
+from overlap_harness.engines.sglang import dp_rank, environment, kernels, scheduler_build
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
 
@@ -32,6 +32,7 @@ class LoopRun:
     unknown_ops: list[str] = field(default_factory=list)
     seconds: float = 0.0
     watch: Any = None  # the recorder's Watch, for reports
+    worker: Any = None  # the fake model worker (what it ran), for tests
 
 
 class _Intake:
@@ -64,6 +65,7 @@ class _Intake:
         ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
+        req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
         return req
 
 
@@ -73,20 +75,25 @@ def run_variant(variant: Variant) -> LoopRun:
     started = time.process_time()
     args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                        radix_cache=variant.radix_cache,
-                                       mixed_chunk=variant.mixed_chunk)
+                                       mixed_chunk=variant.mixed_chunk,
+                                       dp_attention=variant.dp_peer is not None)
     with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
-            graph_runner=variant.graph_runner)
+            graph_runner=variant.graph_runner,
+            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None)
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
-        with torch.cuda.stream(scheduler.schedule_stream):
+        with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
+                                     lambda: intake.iteration),
+              torch.cuda.stream(scheduler.schedule_stream)):
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
                    scheduler.model_worker.forwards,
-                   [u.name for u in watch.unknown_ops], time.process_time() - started, watch)
+                   [u.name for u in watch.unknown_ops], time.process_time() - started, watch,
+                   scheduler.model_worker)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from overlap_harness.engines.core.necessity import format_error
+from overlap_harness.engines.core.helper_sites import scan_files
+from overlap_harness.engines.core.necessity import MUTABLE_KINDS, format_error
 from overlap_harness.engines.core.results import VariantOutcome, race_record
-from overlap_harness.engines.core.sites import SyncSite, scan
+from overlap_harness.engines.core.sites import SyncSite
 
 #: modules scanned for sync sites: the loop, its relay, result processing, the D2H helper,
-#: the result copy, the EAGLE v2 worker, the CUDA-graph runners and their read-done event
+#: the result copy, the EAGLE v2 worker and its record_stream helpers, the CUDA-graph runners
+#: and their read-done event
 PATH_MODULES = (
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.overlap_utils",
@@ -20,6 +22,7 @@ PATH_MODULES = (
     "sglang.srt.utils.common",
     "sglang.srt.speculative.eagle_worker_v2",
     "sglang.srt.speculative.eagle_worker_common",
+    "sglang.srt.speculative.spec_utils",
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
     "sglang.srt.model_executor.runner.base_cuda_graph_runner",
     "sglang.srt.model_executor.runner_utils.shared_read_event",
@@ -38,8 +41,9 @@ def path_files() -> list[str]:
 
 
 def path_sites() -> list[SyncSite]:
-    """Every sync site of the path's files, in file then line order."""
-    return [site for file in path_files() for site in scan(file)]
+    """Every sync site of the path's files, and every call of a sync helper defined there
+    (:mod:`~overlap_harness.engines.core.helper_sites`), in file then line order."""
+    return scan_files(path_files(), MUTABLE_KINDS)
 
 
 def run_outcome(variant_name: str) -> VariantOutcome:

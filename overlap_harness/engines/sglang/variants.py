@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from overlap_harness.engines.sglang.dp_rank import PeerStep
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 
 
@@ -23,6 +24,9 @@ class Variant:
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
     pools: PoolSizes = field(default_factory=PoolSizes)
+    # attention DP (tp 2, attn-dp 2): this rank beside a peer whose steps are scripted per
+    # iteration (absent iterations: the peer is idle); None: no DP
+    dp_peer: dict[int, PeerStep] | None = None
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -46,4 +50,14 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # requests every 4th forward; it is requeued and prefilled again into a freed row
     Variant("retracted_request", 16, {0: ((5, 8), (6, 8))}, retract_every=4,
             pools=TWO_ROWS),
+    # an attention-DP rank beside a scripted peer: idle batches while only the peer has
+    # tokens (eager while it prefills, decode-graph replays while it decodes), its own
+    # requests' prefill and decodes (eager where the peer prefills), nothing when both idle
+    Variant("idle_dp_rank", 14, {5: ((4, 3),), 9: ((5, 2),)}, pools=TWO_ROWS,
+            dp_peer={0: PeerStep("extend", 6), 1: PeerStep("decode", 1),
+                     2: PeerStep("decode", 1), 3: PeerStep("extend", 5),
+                     4: PeerStep("decode", 2), 5: PeerStep("decode", 2),
+                     6: PeerStep("decode", 2), 7: PeerStep("extend", 3),
+                     8: PeerStep("decode", 3), 9: PeerStep("decode", 3),
+                     10: PeerStep("decode", 2), 12: PeerStep("decode", 1)}),
 )}
