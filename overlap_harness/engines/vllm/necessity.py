@@ -20,11 +20,12 @@ from overlap_harness.engines.core.sites import SyncSite, function_sites
 
 def variant_runs() -> dict[str, Callable[[], Any]]:
     """Every vLLM variant by name; each run returns the recorder's ``Watch``."""
-    from overlap_harness.engines.vllm import drivers, engine_core
+    from overlap_harness.engines.vllm import chunked_prefill, drivers, engine_core
 
     runs: dict[str, Callable[[], Any]] = {name: variant.run
                                           for name, variant in drivers.VARIANTS.items()}
     runs["engine-core"] = engine_core.engine_steps
+    runs["chunked-prefill"] = chunked_prefill.chunked_prefill_steps
     return runs
 
 
