@@ -54,7 +54,7 @@ def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
     per_variant = {name: sum(r.variant == name for r in reached) for name in names}
     assert per_variant == {"v1-async-output": 3, "v1-input-prep": 2, "mrv2-uva-ring": 3,
                            "v1-pooling": 3, "mrv2-pooling": 3, "v1-spec-decode": 9,
-                           "engine-core": 3, "chunked-prefill": 5}
+                           "engine-core": 3, "chunked-prefill": 5, "mrv2-spec-decode": 10}
     assert all(r.site.split("/site-packages/")[-1].startswith("vllm/") for r in rows)
     assert all(race["first"]["file"] and race["second"]["file"]
                for r in reached for race in r.races)
