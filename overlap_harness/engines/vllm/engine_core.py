@@ -12,8 +12,11 @@ two methods the executor calls.
 
 from __future__ import annotations
 
+import os
 import queue
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -39,12 +42,30 @@ def _no_grammar(request: Any, new_token_ids: list[int]) -> bool:
     return True
 
 
+@contextmanager
+def model_runner_v2_chosen() -> Iterator[None]:
+    """Inside, vLLM's config answers ``use_v2_model_runner`` True (``VLLM_USE_V2_MODEL_RUNNER=1``,
+    what a CUDA build with Triton chooses by itself); the variable is restored after. Only
+    around the questions: building a ``VllmConfig`` with it refuses, as the CPU build has no
+    Triton."""
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+
+
 def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
-                    pipeline_parallel_size: int = 1) -> Any:
+                    pipeline_parallel_size: int = 1, model_runner_v2: bool = False) -> Any:
     """vLLM's ``AsyncScheduler`` on a small KV cache (32 blocks of 4 tokens); chunked prefill
     is on (vLLM's default), so a prompt longer than ``max_num_batched_tokens`` (less the
     decodes beside it) is scheduled in chunks. ``pipeline_parallel_size`` sets the parallel
-    config the scheduler and ``max_concurrent_batches`` read."""
+    config the scheduler and ``max_concurrent_batches`` read; ``model_runner_v2``: the
+    scheduler is made for Model Runner V2 (:func:`model_runner_v2_chosen`)."""
     from vllm.config import SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -53,6 +74,10 @@ def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
         max_num_seqs=MAX_REQS, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=64, is_encoder_decoder=False, async_scheduling=True,
         enable_chunked_prefill=True))
+    # the CPU platform turns async scheduling off while the config is built ("not required
+    # on CPU"); the CUDA platform keeps it, and the scheduler and the batch queue's depth
+    # read it
+    config.scheduler_config.async_scheduling = True
     config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
     config.cache_config.num_gpu_blocks = 32
     config.cache_config.enable_prefix_caching = False  # requests carry no block hasher
@@ -62,10 +87,11 @@ def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
                              dtype=torch.float32)
     kv_cache = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
                              kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-    scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
-                               structured_output_manager=StrictStub(
-                                   "structured_outputs", accept_tokens=_no_grammar),
-                               block_size=BLOCK_SIZE)
+    with model_runner_v2_chosen() if model_runner_v2 else nullcontext():
+        scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
+                                   structured_output_manager=StrictStub(
+                                       "structured_outputs", accept_tokens=_no_grammar),
+                                   block_size=BLOCK_SIZE)
     return scheduler, config
 
 

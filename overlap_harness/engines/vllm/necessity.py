@@ -25,6 +25,7 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
         drivers,
         engine_core,
         mrv2_spec_decode,
+        pipeline,
     )
 
     runs: dict[str, Callable[[], Any]] = {name: variant.run
@@ -32,12 +33,14 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     runs["engine-core"] = engine_core.engine_steps
     runs["chunked-prefill"] = chunked_prefill.chunked_prefill_steps
     runs["mrv2-spec-decode"] = mrv2_spec_decode.mrv2_spec_decode
+    runs["pp-batch-queue"] = pipeline.pp_batch_queue_steps
     return runs
 
 
 def targets() -> list[tuple[Any, str]]:
     """vLLM's driven functions that hold sync statements."""
     from vllm.v1.worker.gpu.async_utils import AsyncOutput, AsyncPoolingOutput
+    from vllm.v1.worker.gpu.pp_utils import PPHandler
     from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
         AdaptiveVerificationManager,
     )
@@ -59,7 +62,9 @@ def targets() -> list[tuple[Any, str]]:
             (AsyncOutput, "__init__"), (AsyncOutput, "get_output"),
             (AsyncPoolingOutput, "__init__"), (AsyncPoolingOutput, "get_output"),
             (DraftTokensHandler, "set_draft_tokens"), (DraftTokensHandler, "get_draft_tokens"),
-            (AdaptiveVerificationManager, "record_confidences")]
+            (AdaptiveVerificationManager, "record_confidences"),
+            (PPHandler, "get_prev_sampled_outputs"), (PPHandler, "receive"),
+            (PPHandler, "broadcast")]
 
 
 def sites() -> list[SyncSite]:

@@ -1,0 +1,60 @@
+"""A pipeline-parallel batch queue with async scheduling in one process: vLLM's engine core
+keeps ``pp_size + 1`` batches in flight (its own config's answer for Model Runner V2), the
+real ``AsyncScheduler`` spaces each request's decodes, and two stage ranks run vLLM's
+``PPHandler`` (the last rank broadcasts the sampled ids on a side stream, the first consumes
+them ``pp_size`` steps later after ``wait_event``). Race-free as released; its syncs,
+removed from vLLM's source, give races at vLLM's lines (verdicts by the detector). Skipped
+without vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+
+try:
+    import_vllm()
+except VllmUnavailable as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+from vllm.v1.worker.gpu.pp_utils import PPHandler
+
+from overlap_harness.engines.core.mutation import removed, site
+from overlap_harness.engines.vllm.pipeline import PP_SIZE, pp_batch_queue_steps
+
+
+def pairs(watcher) -> set[tuple[str, str, str]]:
+    """(kind, first file:line, second file:line) of every race, files by base name."""
+    def short(source: str) -> str:
+        file, _, line = source.rpartition(":")
+        return f"{Path(file).name}:{line}"
+    return {(str(r.kind), short(r.first.source), short(r.second.source))
+            for r in watcher.races}
+
+
+def test_the_pipeline_keeps_pp_size_plus_one_batches_in_flight_and_is_race_free():
+    watcher = pp_batch_queue_steps()
+    assert watcher.queue == PP_SIZE + 1
+    assert watcher.finished == {"req0", "req1", "req2"}
+    assert watcher.races == [] and watcher.unknown_ops == []
+
+
+def test_without_wait_event_the_first_stage_reads_the_broadcast_before_it_lands():
+    consume = site(PPHandler, "get_prev_sampled_outputs", "self.main_stream.wait_event(")
+    with removed(consume):
+        racy = pairs(pp_batch_queue_steps())
+    allocated = site(PPHandler, "receive", "sampled_tokens = torch.empty(")
+    assert any(kind == "RAW" and first == f"pp_utils.py:{allocated.line}"
+               for kind, first, _second in racy)
+
+
+@pytest.mark.parametrize("needle", ["self.broadcast_stream.wait_stream(self.main_stream)",
+                                    "tensor.record_stream(self.broadcast_stream)"])
+def test_the_last_ranks_broadcast_needs_its_wait_and_its_record_stream(needle):
+    with removed(site(PPHandler, "broadcast", needle)):
+        racy = pairs(pp_batch_queue_steps())
+    pad = site(PPHandler, "broadcast", "torch.nn.functional.pad(")
+    assert racy and any(f"pp_utils.py:{pad.line}" in (first, second)
+                        for _kind, first, second in racy)
