@@ -58,3 +58,19 @@ def test_the_last_ranks_broadcast_needs_its_wait_and_its_record_stream(needle):
     pad = site(PPHandler, "broadcast", "torch.nn.functional.pad(")
     assert racy and any(f"pp_utils.py:{pad.line}" in (first, second)
                         for _kind, first, second in racy)
+
+
+def test_the_receives_wait_and_record_stream_are_redundant_alone_but_not_together():
+    """The necessity table calls each of the two redundant (each alone keeps the side
+    stream's allocation from reusing memory the main stream still reads); removed together,
+    the first stage's broadcast buffer is reused under its pending read."""
+    wait = site(PPHandler, "receive", "self.broadcast_stream.wait_stream(self.main_stream)")
+    keep = site(PPHandler, "receive", "sampled_tokens.record_stream(self.main_stream)")
+    for alone in (wait, keep):
+        with removed(alone):
+            assert pp_batch_queue_steps().races == []
+    with removed(wait, keep):
+        racy = pairs(pp_batch_queue_steps())
+    allocated = site(PPHandler, "receive", "sampled_tokens = torch.empty(")
+    assert racy and {kind for kind, _f, _s in racy} == {"reuse"}
+    assert any(second == f"pp_utils.py:{allocated.line}" for _k, _f, second in racy)
