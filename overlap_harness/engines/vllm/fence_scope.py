@@ -121,3 +121,80 @@ def _update_states(batch: Any, step: int) -> None:
         batch.condense()
     batch.add_request(_request(step))
     batch.refresh_metadata()
+
+
+BLOCK_TABLE_FILE = "vllm/v1/worker/block_table.py"
+_BLOCK_TABLE_METHODS = ("__init__", "append_row", "add_row", "compute_slot_mapping",
+                        "commit_block_table", "commit_slot_mapping")
+
+
+def _release_block_table(block_table_file: Path, device: torch.device) -> Any:
+    """One ``BlockTable`` built by ``block_table_file``'s own class (a release before the
+    table moved on the device): its methods compiled from that file, with that file's lines,
+    in the installed module's globals; a PP/DCP group it asks for is absent, as in vLLM's
+    own tests."""
+    from vllm.v1.worker import block_table as installed
+
+    from overlap_harness.engines.core.mutation import function_from_file
+
+    namespace = dict(vars(installed))
+    methods = {name: function_from_file(block_table_file, "BlockTable", name, namespace)
+               for name in _BLOCK_TABLE_METHODS}
+    table_class = type("BlockTableAt", (), methods)
+    return table_class(block_size=4, max_num_reqs=4, max_num_blocks_per_req=8,
+                       max_num_batched_tokens=32, pin_memory=True, device=device)
+
+
+def slot_mapping_steps(runner_file: str | Path, steps: int = 4) -> Any:
+    """``_prepare_inputs``' slot mapping as a release before 0.11 computed it on the host:
+    ``BlockTable.compute_slot_mapping`` writes the pinned ``slot_mapping_np`` and
+    ``commit_slot_mapping`` copies it to the device non-blocking (both from the release's own
+    block_table.py, next to ``runner_file``), fenced as ``runner_file``'s ``execute_model``
+    fences ``_prepare_inputs``. Two requests with their blocks from the start (so
+    ``_update_states`` rewrites nothing after step 0: only ``_prepare_inputs`` is judged),
+    a prefill then decodes; the fake forward reads the KV slots; the samples go out through
+    ``AsyncGPUModelRunnerOutput``, step N-1's output taken after step N is issued."""
+    import numpy as np
+
+    import_vllm()
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from overlap_harness.engines.vllm.drivers import _bare_v1_runner, _runner_output, _sample
+    from overlap_harness.engines.vllm.historical import release_file
+
+    runner_file = Path(runner_file)
+    version_dir = runner_file.parents[len(Path(BLOCK_TABLE_FILE).parts) - 1]
+    table_file = release_file(version_dir.name, BLOCK_TABLE_FILE, version_dir.parent)
+    fenced = fenced_phases(runner_file).get("prepare_inputs", False)
+    prompt_lens = [4, 3]
+    with watch("cpu") as w, cuda_selected(w):
+        device = torch.device("cuda")
+        runner = _bare_v1_runner(async_scheduling=True)
+        table = _release_block_table(table_file, device)
+        for row, blocks in enumerate(([0, 1, 2], [4, 5, 6])):
+            table.add_row(blocks, row)
+        kv_cache = torch.ones(32, 2, device=device)
+        copy_stream = torch.cuda.Stream()
+        computed = [0, 0]
+        pending: list[Any] = []
+        for step in range(steps):
+            w.iteration(step)
+            scheduled = prompt_lens if step == 0 else [1, 1]
+            req_indices = np.repeat(np.arange(2), scheduled)
+            positions = np.concatenate([np.arange(c, c + n) for c, n in
+                                        zip(computed, scheduled, strict=True)])
+            with runner.synchronize_input_prep() if fenced else nullcontext():
+                table.compute_slot_mapping(req_indices, positions)
+                table.commit_block_table(2)
+                table.commit_slot_mapping(len(positions))
+            slots = table.slot_mapping[:len(positions)]  # the forward reads its KV slots
+            kv_cache[slots] += float(step)
+            logits = kv_cache[slots].sum(dim=0, keepdim=True).repeat(1, 8)
+            pending.append(AsyncGPUModelRunnerOutput(_runner_output(1), _sample(logits), None,
+                                                     [], copy_stream, vocab_size=16))
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+            computed = [c + n for c, n in zip(computed, scheduled, strict=True)]
+        for output in pending:
+            output.get_output()
+    return w
