@@ -60,7 +60,6 @@ class V1Worker:
         self.batch: list[str] = []
         self.partial: list[int] = []  # batch rows still prefilling: no sample kept
         self.hidden: torch.Tensor | None = None
-        self.num_logits = 0
 
     def _plan(self, scheduler_output: Any) -> tuple[list[int], list[int], list[int],
                                                     list[tuple[int, int]]]:

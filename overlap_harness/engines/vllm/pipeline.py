@@ -198,7 +198,7 @@ def pp_batch_queue_steps(num_requests: int = 3, max_tokens: int = 4,
     import_vllm()
     from vllm.v1.worker.gpu import buffer_utils
 
-    scheduler, config = async_scheduler(0, pipeline_parallel_size=PP_SIZE,
+    scheduler, config = async_scheduler(PP_SIZE + 1, pipeline_parallel_size=PP_SIZE,
                                         model_runner_v2=True)
     with model_runner_v2_chosen():
         queue = config.max_concurrent_batches

@@ -74,3 +74,13 @@ def test_the_receives_wait_and_record_stream_are_redundant_alone_but_not_togethe
     allocated = site(PPHandler, "receive", "sampled_tokens = torch.empty(")
     assert racy and {kind for kind, _f, _s in racy} == {"reuse"}
     assert any(second == f"pp_utils.py:{allocated.line}" for _k, _f, second in racy)
+
+
+def test_the_last_stages_output_without_its_synchronize_races_at_vllms_own_lines():
+    from vllm.v1.worker.gpu import async_utils
+
+    with removed(site(async_utils.AsyncOutput, "get_output", "self.copy_event.synchronize()")):
+        racy = pairs(pp_batch_queue_steps())
+    copy = site(async_utils, "async_copy_to_np", 'non_blocking=True')
+    read = site(async_utils.AsyncOutput, "get_output", "self.sampled_token_ids.tolist()")
+    assert ("host-D2H", f"async_utils.py:{copy.line}", f"async_utils.py:{read.line}") in racy
