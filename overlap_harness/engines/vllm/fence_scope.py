@@ -145,11 +145,12 @@ def _release_block_table(block_table_file: Path, device: torch.device) -> Any:
                        max_num_batched_tokens=32, pin_memory=True, device=device)
 
 
-def slot_mapping_steps(runner_file: str | Path, steps: int = 4) -> Any:
+def slot_mapping_steps(runner_file: str | Path, block_table_file: str | Path,
+                       steps: int = 4) -> Any:
     """``_prepare_inputs``' slot mapping as a release before 0.11 computed it on the host:
     ``BlockTable.compute_slot_mapping`` writes the pinned ``slot_mapping_np`` and
-    ``commit_slot_mapping`` copies it to the device non-blocking (both from the release's own
-    block_table.py, next to ``runner_file``), fenced as ``runner_file``'s ``execute_model``
+    ``commit_slot_mapping`` copies it to the device non-blocking (both from
+    ``block_table_file``, the release's own), fenced as ``runner_file``'s ``execute_model``
     fences ``_prepare_inputs``. Two requests with their blocks from the start (so
     ``_update_states`` rewrites nothing after step 0: only ``_prepare_inputs`` is judged),
     a prefill then decodes; the fake forward reads the KV slots; the samples go out through
@@ -160,17 +161,13 @@ def slot_mapping_steps(runner_file: str | Path, steps: int = 4) -> Any:
     from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
 
     from overlap_harness.engines.vllm.drivers import _bare_v1_runner, _runner_output, _sample
-    from overlap_harness.engines.vllm.historical import release_file
 
-    runner_file = Path(runner_file)
-    version_dir = runner_file.parents[len(Path(BLOCK_TABLE_FILE).parts) - 1]
-    table_file = release_file(version_dir.name, BLOCK_TABLE_FILE, version_dir.parent)
     fenced = fenced_phases(runner_file).get("prepare_inputs", False)
     prompt_lens = [4, 3]
     with watch("cpu") as w, cuda_selected(w):
         device = torch.device("cuda")
         runner = _bare_v1_runner(async_scheduling=True)
-        table = _release_block_table(table_file, device)
+        table = _release_block_table(Path(block_table_file), device)
         for row, blocks in enumerate(([0, 1, 2], [4, 5, 6])):
             table.add_row(blocks, row)
         kv_cache = torch.ones(32, 2, device=device)

@@ -47,6 +47,7 @@ from overlap_harness.engines.core.mutation import function_from_file
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
 from overlap_harness.engines.vllm.fence_scope import (
+    BLOCK_TABLE_FILE,
     fenced_phases,
     input_batch_steps,
     slot_mapping_steps,
@@ -303,7 +304,9 @@ def _slot_mapping_scoped(source_file: Path | None) -> Any:
     fences ``_prepare_inputs``."""
     if source_file is None:
         raise VllmUnavailable("the slot-mapping driver needs a release's gpu_model_runner.py")
-    return slot_mapping_steps(source_file)
+    version_dir = Path(source_file).parents[len(Path(RUNNER_FILE).parts) - 1]
+    table_file = release_file(version_dir.name, BLOCK_TABLE_FILE, version_dir.parent)
+    return slot_mapping_steps(source_file, table_file)
 
 
 def _pp_batch_queue_as_released(_source: Path | None) -> Any:
