@@ -164,7 +164,11 @@ class PipelineWorker:
         batch, logits = self.step["batch"], self.step["logits"]
         first, last = self.stages
         sampled = logits.argmax(dim=-1, keepdim=True)  # int64, as broadcast asserts
-        count = torch.ones(batch.num_reqs, dtype=torch.int32, device=self.device)
+        from vllm.utils.torch_utils import async_tensor_h2d
+
+        sampling = (batch.num_computed_tokens_np + batch.num_scheduled_tokens
+                    >= batch.prefill_len_np)  # a non-final prefill chunk samples nothing
+        count = async_tensor_h2d(sampling.astype(np.int32), device=self.device)
         rejected = torch.zeros_like(count)
         last.pp.broadcast(sampled, count, rejected, batch)  # the last rank
         first.pp.receive(batch)  # the first rank
@@ -189,17 +193,20 @@ def _stage_block_writes(stage: Stage, scheduler_output: Any, rows: dict[str, int
 
 
 def pp_batch_queue_steps(num_requests: int = 3, max_tokens: int = 4,
-                         ring_depth: int | None = None, max_calls: int = 60) -> Any:
+                         ring_depth: int | None = None, max_calls: int = 60,
+                         prompts: list[list[int]] | None = None,
+                         token_budget: int = 64) -> Any:
     """Requests through the two-stage pipeline until done, with Model Runner V2 chosen
     (``VLLM_USE_V2_MODEL_RUNNER=1``, as on a CUDA build with Triton) so vLLM's config gives
     the batch queue its depth. ``ring_depth``: the UVA rings' depth (default: vLLM's,
-    ``max_concurrent_batches``). Returns the watch with ``w.finished`` and ``w.queue``
-    (the batch queue's depth)."""
+    ``max_concurrent_batches``); ``prompts`` (default: ``num_requests`` of 3-5 tokens) and
+    ``token_budget`` (``max_num_batched_tokens``: a longer prompt is prefilled in chunks).
+    Returns the watch with ``w.finished`` and ``w.queue`` (the batch queue's depth)."""
     import_vllm()
     from vllm.v1.worker.gpu import buffer_utils
 
-    scheduler, config = async_scheduler(PP_SIZE + 1, pipeline_parallel_size=PP_SIZE,
-                                        model_runner_v2=True)
+    scheduler, config = async_scheduler(PP_SIZE + 1, max_num_batched_tokens=token_budget,
+                                        pipeline_parallel_size=PP_SIZE, model_runner_v2=True)
     with model_runner_v2_chosen():
         queue = config.max_concurrent_batches
     depth = queue if ring_depth is None else ring_depth
@@ -208,7 +215,8 @@ def pp_batch_queue_steps(num_requests: int = 3, max_tokens: int = 4,
           attributes_set([(buffer_utils, "_DEFAULT_MAX_CONCURRENCY", depth),
                           (torch.distributed, "broadcast", broadcast)])):
         worker = PipelineWorker(torch.device("cuda"))
-        prompts = [[1, 2, 3, 4, 5][: 3 + index] for index in range(num_requests)]
+        if prompts is None:
+            prompts = [[1, 2, 3, 4, 5][: 3 + index] for index in range(num_requests)]
         w.finished = drive_engine(w, scheduler, config, worker, prompts, max_tokens, queue,
                                   max_calls)
     w.queue = queue

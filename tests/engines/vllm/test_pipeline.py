@@ -84,3 +84,19 @@ def test_the_last_stages_output_without_its_synchronize_races_at_vllms_own_lines
     copy = site(async_utils, "async_copy_to_np", 'non_blocking=True')
     read = site(async_utils.AsyncOutput, "get_output", "self.sampled_token_ids.tolist()")
     assert ("host-D2H", f"async_utils.py:{copy.line}", f"async_utils.py:{read.line}") in racy
+
+
+@pytest.mark.parametrize("ring,racy", [(None, False), (2, True)])
+def test_a_chunked_prompt_needs_the_uva_ring_as_deep_as_the_pipelines_queue(ring, racy):
+    """A 16-token prompt prefilled 4 tokens a step stages a new block-table row write in
+    every step; with three batches in flight a ring of 2 slots is rewritten under the write
+    kernel of the step before last, vLLM's own depth (the queue's, 3) is not."""
+    from vllm.v1.worker.gpu import buffer_utils
+
+    watcher = pp_batch_queue_steps(prompts=[list(range(1, 17))], token_budget=4,
+                                   ring_depth=ring)
+    assert watcher.finished == {"req0"} and watcher.queue == PP_SIZE + 1
+    launch = site(buffer_utils.StagedWriteTensor, "apply_write", "_apply_write_kernel[")
+    rewrite = site(buffer_utils.UvaBufferPool, "copy_to_uva", "dst[:n] = x")
+    expected = {("WAR", f"buffer_utils.py:{launch.line}", f"buffer_utils.py:{rewrite.line}")}
+    assert pairs(watcher) == (expected if racy else set())
