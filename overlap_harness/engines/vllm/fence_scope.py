@@ -195,3 +195,76 @@ def slot_mapping_steps(runner_file: str | Path, block_table_file: str | Path,
         for output in pending:
             output.get_output()
     return w
+
+
+def _recompute_pruned_positions(input_ids: list[int], multimodal_embeddings: list,
+                                mrope_positions: torch.Tensor,
+                                num_computed_tokens: int) -> tuple[list, torch.Tensor, int]:
+    """The model's ``recompute_mrope_positions`` under multimodal pruning (a fake): the
+    embeddings kept, every position moved by one, a new delta."""
+    return multimodal_embeddings, mrope_positions + 1, 1
+
+
+def mrope_pruning_steps(pruning: bool = True, steps: int = 3) -> Any:
+    """The installed runner's M-RoPE positions of a multimodal request (an image at prompt
+    positions 1-2 of 4, then decodes), two steps in flight, everything under the input-prep
+    fence as the installed ``execute_model`` has it: ``_prepare_inputs`` computes the positions
+    into the pinned ``mrope_positions`` (``_calc_mrope_positions``) and issues one
+    non-blocking H2D per row (inline in ``_prepare_inputs``, so the driver issues them the same
+    way), then ``_preprocess`` gathers the image embeddings (``_gather_mm_embeddings``); with
+    ``pruning`` (multimodal pruning with M-RoPE) the gather recomputes the positions into the
+    same pinned buffer and copies them again. Returns the watch."""
+    import numpy as np
+
+    import_vllm()
+    from vllm.multimodal.inputs import PlaceholderRange
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
+
+    from overlap_harness.engines.core.strict import StrictStub
+    from overlap_harness.engines.vllm.drivers import _runner_output, _sample
+
+    prompt_len, hidden = 4, 8
+    with watch("cpu") as w, cuda_selected(w):
+        device = torch.device("cuda")
+        runner = GPUModelRunner.__new__(GPUModelRunner)
+        runner.prepare_inputs_event = torch.cuda.Event(blocking=True)
+        runner.is_multimodal_pruning_enabled, runner.uses_mrope = pruning, True
+        runner.mrope_positions = CpuGpuBuffer(3, 17, dtype=torch.int64, device=device)
+        runner.model = StrictStub("model", recompute_mrope_positions=_recompute_pruned_positions)
+        image = StrictStub("mm_feature", mm_position=PlaceholderRange(offset=1, length=2),
+                           identifier="image0", modality="image")
+        request = StrictStub("request", num_computed_tokens=0, mm_features=[image],
+                             prompt_token_ids=list(range(1, prompt_len + 1)), prompt_embeds=None,
+                             mrope_positions=torch.arange(prompt_len).repeat(3, 1),
+                             mrope_position_delta=0)
+        runner.requests = {"req0": request}
+        runner.input_batch = StrictStub("input_batch", req_ids=["req0"],
+                                        num_computed_tokens_cpu=np.zeros(1, dtype=np.int64))
+        runner.encoder_cache = {"image0": torch.ones(2, hidden, device=device)}
+        copy_stream = torch.cuda.Stream()
+        pending: list[Any] = []
+        for step in range(steps):
+            w.iteration(step)
+            scheduled = prompt_len if step == 0 else 1
+            runner.input_batch.num_computed_tokens_cpu[0] = request.num_computed_tokens
+            scheduler_output = StrictStub("scheduler_output",
+                                          total_num_scheduled_tokens=scheduled,
+                                          num_scheduled_tokens={"req0": scheduled})
+            positions = runner.mrope_positions
+            with runner.synchronize_input_prep():
+                runner._calc_mrope_positions(scheduler_output)  # _prepare_inputs
+                for row in range(positions.gpu.shape[0]):
+                    positions.gpu[row, :scheduled].copy_(positions.cpu[row, :scheduled],
+                                                         non_blocking=True)
+                runner._gather_mm_embeddings(scheduler_output)  # _preprocess
+            logits = positions.gpu[:, :scheduled].float().sum(dim=1, keepdim=True).T
+            pending.append(AsyncGPUModelRunnerOutput(
+                _runner_output(1), _sample(logits.repeat(1, 6)[:, :16]), None, [],
+                copy_stream, vocab_size=16))
+            if len(pending) == 2:
+                pending.pop(0).get_output()
+            request.num_computed_tokens += scheduled
+        for output in pending:
+            output.get_output()
+    return w
