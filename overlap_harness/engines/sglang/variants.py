@@ -22,6 +22,9 @@ class Variant:
     graph_runner: bool = True  # decode forwards publish the runner's read-done event
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
+    # decode batches replayed by SGLang's decode CUDA-graph runner, capturing these sizes
+    # (graph_runner.py); the worker then plays no runner
+    decode_graph_sizes: tuple[int, ...] = ()
     pools: PoolSizes = field(default_factory=PoolSizes)
 
 
@@ -46,4 +49,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # requests every 4th forward; it is requeued and prefilled again into a freed row
     Variant("retracted_request", 16, {0: ((5, 8), (6, 8))}, retract_every=4,
             pools=TWO_ROWS),
+    # non_spec_decode's requests, decode under CUDA graphs: SGLang's runner captures batch
+    # sizes 1 and 2 at startup and replays them, the read-done event recorded in the graph
+    Variant("graph_decode", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(1, 2, 4, 8)),
 )}
