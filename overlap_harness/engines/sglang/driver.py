@@ -88,7 +88,8 @@ def run_variant(variant: Variant) -> LoopRun:
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner)
         if variant.decode_graph_sizes:
-            graph_runner.attach(scheduler, args, variant.decode_graph_sizes)
+            graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
+                                post_replay=variant.graph_reads_end_post_replay)
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
         # startup ends with the device idle (weights loaded, graphs captured), and

@@ -43,6 +43,7 @@ from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, wr
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 READ_EVENT_MODULE = "sglang.srt.model_executor.runner_utils.shared_read_event"
+INPUT_BUFFERS_MODULE = "sglang.srt.model_executor.input_buffers"
 
 
 def _kernel_values() -> Any:
@@ -273,10 +274,14 @@ def _no_gpu_memory(*args: Any, **kwargs: Any) -> float:
 def graph_platform() -> Iterator[None]:
     """The runner's module-level helpers for one CUDA rank: SGLang's ``is_cuda()`` for the
     external read-done event, the one-rank ``graph_capture``, no memory probe, no garbage
-    collection tuning."""
+    collection tuning, a fresh shared-buffer pool."""
     runner_module = sys.modules[RUNNER_MODULE]
     event_module = sys.modules[READ_EVENT_MODULE]
-    with attributes_set([(event_module, "is_cuda", lambda: True),
+    buffers_module = sys.modules[INPUT_BUFFERS_MODULE]
+    # SGLang's process-wide pool of shared static buffers: empty for this run, so that the
+    # buffers are allocated inside this run's watch (a previous run's are unknown to it)
+    with attributes_set([(buffers_module, "_forward_input_buffer_pool", {}),
+                         (event_module, "is_cuda", lambda: True),
                          (runner_module, "graph_capture", _one_rank_capture),
                          (runner_module, "get_available_gpu_memory", _no_gpu_memory),
                          (runner_module, "freeze_gc", _no_gc_tuning)]):
@@ -363,10 +368,11 @@ class DecodeGraphs:
         return output, _sample(output.next_token_logits)
 
 
-def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...]) -> DecodeGraphs:
+def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
+           post_replay: bool = False) -> DecodeGraphs:
     """Give the scheduler's fake worker SGLang's decode graph runner (captured now, at
     startup, as ``ModelRunner.init_device_graphs`` does before the loop starts)."""
     worker = scheduler.model_worker
-    graphs = DecodeGraphs(worker, server_args, batch_sizes)
+    graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay)
     worker.decode_graphs = graphs
     return graphs

@@ -25,6 +25,9 @@ class Variant:
     # decode batches replayed by SGLang's decode CUDA-graph runner, capturing these sizes
     # (graph_runner.py); the worker then plays no runner
     decode_graph_sizes: tuple[int, ...] = ()
+    # the graph's attention backend declares its shared reads end after the replay
+    # (POST_REPLAY: the runner records a fresh read-done event) instead of inside it
+    graph_reads_end_post_replay: bool = False
     pools: PoolSizes = field(default_factory=PoolSizes)
 
 
@@ -53,4 +56,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # sizes 1 and 2 at startup and replays them, the read-done event recorded in the graph
     Variant("graph_decode", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
             pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(1, 2, 4, 8)),
+    # radix_cache's requests under decode CUDA graphs: the cache rewrites a row the graph's
+    # in-graph attention prep reads, behind the read-done event recorded inside the graph
+    Variant("graph_decode_radix", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False,
+            decode_graph_sizes=(1, 2, 4, 8)),
+    # the same with a backend whose shared reads end after the replay (POST_REPLAY)
+    Variant("graph_decode_post_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False,
+            decode_graph_sizes=(1, 2, 4, 8), graph_reads_end_post_replay=True),
 )}
