@@ -30,12 +30,15 @@ What is the harness's (the model is not loaded, and these need weights, NCCL or 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
@@ -247,8 +250,6 @@ def _hf_config() -> Any:
 def _one_rank_capture(stream: Any = None) -> Iterator[Any]:
     """``parallel_state.graph_capture`` of one rank: the capture stream waits on the current
     one and becomes current (what SGLang's TP group does; there is no collective)."""
-    from types import SimpleNamespace
-
     current = torch.cuda.current_stream()
     if stream is None:
         stream = torch.cuda.Stream()
@@ -256,6 +257,10 @@ def _one_rank_capture(stream: Any = None) -> Iterator[Any]:
         stream.wait_stream(current)
     with torch.cuda.stream(stream):
         yield SimpleNamespace(stream=stream)
+
+
+#: the capture's progress bar, silent (it writes to stderr on every run)
+_QUIET_TQDM = SimpleNamespace(tqdm=functools.partial(tqdm.tqdm, disable=True))
 
 
 @contextmanager
@@ -274,7 +279,7 @@ def _no_gpu_memory(*args: Any, **kwargs: Any) -> float:
 def graph_platform() -> Iterator[None]:
     """The runner's module-level helpers for one CUDA rank: SGLang's ``is_cuda()`` for the
     external read-done event, the one-rank ``graph_capture``, no memory probe, no garbage
-    collection tuning, a fresh shared-buffer pool."""
+    collection tuning, a fresh shared-buffer pool, a silent progress bar."""
     runner_module = sys.modules[RUNNER_MODULE]
     event_module = sys.modules[READ_EVENT_MODULE]
     buffers_module = sys.modules[INPUT_BUFFERS_MODULE]
@@ -284,7 +289,8 @@ def graph_platform() -> Iterator[None]:
                          (event_module, "is_cuda", lambda: True),
                          (runner_module, "graph_capture", _one_rank_capture),
                          (runner_module, "get_available_gpu_memory", _no_gpu_memory),
-                         (runner_module, "freeze_gc", _no_gc_tuning)]):
+                         (runner_module, "freeze_gc", _no_gc_tuning),
+                         (runner_module, "tqdm", _QUIET_TQDM)]):
         yield
 
 
