@@ -46,6 +46,9 @@ class SyncLabel(StrEnum):
     # (scheduler.py 2021 / 2023); ``war_barrier`` removes both
     WAR_BARRIER_READ_DONE_WAIT = "war_barrier.read_done_wait"
     WAR_BARRIER_FALLBACK_WAIT = "war_barrier.fallback_wait"
+    # the decode CUDA graph runner's read-done records (decode_cuda_graph_runner.py 670 / 696)
+    READ_DONE_RECORD_IN_GRAPH = "read_done.record_in_graph"
+    READ_DONE_RECORD_POST_REPLAY = "read_done.record_post_replay"
     PUBLISH_READY_SCHEDULE_WAIT = "publish_ready.schedule_wait"
     PUBLISH_READY_D2H_WAIT = "publish_ready.d2h_wait"
     PUBLISH_READY_HOST_WAIT = "publish_ready.host_wait"

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import dp_rank, environment, kernels, scheduler_build
+from overlap_harness.engines.sglang import (
+    dp_rank,
+    environment,
+    graph_kernels,
+    graph_runner,
+    kernels,
+    scheduler_build,
+)
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
 
@@ -72,6 +79,8 @@ class _Intake:
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
     kernels.declare()
+    if variant.decode_graph_sizes:
+        graph_kernels.declare()
     started = time.process_time()
     args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                        radix_cache=variant.radix_cache,
@@ -83,6 +92,9 @@ def run_variant(variant: Variant) -> LoopRun:
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
             worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None)
+        if variant.decode_graph_sizes:
+            graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
+                                post_replay=variant.graph_reads_end_post_replay)
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
         # startup ends with the device idle (weights loaded, graphs captured), and

@@ -73,6 +73,10 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
     ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
     # an event never recorded: its synchronize() returns at once, as with no host sync
     ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
+    # the decode CUDA graph runner's read-done event: recorded inside the graph (its
+    # external event), or fresh after the replay (decode_cuda_graph_runner.py 670 / 696)
+    ("decode_cuda_graph_runner.py", "event.record()", ("read_done.record_in_graph",)),
+    ("decode_cuda_graph_runner.py", "read_done.record()", ("read_done.record_post_replay",)),
 )
 
 #: why a site has no counterpart, or why the model's verdict differs (file name, code piece)

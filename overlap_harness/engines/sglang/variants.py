@@ -23,6 +23,12 @@ class Variant:
     graph_runner: bool = True  # decode forwards publish the runner's read-done event
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
+    # decode batches replayed by SGLang's decode CUDA-graph runner, capturing these sizes
+    # (graph_runner.py); the worker then plays no runner
+    decode_graph_sizes: tuple[int, ...] = ()
+    # the graph's attention backend declares its shared reads end after the replay
+    # (POST_REPLAY: the runner records a fresh read-done event) instead of inside it
+    graph_reads_end_post_replay: bool = False
     pools: PoolSizes = field(default_factory=PoolSizes)
     # attention DP (tp 2, attn-dp 2): this rank beside a peer whose steps are scripted per
     # iteration (absent iterations: the peer is idle); None: no DP
@@ -60,4 +66,17 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                      6: PeerStep("decode", 2), 7: PeerStep("extend", 3),
                      8: PeerStep("decode", 3), 9: PeerStep("decode", 3),
                      10: PeerStep("decode", 2), 12: PeerStep("decode", 1)}),
+    # non_spec_decode's requests, decode under CUDA graphs: SGLang's runner captures batch
+    # sizes 1 and 2 at startup and replays them, the read-done event recorded in the graph
+    Variant("graph_decode", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(1, 2, 4, 8)),
+    # radix_cache's requests under decode CUDA graphs: the cache rewrites a row the graph's
+    # in-graph attention prep reads, behind the read-done event recorded inside the graph;
+    # only batch size 2 captured, so each one-request decode is padded (pad row 0, length 1)
+    Variant("graph_decode_radix", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,)),
+    # the same with a backend whose shared reads end after the replay (POST_REPLAY)
+    Variant("graph_decode_post_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,),
+            graph_reads_end_post_replay=True),
 )}
