@@ -10,7 +10,10 @@ attributes the loop may touch; anything else raises with its name.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +59,31 @@ def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
                       chunked_prefill_size=chunked_prefill_size,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
                       skip_tokenizer_init=True, **parallel)
-    set_global_server_args_for_scheduler(args)
+    with _previous_run_overrides_dropped_quietly():
+        set_global_server_args_for_scheduler(args)
     _single_rank()
     return args
+
+
+class _DroppedOverridesNotice(logging.Filter):
+    """Holds back SGLang's warning that a publish dropped the overrides taken since the last
+    one: each variant publishes its own configuration, so the previous run's overrides (the
+    pools' micro-batch size, the graph runner's config) are meant to go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "dropped" not in record.getMessage() or "override" not in record.getMessage()
+
+
+@contextmanager
+def _previous_run_overrides_dropped_quietly() -> Iterator[None]:
+    """SGLang's publish without its notice of dropped overrides (any other record passes)."""
+    logger = logging.getLogger("sglang.srt.runtime_context")
+    notice = _DroppedOverridesNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def _single_rank() -> None:
