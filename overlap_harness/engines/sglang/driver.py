@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import environment, kernels, scheduler_build
+from overlap_harness.engines.sglang import (
+    eagle_build,
+    eagle_kernels,
+    environment,
+    kernels,
+    scheduler_build,
+)
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
 
@@ -59,7 +65,9 @@ class _Intake:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         self.counter += 1
-        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        # EAGLE variants sample greedily (the verify takes SGLang's greedy tree walk)
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True,
+                                temperature=0.0 if self.variant.eagle else 1.0)
         params.normalize(None)
         ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
@@ -70,15 +78,23 @@ class _Intake:
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
     kernels.declare()
+    if variant.eagle is not None:
+        eagle_kernels.declare()
     started = time.process_time()
-    args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
-                                       radix_cache=variant.radix_cache,
+    if variant.eagle is None:
+        args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
+                                           radix_cache=variant.radix_cache,
+                                           mixed_chunk=variant.mixed_chunk)
+    else:
+        args = eagle_build.server_args(variant.eagle,
+                                       chunked_prefill_size=variant.chunked_prefill_size,
                                        mixed_chunk=variant.mixed_chunk)
     with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
-          environment.retraction_forced(variant.retract_every)):
+          environment.retraction_forced(variant.retract_every),
+          eagle_build.selected(variant.eagle)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
-            graph_runner=variant.graph_runner)
+            graph_runner=variant.graph_runner, spec_workers=eagle_build.workers(variant.eagle))
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
         # startup ends with the device idle (weights loaded, graphs captured), and
@@ -88,5 +104,5 @@ def run_variant(variant: Variant) -> LoopRun:
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
-                   scheduler.model_worker.forwards,
+                   scheduler.tp_worker.forwards,
                    [u.name for u in watch.unknown_ops], time.process_time() - started, watch)

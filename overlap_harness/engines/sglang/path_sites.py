@@ -11,7 +11,8 @@ from overlap_harness.engines.core.results import VariantOutcome, race_record
 from overlap_harness.engines.core.sites import SyncSite, scan
 
 #: modules scanned for sync sites: the loop, its relay, result processing, the D2H helper,
-#: the result copy, the EAGLE v2 worker, the CUDA-graph runners and their read-done event
+#: the result copy, the EAGLE v2 worker and its helpers (spec_utils: the verify's
+#: record_stream, the plan stream), the CUDA-graph runners and their read-done event
 PATH_MODULES = (
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.overlap_utils",
@@ -20,6 +21,7 @@ PATH_MODULES = (
     "sglang.srt.utils.common",
     "sglang.srt.speculative.eagle_worker_v2",
     "sglang.srt.speculative.eagle_worker_common",
+    "sglang.srt.speculative.spec_utils",
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
     "sglang.srt.model_executor.runner.base_cuda_graph_runner",
     "sglang.srt.model_executor.runner_utils.shared_read_event",

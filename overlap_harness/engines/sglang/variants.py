@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from overlap_harness.engines.sglang.eagle_build import EagleConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 
 
@@ -23,6 +24,7 @@ class Variant:
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
     pools: PoolSizes = field(default_factory=PoolSizes)
+    eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -46,4 +48,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # requests every 4th forward; it is requeued and prefilled again into a freed row
     Variant("retracted_request", 16, {0: ((5, 8), (6, 8))}, retract_every=4,
             pools=TWO_ROWS),
+    # EAGLE spec v2, topk 1, 3 draft steps: prefill + draft-extend, then draft, verify and
+    # draft-extend each decode; two more requests recycle the two rows
+    Variant("eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
+            eagle=EagleConfig()),
 )}
