@@ -65,14 +65,15 @@ def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
     return args
 
 
-def _attn_backend(name: str, needs_cpu_seq_lens: bool, verify_mask: Any = None
+def _attn_backend(name: str, pool: Any, needs_cpu_seq_lens: bool, verify_mask: Any = None
                   ) -> StrictStub:
     """An attention backend's fields the spec path reads (FlashAttention-3-like: a target
-    verify mask owned by the backend, no Triton extend block size)."""
-    return StrictStub(name, needs_cpu_seq_lens=needs_cpu_seq_lens, verify_mask=verify_mask,
-                      init_forward_metadata=_noop, max_context_len=MAX_CONTEXT,
-                      update_verify_buffers_to_fill_after_draft=_noop,
-                      absent=("extend_attention_block_m",))
+    verify mask owned by the backend, no Triton extend block size); its metadata planning is
+    declared (:func:`.eagle_worker.planning_backend`)."""
+    return eagle_worker.planning_backend(
+        name, pool.req_to_token, needs_cpu_seq_lens=needs_cpu_seq_lens,
+        verify_mask=verify_mask, max_context_len=MAX_CONTEXT,
+        update_verify_buffers_to_fill_after_draft=_noop, absent=("extend_attention_block_m",))
 
 
 def _verify_mask(sizes: PoolSizes, config: EagleConfig) -> Any:
@@ -86,8 +87,9 @@ def _verify_mask(sizes: PoolSizes, config: EagleConfig) -> Any:
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
-    """Attention metadata planning of a backend stand-in: the fake forwards declare what
-    the kernels read, so the plan has nothing to record."""
+    """What launches nothing here: the base backend's post-draft verify-buffer update
+    (FlashAttention-3 keeps the default: no buffers filled after draft), the draft worker's
+    own pool allocation and the LM-head sharing (weights)."""
 
 
 def _hf_config() -> Any:
@@ -128,7 +130,8 @@ def _target_runner(req_to_token_pool: Any, allocator: Any, config: EagleConfig,
 
     return StrictStub(
         "target_model_runner", attn_backend=_attn_backend(
-            "target_attn_backend", config.needs_cpu_seq_lens, _verify_mask(sizes, config)),
+            "target_attn_backend", req_to_token_pool, config.needs_cpu_seq_lens,
+            _verify_mask(sizes, config)),
         shared_read_done_event=None, req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator, model_config=_model_config("target_model_config"),
         spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"),
@@ -169,7 +172,8 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         pool, sizes.kv_tokens, model_config=_model_config("draft_model_config"),
         spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), canary_manager=None,
         shared_read_done_event=None, device=DEVICE, is_draft_worker=True,
-        attn_backend=_attn_backend("draft_extend_attn_backend", config.needs_cpu_seq_lens),
+        attn_backend=_attn_backend("draft_extend_attn_backend", pool,
+                                   config.needs_cpu_seq_lens),
         token_to_kv_pool_allocator=allocator, lora_manager=None,
         prefill_attention_backend_str="flashinfer", ngram_embedding_manager=_ngram_manager(pool),
         kv_index_translator=_translator(pool, allocator, is_draft_worker=True))
@@ -193,11 +197,11 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         worker.alloc_memory_pool(memory_pool_config=None, req_to_token_pool=pool,
                                  token_to_kv_pool_allocator=allocator)
     draft = worker.draft_worker
-    draft.draft_attn_backend = StrictStub(
-        "draft_attn_backend", needs_cpu_seq_lens=config.needs_cpu_seq_lens,
-        init_forward_metadata=_noop,
-        attn_backends=[_attn_backend(f"draft_attn_backend[{i}]", config.needs_cpu_seq_lens)
-                       for i in range(config.num_steps)])
+    draft.draft_attn_backend = _attn_backend("draft_attn_backend", pool,
+                                             config.needs_cpu_seq_lens)
+    draft.draft_attn_backend.attn_backends = [
+        _attn_backend(f"draft_attn_backend[{i}]", pool, config.needs_cpu_seq_lens)
+        for i in range(config.num_steps)]
     draft.draft_extend_attn_backend = draft_runner.attn_backend
     draft_runner.draft_attn_backend = draft.draft_attn_backend
     draft.cuda_graph_runner = draft.cuda_graph_runner_for_draft_extend = None

@@ -21,7 +21,13 @@ from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
 
 def _device(values: list[Any], like: torch.Tensor, dtype: torch.dtype | None = None
             ) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype or like.dtype, device=like.device)
+    """A fresh device tensor holding ``values``, written as the kernel's output (no host
+    copy is recorded: the kernel computes them on the device)."""
+    with torch._C.DisableTorchFunction():
+        host = torch.tensor(values, dtype=dtype or like.dtype)
+    out = torch.empty(host.shape, dtype=host.dtype, device=like.device)
+    out.copy_(host)
+    return out
 
 
 # -- forward_batch_info.compute_position_triton ------------------------------------------

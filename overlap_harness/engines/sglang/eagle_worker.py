@@ -64,6 +64,37 @@ def _logits_of(positions: torch.Tensor, shift: int) -> torch.Tensor:
     return logits
 
 
+# -- attention metadata planning ---------------------------------------------------------
+
+
+def _plan_accesses(out: torch.Tensor, backend: Any, req_to_token: torch.Tensor,
+                   forward_batch: Any) -> list[DeclaredAccess]:
+    acc = reads(forward_batch.req_pool_indices) + reads(forward_batch.seq_lens)
+    rows, lengths = peek(forward_batch.req_pool_indices), peek(forward_batch.seq_lens)
+    for row, length in zip(rows, lengths, strict=True):
+        acc += reads(req_to_token[row, :length])
+    return acc + writes(out)
+
+
+@declared(_plan_accesses, name="init_forward_metadata")
+def _plan(backend: Any, req_to_token: torch.Tensor, forward_batch: Any) -> torch.Tensor:
+    """The backend's page table: each row's ``req_to_token[row, :seq_len]``, padded."""
+    rows = forward_batch.req_pool_indices.to(torch.int64)
+    table = req_to_token[rows].clone()
+    backend.forward_metadata = table
+    return table
+
+
+def planning_backend(name: str, req_to_token: torch.Tensor, **fields: Any) -> StrictStub:
+    """An attention backend stand-in whose ``init_forward_metadata`` is declared as the real
+    one's kernels: it reads the batch's rows and lengths and ``req_to_token[row, :seq_len]``,
+    and writes the page table (``forward_metadata``) the forward then reads."""
+    backend = StrictStub(name, forward_metadata=None, **fields)
+    backend.init_forward_metadata = lambda forward_batch: _plan(backend, req_to_token,
+                                                                 forward_batch)
+    return backend
+
+
 # -- the target worker -------------------------------------------------------------------
 
 
@@ -169,6 +200,7 @@ def _draft_accesses(out: Any, runner: FakeDraftRunner, forward_batch: Any
                        peek(forward_batch.seq_lens), runner.kv_buffer)
     if forward_batch.forward_mode.is_extend():
         acc += reads(forward_batch.extend_seq_lens)
+    acc += reads(runner.planned_metadata(forward_batch))
     logits, hidden = out
     return acc + writes(logits) + writes(hidden)
 
@@ -203,6 +235,14 @@ class FakeDraftRunner:
         from overlap_harness.engines.core.strict import UnplannedUseError
 
         raise UnplannedUseError(f"draft_runner.{name}: not planned by the driver")
+
+    def planned_metadata(self, forward_batch: Any) -> torch.Tensor | None:
+        """The page table the forward's backend planned (draft decode steps: the multi-step
+        backend; draft extend: the runner's own), None when none was planned."""
+        mode = forward_batch.forward_mode
+        if mode.is_extend() or mode.is_draft_extend_v2():
+            return self.attn_backend.forward_metadata
+        return self.draft_attn_backend.forward_metadata
 
     def forward(self, forward_batch: Any, **kwargs: Any) -> Any:
         """One draft forward: SGLang's ``ModelRunnerOutput``-like result (``logits_output``)."""

@@ -52,4 +52,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # draft-extend each decode; two more requests recycle the two rows
     Variant("eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
             eagle=EagleConfig()),
+    # the same with backends that need host sequence lengths: FutureMap pulls them through
+    # its private D2H stream (resolve_seq_lens_cpu), gated on the publish event
+    Variant("eagle_d2h_stream", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(needs_cpu_seq_lens=True)),
+    # chunked prefill mixed with EAGLE decodes: a 13-token prompt in chunks of 4 beside a
+    # decoding request; the mixed batches' decode tails are late-bound behind the publish
+    # event (FutureMap.resolve_mixed_spec_tails)
+    Variant("eagle_mixed", 12, {0: ((3, 10),), 2: ((13, 3),)}, chunked_prefill_size=4,
+            mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig()),
 )}
