@@ -26,6 +26,10 @@ REMOVALS = {
     "eagle_topk1": ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker",
                     "_draft_extend_for_decode", "current_stream().wait_stream(",
                     ("eagle_worker_common.py", "forward_batch_info.py")),
+    # tree drafting (topk 4): the same join
+    "eagle_topk4": ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker",
+                    "_draft_extend_for_decode", "current_stream().wait_stream(",
+                    ("eagle_worker_common.py", "forward_batch_info.py")),
     # the private D2H stream waits for the forward's publish of the new lengths
     "eagle_d2h_stream": ("sglang.srt.managers.overlap_utils", "FutureMap",
                          "resolve_seq_lens_cpu",

@@ -168,6 +168,8 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     target = eagle_worker.FakeTargetWorker(pool, allocator, sizes.kv_tokens,
                                            _target_runner(pool, allocator, config, sizes))
     target.random_seed = 0
+    # the KV pool behind the shared allocator is the target's (the scheduler's stand-in)
+    allocator.get_kvcache().move_kv_cache = target.move_kv_cache
     draft_runner = eagle_worker.FakeDraftRunner(
         pool, sizes.kv_tokens, model_config=_model_config("draft_model_config"),
         spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), canary_manager=None,

@@ -148,6 +148,19 @@ def _target_verify(worker: FakeTargetWorker, forward_batch: Any
     return logits, hidden.contiguous()
 
 
+def _move_accesses(out: Any, kv_buffer: torch.Tensor, tgt_loc: torch.Tensor,
+                   src_loc: torch.Tensor) -> list[DeclaredAccess]:
+    return (reads(tgt_loc) + reads(src_loc) + reads(kv_buffer, rows=src_loc)
+            + writes(kv_buffer, rows=tgt_loc))
+
+
+@declared(_move_accesses, name="move_kv_cache")
+def _move_kv_cache(kv_buffer: torch.Tensor, tgt_loc: torch.Tensor, src_loc: torch.Tensor
+                   ) -> None:
+    """The KV pool's ``move_kv_cache``: the accepted tree path's KV to the front slots."""
+    kv_buffer[tgt_loc] = kv_buffer[src_loc].clone()
+
+
 class FakeTargetWorker:
     """Stands where SGLang's target ``TpModelWorker`` stands under ``EAGLEWorkerV2``: the
     prefill and verify forwards, and the fields the worker and scheduler read."""
@@ -159,6 +172,10 @@ class FakeTargetWorker:
         self.model_config = model_runner.model_config
         self.kv_buffer = torch.zeros((kv_tokens + 1, 1), dtype=torch.float32, device="cuda")
         self.forwards = 0
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """The target KV pool's slot move (a tree verify keeps the accepted path)."""
+        _move_kv_cache(self.kv_buffer, tgt_loc, src_loc)
 
     def forward_batch_generation(self, batch: Any = None, *, forward_batch: Any = None,
                                  is_verify: bool = False, pp_proxy_tensors: Any = None,
