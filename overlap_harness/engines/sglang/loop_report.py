@@ -47,10 +47,28 @@ SITE_LABELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
     # an event never recorded: its synchronize() returns at once, as with no host sync
     ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
+    # spec v2's relay (overlap_utils.py resolve_seq_lens_cpu / publish); the same code in
+    # resolve_mixed_spec_tails is reached only by eagle_mixed, which has no model scenario
+    ("overlap_utils.py", "self.publish_ready.wait()", ("publish_ready.schedule_wait",)),
+    ("overlap_utils.py", "fwd_prepare_d2h_stream.wait_event(self.publish_ready)",
+     ("publish_ready.d2h_wait",)),
+    ("overlap_utils.py", "self.fwd_prepare_d2h_stream.synchronize()", ("d2h.host_sync",)),
+    # an event never recorded: every wait on it returns at once
+    ("overlap_utils.py", "self.publish_ready.record()",
+     ("publish_ready.schedule_wait", "publish_ready.d2h_wait")),
 )
 
 #: why a site has no counterpart, or why the model's verdict differs (file name, code piece)
+_PLAN_STREAM = ("not modelled: SGLang 0.5.23's plan stream waits on the forward stream around "
+                "the verify's and the draft extend's preparation and the forward stream waits "
+                "on it after; the model's plan stream (plan_stream) waits on the schedule "
+                "stream once per batch, an older design, so the EAGLE loop scenarios run "
+                "without it")
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
+    ("eagle_worker_v2.py", "wait_stream(", _PLAN_STREAM),
+    ("eagle_worker_common.py", "wait_stream(", _PLAN_STREAM),
+    ("spec_utils.py", "record_stream(", "not modelled: record_stream_for_v2_verify marks the "
+     "verify's inputs used on the forward stream; the model has no allocator reuse of them"),
 )
 
 
