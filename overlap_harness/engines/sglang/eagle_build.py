@@ -176,7 +176,8 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         shared_read_done_event=None, device=DEVICE, is_draft_worker=True,
         attn_backend=_attn_backend("draft_extend_attn_backend", pool,
                                    config.needs_cpu_seq_lens),
-        token_to_kv_pool_allocator=allocator, lora_manager=None,
+        token_to_kv_pool_allocator=allocator, lora_manager=None, topk=config.topk,
+        num_steps=config.num_steps,
         prefill_attention_backend_str="flashinfer", ngram_embedding_manager=_ngram_manager(pool),
         kv_index_translator=_translator(pool, allocator, is_draft_worker=True))
     draft_tp_worker = StrictStub("draft_tp_worker", model_runner=draft_runner,

@@ -13,8 +13,9 @@ real kernels:
   those KV slots, writes the verify slots' KV, the logits of every draft token and their
   hidden states;
 * the draft model runner's ``forward`` (draft decode steps, draft-extend after a prefill or a
-  verify): reads ``input_ids``, ``positions``, the carried hidden states and
-  ``req_to_token[row, :seq_len]`` with the draft KV slots named, writes the draft KV of
+  verify): reads ``input_ids``, ``positions``, the carried hidden states, the page table its
+  backend planned and ``req_to_token[row, :seq_len]`` (a decode step: the prefix and the draft
+  slots of the steps so far) with the draft KV slots named, writes the draft KV of
   ``out_cache_loc``, logits and hidden states.
 
 Rows and lengths are device values (spec v2 keeps ``seq_lens`` on the device; with
@@ -205,17 +206,40 @@ class FakeTargetWorker:
 # -- the draft model runner --------------------------------------------------------------
 
 
+def _draft_window_reads(runner: FakeDraftRunner, forward_batch: Any) -> list[DeclaredAccess]:
+    """A draft decode step's attention: each request's prefix ``req_to_token[row, :seq_len]``
+    and, per branch, the draft slots of the steps so far (the draft window is laid out branch
+    by branch after ``seq_len``: ``per_step_draft_out_cache_loc``), with the KV they name."""
+    req_to_token = runner.req_to_token_pool.req_to_token
+    rows, lengths = peek(forward_batch.req_pool_indices), peek(forward_batch.seq_lens)
+    positions = peek(forward_batch.positions)[::runner.topk]
+    acc: list[DeclaredAccess] = []
+    for row, length, position in zip(rows, lengths, positions, strict=True):
+        step = position - length
+        spans = [(0, length)] + [(length + branch * runner.num_steps,
+                                  length + branch * runner.num_steps + step + 1)
+                                 for branch in range(runner.topk)]
+        for start, end in spans:
+            entries = req_to_token[row, start:end]
+            acc += reads(entries) + reads(runner.kv_buffer, rows=entries)
+    return acc
+
+
 def _draft_accesses(out: Any, runner: FakeDraftRunner, forward_batch: Any
                     ) -> list[DeclaredAccess]:
     req_to_token = runner.req_to_token_pool.req_to_token
     spec = forward_batch.spec_info
+    mode = forward_batch.forward_mode
     acc = reads(forward_batch.input_ids) + reads(forward_batch.positions)
     acc += reads(forward_batch.req_pool_indices) + reads(forward_batch.seq_lens)
     acc += reads(getattr(spec, "hidden_states", None)) + reads(forward_batch.out_cache_loc)
     acc += writes(runner.kv_buffer, rows=forward_batch.out_cache_loc.reshape(-1))
-    acc += _token_rows(req_to_token, peek(forward_batch.req_pool_indices),
-                       peek(forward_batch.seq_lens), runner.kv_buffer)
-    if forward_batch.forward_mode.is_extend():
+    if mode.is_extend() or mode.is_draft_extend_v2():
+        acc += _token_rows(req_to_token, peek(forward_batch.req_pool_indices),
+                           peek(forward_batch.seq_lens), runner.kv_buffer)
+    else:
+        acc += _draft_window_reads(runner, forward_batch)
+    if mode.is_extend():
         acc += reads(forward_batch.extend_seq_lens)
     acc += reads(runner.planned_metadata(forward_batch))
     logits, hidden = out
