@@ -15,20 +15,9 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang.eagle_worker import peek
+from overlap_harness.engines.sglang import eagle_tree_kernels
+from overlap_harness.engines.sglang.eagle_worker import device_tensor, draft_windows, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
-
-
-def _device(values: list[Any], like: torch.Tensor, dtype: torch.dtype | None = None
-            ) -> torch.Tensor:
-    """A fresh device tensor holding ``values``, written as the kernel's output (no host
-    copy is recorded: the kernel computes them on the device)."""
-    with torch._C.DisableTorchFunction():
-        host = torch.tensor(values, dtype=dtype or like.dtype)
-    out = torch.empty(host.shape, dtype=host.dtype, device=like.device)
-    out.copy_(host)
-    return out
-
 
 # -- forward_batch_info.compute_position_triton ------------------------------------------
 
@@ -43,8 +32,8 @@ def _positions(extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor,
     for prefix, length in zip(prefixes, lengths, strict=True):
         starts.append(len(positions))
         positions += range(prefix, prefix + length)
-    return (_device(positions, extend_seq_lens, torch.int64),
-            _device(starts, extend_seq_lens, torch.int32))
+    return (device_tensor(positions, extend_seq_lens, torch.int64),
+            device_tensor(starts, extend_seq_lens, torch.int32))
 
 
 def _positions_accesses(out: Any, extend_prefix_lens: torch.Tensor,
@@ -117,11 +106,6 @@ def _gather_accesses(out: Any, indices: torch.Tensor, topk_p_buf: torch.Tensor,
 # -- kernels.ops.speculative.cache_locs.assign_draft_cache_locs_contiguous_func ----------
 
 
-def _draft_windows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
-                   ) -> list[tuple[int, int]]:
-    return list(zip(peek(req_pool_indices), peek(seq_lens), strict=True))
-
-
 def _assign_draft_cache_locs(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                              seq_lens: torch.Tensor, out_cache_loc: torch.Tensor, topk: int,
                              num_cols: int, positions: torch.Tensor | None = None,
@@ -129,7 +113,7 @@ def _assign_draft_cache_locs(req_pool_indices: torch.Tensor, req_to_token: torch
     """Each request's ``topk * num_cols`` slots from column ``seq_len`` of its row, in
     request order; its draft position (``seq_len``) per branch."""
     width = topk * num_cols
-    for lane, (row, start) in enumerate(_draft_windows(req_pool_indices, seq_lens)):
+    for lane, (row, start) in enumerate(draft_windows(req_pool_indices, seq_lens)):
         out_cache_loc[lane * width:(lane + 1) * width] = req_to_token[
             row, start:start + width].to(out_cache_loc.dtype)
         if positions is not None:
@@ -145,7 +129,7 @@ def _assign_draft_cache_locs_accesses(out: Any, req_pool_indices: torch.Tensor,
                                       mrope: torch.Tensor | None = None
                                       ) -> list[DeclaredAccess]:
     acc = reads(req_pool_indices) + reads(seq_lens) + writes(out_cache_loc) + writes(positions)
-    for row, start in _draft_windows(req_pool_indices, seq_lens):
+    for row, start in draft_windows(req_pool_indices, seq_lens):
         acc += reads(req_to_token[row, start:start + topk * num_cols])
     return acc
 
@@ -199,7 +183,7 @@ def _build_chain_tree_accesses(out: Any, bonus_tokens: torch.Tensor,
     acc += writes(next_sibling) + writes(tokens) + writes(out_cache_loc)
     if req_to_token is not None:
         acc += reads(req_pool_indices)
-        for row, start in _draft_windows(req_pool_indices, seq_lens):
+        for row, start in draft_windows(req_pool_indices, seq_lens):
             acc += reads(req_to_token[row, start:start + width])
     return acc
 
@@ -332,10 +316,10 @@ def _verify_greedy(predicts: torch.Tensor, accept_index: torch.Tensor,
             flat_predicts[r_index[lane][node]] = target[lane][node]
         counts.append(len(accepted) - 1)
         index_rows.append(accepted + [-1] * (depth - len(accepted)))
-    predicts.copy_(_device(flat_predicts, predicts))
+    predicts.copy_(device_tensor(flat_predicts, predicts))
     if index_rows:
-        accept_index.copy_(_device(index_rows, accept_index))
-        accept_token_num.copy_(_device(counts, accept_token_num))
+        accept_index.copy_(device_tensor(index_rows, accept_index))
+        accept_token_num.copy_(device_tensor(counts, accept_token_num))
     return predicts, accept_index, accept_token_num
 
 
@@ -347,158 +331,6 @@ def _verify_greedy_accesses(out: Any, predicts: torch.Tensor, accept_index: torc
     acc = reads(candidates) + reads(retrieve_index) + reads(retrieve_next_token)
     acc += reads(retrieve_next_sibling) + reads(target_predict)
     return acc + writes(predicts) + writes(accept_index) + writes(accept_token_num)
-
-
-# -- kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func (topk > 1) -------
-
-
-def _tree_parents(parent_list: list[int], selected: list[int], topk: int) -> list[int]:
-    """Each verified node's parent node (node 0 is the root, the bonus token; node ``i``
-    is the ``i-1``-th selected draft): the root when its draft was drawn from the root's
-    candidates, else the node whose selected draft is the one it was drawn from."""
-    parents = [-1]
-    for index in selected:
-        drawn_from = index // topk
-        if drawn_from == 0:
-            parents.append(0)
-            continue
-        origin = parent_list[drawn_from]
-        parents.append(next((k + 1 for k, other in enumerate(selected) if other == origin),
-                            0))
-    return parents
-
-
-def _tree_cells(seq_lens: list[int], width: int) -> list[int]:
-    """Where each lane's first tree row starts in a FULL_MASK buffer: rows of
-    ``seq_len + width`` cells after the lanes before it."""
-    starts, offset = [], 0
-    for length in seq_lens:
-        starts.append(offset)
-        offset += width * (length + width)
-    return starts
-
-
-def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
-                seq_lens: torch.Tensor, tree_mask: torch.Tensor, positions: torch.Tensor,
-                retrieve_index: torch.Tensor, retrieve_next_token: torch.Tensor,
-                retrieve_next_sibling: torch.Tensor, topk: int, spec_steps: int,
-                num_verify_tokens: int, tree_mask_mode: Any) -> None:
-    """The verify tree of each lane: node positions (``seq_len + depth``), retrieve index,
-    first child and next sibling (children linked last first), and the FULL_MASK rows (a
-    node sees the root and its ancestors)."""
-    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
-
-    if tree_mask_mode != TreeMaskMode.FULL_MASK:
-        raise NotImplementedError(f"build_tree: mask mode {tree_mask_mode} is not planned")
-    width = num_verify_tokens
-    lengths = peek(seq_lens)
-    index_rows, next_rows, sibling_rows, position_rows = [], [], [], []
-    mask = peek(tree_mask)
-    for lane, (parents_of, selected, length, start) in enumerate(zip(
-            peek(parent_list), peek(top_scores_index), lengths,
-            _tree_cells(lengths, width), strict=True)):
-        parents = _tree_parents(parents_of, selected[:width - 1], topk)
-        first_child, sibling = [-1] * width, [-1] * width
-        for node in range(width - 1, 0, -1):
-            sibling[node] = first_child[parents[node]]
-            first_child[parents[node]] = node
-        depth = [0] * width
-        for node in range(1, width):
-            depth[node] = depth[parents[node]] + 1
-        for node in range(width):
-            row = start + node * (length + width) + length
-            seen = {0}
-            walk = node
-            while walk > 0:
-                seen.add(walk)
-                walk = parents[walk]
-            for column in range(width):
-                mask[row + column] = column in seen
-        index_rows.append([lane * width + node for node in range(width)])
-        next_rows.append(first_child)
-        sibling_rows.append(sibling)
-        position_rows.append([length + d for d in depth])
-    tree_mask.copy_(_device(mask, tree_mask))
-    retrieve_index.copy_(_device(index_rows, retrieve_index))
-    retrieve_next_token.copy_(_device(next_rows, retrieve_next_token))
-    retrieve_next_sibling.copy_(_device(sibling_rows, retrieve_next_sibling))
-    positions.copy_(_device(position_rows, positions).view(-1))
-
-
-def _build_tree_accesses(out: Any, parent_list: torch.Tensor, top_scores_index: torch.Tensor,
-                         seq_lens: torch.Tensor, tree_mask: torch.Tensor,
-                         positions: torch.Tensor, retrieve_index: torch.Tensor,
-                         retrieve_next_token: torch.Tensor,
-                         retrieve_next_sibling: torch.Tensor, topk: int, spec_steps: int,
-                         num_verify_tokens: int, tree_mask_mode: Any) -> list[DeclaredAccess]:
-    acc = reads(parent_list) + reads(top_scores_index) + reads(seq_lens)
-    acc += writes(positions) + writes(retrieve_index) + writes(retrieve_next_token)
-    acc += writes(retrieve_next_sibling)
-    width = num_verify_tokens
-    lengths = peek(seq_lens)
-    for length, start in zip(lengths, _tree_cells(lengths, width), strict=True):
-        for node in range(width):
-            row = start + node * (length + width) + length
-            acc += writes(tree_mask[row:row + width])
-    return acc
-
-
-# -- kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func -------------
-
-
-def _extend_cache_locs(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
-                       start_offset: torch.Tensor, batch_size: int, draft_token_num: int,
-                       device: Any, **options: Any) -> torch.Tensor:
-    """The verify window of each request: ``req_to_token[row, start:start + width]``."""
-    if any(value is not None for key, value in options.items() if key != "page_size"):
-        raise NotImplementedError(f"assign_extend_cache_locs_uniform: {sorted(options)}")
-    rows = req_pool_indices[:batch_size].to(torch.int64).view(-1, 1)
-    columns = start_offset[:batch_size].to(torch.int64).view(-1, 1) + torch.arange(
-        draft_token_num, device=req_to_token.device).view(1, -1)
-    return req_to_token[rows, columns].reshape(-1).to(torch.int64)
-
-
-def _extend_cache_locs_accesses(out: torch.Tensor, req_pool_indices: torch.Tensor,
-                                req_to_token: torch.Tensor, start_offset: torch.Tensor,
-                                batch_size: int, draft_token_num: int, device: Any,
-                                **options: Any) -> list[DeclaredAccess]:
-    acc = reads(req_pool_indices) + reads(start_offset) + writes(out)
-    for row, start in _draft_windows(req_pool_indices[:batch_size], start_offset[:batch_size]):
-        acc += reads(req_to_token[row, start:start + draft_token_num])
-    return acc
-
-
-# -- spec_utils.move_accept_tokens_to_target_kvcache's slot packing (topk > 1) -----------
-
-
-def _fill_front(num_front: torch.Tensor, out_cache_loc: torch.Tensor,
-                front_out_cache_loc: torch.Tensor) -> None:
-    """The first ``num_front[i]`` slots of request ``i``'s window, packed in order."""
-    counts = peek(num_front)
-    window = peek(out_cache_loc.view(len(counts), -1))
-    packed = [slot for row, count in zip(window, counts, strict=True) for slot in row[:count]]
-    if packed:
-        front_out_cache_loc[:len(packed)] = _device(packed, front_out_cache_loc)
-
-
-def _fill_front_accesses(out: Any, num_front: torch.Tensor, out_cache_loc: torch.Tensor,
-                         front_out_cache_loc: torch.Tensor) -> list[DeclaredAccess]:
-    return reads(num_front) + reads(out_cache_loc) + writes(front_out_cache_loc)
-
-
-def _fill_accept(accept_index: torch.Tensor, out_cache_loc: torch.Tensor,
-                 accept_out_cache_loc: torch.Tensor, size: int) -> None:
-    """The slots of the accepted nodes (``-1``: none), packed in order."""
-    slots = peek(out_cache_loc)
-    packed = [slots[node] for node in peek(accept_index.reshape(-1))[:size] if node > -1]
-    if packed:
-        accept_out_cache_loc[:len(packed)] = _device(packed, accept_out_cache_loc)
-
-
-def _fill_accept_accesses(out: Any, accept_index: torch.Tensor, out_cache_loc: torch.Tensor,
-                          accept_out_cache_loc: torch.Tensor, size: int
-                          ) -> list[DeclaredAccess]:
-    return reads(accept_index) + reads(out_cache_loc) + writes(accept_out_cache_loc)
 
 
 def declare() -> None:
@@ -529,14 +361,7 @@ def declare() -> None:
              _draft_extend_layout, "_prepare_draft_extend_lengths_kernel"),
             ("sglang.srt.speculative.eagle_worker_v2:draft_topk1_postprocess",
              _topk1_accesses, _topk1, "_draft_topk1_finalize_kernel"),
-            ("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient_func",
-             _build_tree_accesses, _build_tree, "sgl_build_tree_kernel_efficient"),
-            ("sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_uniform_func",
-             _extend_cache_locs_accesses, _extend_cache_locs, "assign_extend_cache_locs_uniform"),
-            ("sglang.srt.speculative.spec_utils:fill_front_out_cache_loc_func",
-             _fill_front_accesses, _fill_front, "assign_extend_cache_locs"),
-            ("sglang.srt.speculative.spec_utils:fill_accept_out_cache_loc_func",
-             _fill_accept_accesses, _fill_accept, "fill_accept_out_cache_loc"),
             ("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
              _verify_greedy_accesses, _verify_greedy, "verify_tree_greedy")):
         recorder.declare_kernel(target, accesses, cpu_impl=impl, name=name)
+    eagle_tree_kernels.declare()

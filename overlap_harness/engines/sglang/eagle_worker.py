@@ -44,6 +44,23 @@ def peek(tensor: torch.Tensor) -> list[Any]:
         return tensor.tolist()
 
 
+def device_tensor(values: list[Any], like: torch.Tensor, dtype: torch.dtype | None = None
+            ) -> torch.Tensor:
+    """A fresh device tensor holding ``values``, written as the kernel's output (no host
+    copy is recorded: the kernel computes them on the device)."""
+    with torch._C.DisableTorchFunction():
+        host = torch.tensor(values, dtype=dtype or like.dtype)
+    out = torch.empty(host.shape, dtype=host.dtype, device=like.device)
+    out.copy_(host)
+    return out
+
+
+def draft_windows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+                  ) -> list[tuple[int, int]]:
+    """(row, start) of each request: where its window of new slots begins."""
+    return list(zip(peek(req_pool_indices), peek(seq_lens), strict=True))
+
+
 def _token_rows(req_to_token: torch.Tensor, rows: list[int], lengths: list[int],
                 kv: torch.Tensor) -> list[DeclaredAccess]:
     """Attention's reads: each row's ``req_to_token[row, :length]`` and the KV slots named."""
