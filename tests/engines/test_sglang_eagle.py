@@ -87,7 +87,7 @@ def test_eagle_variant_is_race_free_as_released(runs, variant):
     run = runs[variant]
     assert run["intact"] == []
     assert run["unknown"] == []  # every raw-pointer kernel on the path is declared
-    assert run["forwards"] >= 6 and run["iterations"] == 12
+    assert run["forwards"] >= 6 and run["iterations"] >= 12
 
 
 @pytest.mark.parametrize("variant", sorted(REMOVALS))

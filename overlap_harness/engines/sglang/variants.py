@@ -58,9 +58,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             pools=TWO_ROWS, eagle=EagleConfig(needs_cpu_seq_lens=True)),
     # chunked prefill mixed with EAGLE decodes: a 13-token prompt in chunks of 4 beside a
     # decoding request; the mixed batches' decode tails are late-bound behind the publish
-    # event (FutureMap.resolve_mixed_spec_tails)
-    Variant("eagle_mixed", 12, {0: ((3, 10),), 2: ((13, 3),)}, chunked_prefill_size=4,
-            mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig()),
+    # event (FutureMap.resolve_mixed_spec_tails); a third request recycles a row
+    Variant("eagle_mixed", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
+            chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig()),
     # tree drafting: 4 candidates per step, 3 steps, the best 6 tree nodes verified
     Variant("eagle_topk4", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
             eagle=EagleConfig(topk=4, num_draft_tokens=6)),
