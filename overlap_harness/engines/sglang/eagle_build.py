@@ -6,7 +6,8 @@ holding :class:`~overlap_harness.engines.sglang.eagle_worker.FakeDraftRunner`; t
 worker is :class:`~overlap_harness.engines.sglang.eagle_worker.FakeTargetWorker`. What
 ``init_attention_backend`` and ``_capture_cuda_graphs`` would build (attention backends of a
 real model, CUDA graphs) is set to what a server without CUDA graphs has: strict stand-ins for
-the backends (whose metadata planning reads nothing the loop orders) and no graph runners.
+the backends, whose metadata planning is declared
+(:func:`~overlap_harness.engines.sglang.eagle_worker.planning_backend`), and no graph runners.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def workers(config: EagleConfig | None) -> Any:
 
 @contextmanager
 def selected(config: EagleConfig | None) -> Iterator[None]:
-    """For an EAGLE variant: SGLang's plan stream as configured; nothing for None."""
+    """For an EAGLE variant: SGLang's plan stream as configured and the CUDA branches of the
+    spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
     if config is None:
         yield
         return
