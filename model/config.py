@@ -37,6 +37,12 @@ class WarBarrier(StrEnum):
     AFTER_LAUNCH_READ_DONE = "after_launch_read_done"
 
 
+class DecodeReadDone(StrEnum):
+    AFTER_READS = "after_reads"
+    IN_GRAPH = "in_graph"
+    POST_REPLAY = "post_replay"
+
+
 class PublishPoint(StrEnum):
     AFTER_VERIFY = "after_verify"
     AFTER_DRAFT_EXTEND = "after_draft_extend"
@@ -117,12 +123,14 @@ class ProtocolConfig:
     pool_size: int = _f(16, "request-pool rows; row 0 is the padding row", (2, 4096))
     alloc_factor: int = _f(2, "KV over-allocation factor in prepare_for_decode (2 at REF)", (1, 4))
     pin_ring_depth: int = _f(2, "iterations a batch's snapshot tensors stay pinned", (0, 4))
+    decode_read_done: DecodeReadDone = _f(DecodeReadDone.AFTER_READS, "with war_barrier after_launch_read_done, how a non-spec decode's read-done event is recorded: after_reads (one event after the forward's reads, never removed), in_graph (SGLang 0.5.23's decode CUDA graph with the base backend's IN_REPLAY read end: the external event recorded inside the captured graph at each replay, label read_done.record_in_graph), post_replay (a POST_REPLAY backend: a fresh event recorded after the replay, label read_done.record_post_replay; the in-graph one is recorded too and left unused, decode_cuda_graph_runner.py 655-697)", late=True)
     skip_finishing_decode: bool = _f(False, "non-spec: leave out of the decode batch a request whose queued result commits its last token by length (SGLang 0.5.23's _reqs_finishing_inflight, scheduler.py 4444-4457, on in event_loop_overlap)", late=True)
     prefill_rewrites_prefix: bool = _f(False, "a prefill chunk writes its request's req_to_token row from column 0, the prefix's entries again (SGLang 0.5.23's write_req_to_token_pool_triton, allocation.py 452)", late=True)
     radix_cache_rewrite: bool = _f(False, "after a prefill's result, the radix cache rewrites each unfinished request's req_to_token row on S (RadixCache.cache_unfinished_req through req_to_token_pool.write, memory_pool.py 414)", late=True)
     copy_stream: bool = _f(False, "results copied to the host on a copy stream that waits on F (SGLang 0.5.23's _copy_result_to_cpu on CUDA, scheduler.py 5032)", late=True)
     async_d2h: bool = _f(False, "results copied with SGLang 0.5.23's async_d2h: the host keeps only the pinned copy and drops the device result at once, kept alive for the copy by record_stream on the copying stream (utils/common.py 608-617)", late=True)
     result_queue_hold: bool = _f(False, "the result queue holds each batch's future_indices (SGLang 0.5.23: batch.copy()'s req_pool_indices) until its result is processed, ring or not", late=True)
+    idle_result_sync: bool = _f(False, "an empty (DP idle) batch's host wait on its copy_done is its own statement (SGLang 0.5.23's process_batch_result_idle, batch_result_processor.py 946), removable alone as copy_done.idle_host_sync; copy_done.host_sync still removes it too", late=True)
     stash_stream: StashStream = _f(StashStream.FORWARD, "stream the stash runs on; side = a stream with no event (scenario 1's bug)")
     future_layout: FutureLayout = _f(FutureLayout.ROWS, "rows: one FutureMap slot per request-pool row (REF); ring: the old ring (#13713)")
     ring_size: int = _f(4, "slots of the old FutureMap ring", (1, 4096))

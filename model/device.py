@@ -46,12 +46,18 @@ class SyncLabel(StrEnum):
     # (scheduler.py 2021 / 2023); ``war_barrier`` removes both
     WAR_BARRIER_READ_DONE_WAIT = "war_barrier.read_done_wait"
     WAR_BARRIER_FALLBACK_WAIT = "war_barrier.fallback_wait"
+    # the decode CUDA graph runner's read-done records (decode_cuda_graph_runner.py 670 / 696)
+    READ_DONE_RECORD_IN_GRAPH = "read_done.record_in_graph"
+    READ_DONE_RECORD_POST_REPLAY = "read_done.record_post_replay"
     PUBLISH_READY_SCHEDULE_WAIT = "publish_ready.schedule_wait"
     PUBLISH_READY_D2H_WAIT = "publish_ready.d2h_wait"
     PUBLISH_READY_HOST_WAIT = "publish_ready.host_wait"
     D2H_HOST_SYNC = "d2h.host_sync"
     SEQ_LENS_CPU_SYNC = "seq_lens.cpu_sync"
     COPY_DONE_HOST_SYNC = "copy_done.host_sync"
+    # the empty batch's own wait (protocol.idle_result_sync; SGLang 0.5.23's
+    # process_batch_result_idle)
+    COPY_DONE_IDLE_HOST_SYNC = "copy_done.idle_host_sync"
     VERIFY_DONE_SCHEDULE_WAIT = "verify_done.schedule_wait"
     FUTURE_INDICES_RECORD_STREAM = "future_indices.record_stream"
     BATCH_PIN_RING = "batch_pin_ring"

@@ -146,20 +146,27 @@ class Watch:
         finally:
             self.dispatch.quiet -= 1
 
-    def record_declared(self, name: str, accesses: Iterable[kernels.DeclaredAccess],
+    def record_declared(self, name: str,
+                        accesses: Callable[[], Iterable[kernels.DeclaredAccess]],
                         rerun: Callable[[], Any] | None = None) -> None:
-        """One op on the current stream with the declared accesses; in CPU mode, a CUDA
-        graph capturing it runs ``rerun()`` at each replay."""
-        self.dispatch.paused += 1  # the helpers' own torch calls are not the program's
-        try:
-            with torch._C.DisableTorchFunction():
-                out = self._declared_accesses(accesses)
-        finally:
-            self.dispatch.paused -= 1
+        """One op on the current stream with the declared accesses, evaluated with the
+        recording paused (the declaration's own reads of index values are not the program's).
+        In CPU mode a CUDA graph capturing it runs ``rerun()`` at each replay and evaluates
+        ``accesses()`` again: a captured kernel indexed by a static buffer touches the rows
+        the buffer names at that replay, not those of the capture."""
+        def evaluate() -> list[Access]:
+            self.dispatch.paused += 1  # the helpers' own torch calls are not the program's
+            try:
+                with torch._C.DisableTorchFunction():
+                    return self._declared_accesses(accesses())
+            finally:
+                self.dispatch.paused -= 1
+
         replay = None
         if rerun is not None and self.cpu_mode and self.recording.capture is not None:
-            replay = Replayable(rerun)
-        self.recording.op(name, self.memory.current_agent(), out, OpKind.KERNEL, replay=replay)
+            replay = Replayable(rerun, evaluate)
+        self.recording.op(name, self.memory.current_agent(), evaluate(), OpKind.KERNEL,
+                          replay=replay)
 
     def _declared_accesses(self, accesses: Iterable[kernels.DeclaredAccess]) -> list[Access]:
         out: list[Access] = []

@@ -39,7 +39,7 @@ from overlap_harness.recorder.fake_streams import CudaState, current_state
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.per_thread import PerThread
-from overlap_harness.recorder.pinned_views import DeviceViews, host_array
+from overlap_harness.recorder.pinned_views import DeviceViews, host_array, reaches_host
 from overlap_harness.recorder.sites import user_site
 
 _TensorBase = torch._C.TensorBase
@@ -110,8 +110,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def _device_info(self, value: Any) -> StorageInfo | None:
         if isinstance(value, torch.Tensor):
             info = self.memory.lookup(value)
-            if info is not None and (not info.pinned
-                                     or self.memory.device_views.is_device_view(value)):
+            if info is not None and not reaches_host(self.memory.device_views, info, value):
                 return info
         return None
 
@@ -158,6 +157,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         builds its data in C++ and only lifts it through the dispatcher as an alias). On a GPU
         such a device tensor is a blocking copy from pageable host memory, which synchronizes
         its stream: the host is ordered after it, as after ``.item()``."""
+        if self.dispatch.paused:  # recording nothing (the overhead benchmark's baseline)
+            return
         outputs = out if isinstance(out, tuple | list) else (out,)
         site, targets = user_site(), targets_here()
         for position, t in enumerate(outputs):
@@ -216,8 +217,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
 
     def _is_pinned(self, t: torch.Tensor, device: Any = None) -> bool:
         info = self.memory.lookup(t)
-        return (info is not None and info.pinned
-                and not self.memory.device_views.is_device_view(t))
+        return info is not None and reaches_host(self.memory.device_views, info, t)
 
     def _get_device(self, t: torch.Tensor) -> int:
         return 0 if self._device_info(t) is not None else -1

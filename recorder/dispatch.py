@@ -38,6 +38,7 @@ from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import Targets, label, targets_here
 from overlap_harness.recorder.pageable import note_pageable_copy
 from overlap_harness.recorder.per_thread import PerThread
+from overlap_harness.recorder.pinned_views import reaches_host
 from overlap_harness.recorder.sites import user_site
 
 aten = torch.ops.aten
@@ -169,8 +170,7 @@ class RecordingDispatchMode(TorchDispatchMode):
             if info is None:
                 host_involved = True
                 continue
-            through_device = device_views is not None and device_views.is_device_view(t)
-            if info.pinned and not through_device:
+            if reaches_host(device_views, info, t):
                 host_involved = True
             else:  # device memory, or pinned memory a kernel reads through a device view
                 device_involved = True
@@ -254,8 +254,7 @@ class RecordingDispatchMode(TorchDispatchMode):
             written.append(access_of(info, t, True))
         accesses += written
         device_views = getattr(memory, "device_views", None)
-        touches_pinned = any(info.pinned and not (device_views is not None
-                                                  and device_views.is_device_view(t))
+        touches_pinned = any(reaches_host(device_views, info, t)
                              for t, info, _write in inputs) or any(p for _t, p in fresh)
         if agent == HOST_AGENT:
             kind = OpKind.HOST_WRITE if any(a.write for a in accesses) else OpKind.HOST_READ

@@ -71,10 +71,12 @@ class KernelSink(Protocol):
         """Record nothing of the ops inside (fresh outputs are still watched)."""
         ...
 
-    def record_declared(self, name: str, accesses: Iterable[DeclaredAccess],
+    def record_declared(self, name: str, accesses: Callable[[], Iterable[DeclaredAccess]],
                         rerun: Callable[[], Any] | None = None) -> None:
-        """One op on the current stream with ``accesses``; ``rerun()`` runs the call again
-        (for the replays of a CUDA graph that captured it)."""
+        """One op on the current stream with the accesses ``accesses()`` gives (a
+        declaration may read index values on the host: that read is not the program's);
+        ``rerun()`` runs the call again (for the replays of a CUDA graph that captured it,
+        which take their accesses from ``accesses()`` again, with the values of the moment)."""
         ...
 
 
@@ -91,7 +93,7 @@ def _call(decl: KernelDeclaration, original: Callable[..., Any], *args: Any,
     impl = decl.cpu_impl if (sink.cpu_mode and decl.cpu_impl is not None) else original
     with sink.quiet():
         result = impl(*args, **kwargs)
-    sink.record_declared(decl.name, decl.accesses(result, *args, **kwargs),
+    sink.record_declared(decl.name, functools.partial(decl.accesses, result, *args, **kwargs),
                          functools.partial(impl, *args, **kwargs))
     return result
 

@@ -56,6 +56,13 @@ class DeviceViews:
                 self.add(t)
 
 
+def reaches_host(views: DeviceViews | None, info: StorageInfo, t: Any) -> bool:
+    """Whether an access of ``t`` (watched storage ``info``) reads or writes host memory as
+    the host sees it: pinned storage not reached through a device view. ``views`` is None
+    where the mode has no device views (GPU mode: UVA views are real device tensors there)."""
+    return info.pinned and not (views is not None and views.is_device_view(t))
+
+
 def device_view_of(views: DeviceViews, pinned: torch.Tensor) -> torch.Tensor:
     """CPU mode's ``get_cuda_view_from_cpu_tensor``: an alias of ``pinned`` (same memory,
     same watched storage) that the program sees as a CUDA tensor."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -44,7 +45,7 @@ def build(jobs: int = 1) -> dict:
     """The whole report as one JSON-ready document."""
     info = import_vllm()
     names = list(necessity.variant_runs())
-    start = time.process_time()
+    start, start_all = time.process_time(), _cpu_with_children()
     baseline = {name: necessity.run_outcome(name) for name in names}
     released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
     rows = [_distinct(row.to_json()) for row in necessity.table(names, baseline, jobs)]
@@ -57,7 +58,14 @@ def build(jobs: int = 1) -> dict:
     return {"vllm_version": info.version, "source": "site-packages/vllm",
             "variants": released, "sites": len({row["site"] for row in rows}),
             "counts": counts, "rows": _portable(reached), "historical": history,
-            "cpu_seconds": round(time.process_time() - start, 1)}
+            "cpu_seconds": round(time.process_time() - start, 1),
+            "cpu_seconds_with_children": round(_cpu_with_children() - start_all, 1)}
+
+
+def _cpu_with_children() -> float:
+    """CPU seconds of this process and of its waited-for children (the forked table runs)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def _distinct(row: dict) -> dict:
@@ -100,8 +108,9 @@ def markdown(report: dict) -> str:
         lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
         out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
                    f"| {lines} | {post['source']} | {post['races']} |")
-    out += ["", f"CPU time of the runs in this process (imports excluded; forked children "
-            f"not counted): {report['cpu_seconds']} s.", ""]
+    out += ["", f"CPU time of the runs (imports excluded): {report['cpu_seconds']} s in this "
+            f"process, {report['cpu_seconds_with_children']} s with the forked children of "
+            "the table (issue 28's bar: the table under 300 s CPU on 2 cores).", ""]
     return "\n".join(out)
 
 

@@ -25,7 +25,7 @@ configured one (:func:`placement_for`). Every barrier wait carries the ``war_bar
 
 from __future__ import annotations
 
-from overlap_harness.model.config import ProtocolConfig, WarBarrier
+from overlap_harness.model.config import DecodeReadDone, ProtocolConfig, WarBarrier
 from overlap_harness.model.device import Device, Event, Stream, SyncLabel
 
 
@@ -122,13 +122,24 @@ class AfterLaunchReadDone(BarrierPlacement):
     its own label as well (``war_barrier.read_done_wait``, ``war_barrier.fallback_wait``), so
     one of SGLang's two lines can be removed alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: DecodeReadDone = DecodeReadDone.AFTER_READS) -> None:
         self.read_done: Event | None = None
+        self.record = record  # how the decode runner records it (``decode_read_done``)
 
     def after_forward_reads(self, device: Device, forward: Stream) -> None:
-        """The runner publishes a fresh read-done event, recorded on F."""
+        """The runner publishes a read-done event recorded on F: one recorded after the reads
+        (``after_reads``), or as SGLang's decode CUDA graph records it: inside the replay
+        (``in_graph``), or after it (``post_replay``, the in-graph one still recorded, unused).
+        A record removed leaves the event unrecorded: waiting on it orders nothing."""
         self.read_done = device.event("read_done")  # shared_read_done_event
-        device.record(self.read_done, forward)
+        if self.record is DecodeReadDone.AFTER_READS:
+            device.record(self.read_done, forward)
+            return
+        in_graph = self.read_done if self.record is DecodeReadDone.IN_GRAPH else device.event(
+            "in_graph_metadata_prep_done")
+        device.record(in_graph, forward, SyncLabel.READ_DONE_RECORD_IN_GRAPH)
+        if self.record is DecodeReadDone.POST_REPLAY:
+            device.record(self.read_done, forward, SyncLabel.READ_DONE_RECORD_POST_REPLAY)
 
     def before_draft_extend(self, device: Device, forward: Stream) -> None:
         """The draft-extend runner discards any earlier event and publishes none."""
@@ -157,4 +168,7 @@ PLACEMENTS: dict[WarBarrier, type[BarrierPlacement]] = {
 def placement_for(config: ProtocolConfig) -> BarrierPlacement:
     """The run's placement: ``config.war_barrier`` on CUDA or when forced; else none."""
     applies = config.platform.value == "cuda" or config.force_barrier
-    return PLACEMENTS[config.war_barrier if applies else WarBarrier.NONE]()
+    placement = PLACEMENTS[config.war_barrier if applies else WarBarrier.NONE]
+    if placement is AfterLaunchReadDone:
+        return AfterLaunchReadDone(config.decode_read_done)
+    return placement()

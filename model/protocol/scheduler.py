@@ -302,7 +302,10 @@ class Scheduler:
                 self.pop_and_process(part)
             return
         assert batch.copy_done is not None
-        device.synchronize(batch.copy_done, SyncLabel.COPY_DONE_HOST_SYNC)
+        empty = batch.kind == "idle" or batch.m == 0
+        if not (empty and ctx.config.idle_result_sync
+                and not device.sync_enabled(SyncLabel.COPY_DONE_IDLE_HOST_SYNC)):
+            device.synchronize(batch.copy_done, SyncLabel.COPY_DONE_HOST_SYNC)
         device.host_work("process_results", ctx.timing.process_results)
         vals = {k: device.host_read(b, name=f"read_{k}").tolist() for k, b in batch.results.items()}
         for i, r in enumerate(batch.reqs):

@@ -55,6 +55,10 @@ def test_every_historical_race_is_found_before_its_fix_and_gone_after(report: di
                 entry["ref"], sides)
 
 
+def test_the_table_stays_under_issue_28s_cpu_bar(report: dict) -> None:
+    assert 0 < report["cpu_seconds"] <= report["cpu_seconds_with_children"] < 300
+
+
 def test_the_page_shows_what_the_json_holds(report: dict) -> None:
     page = PAGE.read_text()
     for entry in report["historical"]:

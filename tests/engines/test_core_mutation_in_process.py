@@ -61,6 +61,15 @@ def test_decorated_functions_and_super_calls_survive():
         assert Child().step(1) == 2
 
 
+def test_statements_of_one_function_are_removed_together():
+    counter = Counter()
+    before = site(Counter, "step", 'self.log.append("before")')
+    with removed(before, site(Counter, "step", "value += 1")):
+        assert counter.step(1) == 1 and counter.log == ["after"]
+    with pytest.raises(MutationError, match="not in the function of"):
+        mutant(before, site(Child, "step", "value *= 10"))
+
+
 def test_a_needle_that_is_not_there_is_one_clear_error():
     with pytest.raises(MutationError, match="no line containing 'value -= 1'"):
         site(Counter, "step", "value -= 1")

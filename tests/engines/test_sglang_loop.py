@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill", "radix_cache",
-            "idle_iteration", "retracted_request")
+            "idle_iteration", "retracted_request", "idle_dp_rank")
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"  # run_batch's first
 KEEP_ALIVE = "self.batch_record_buf[self.batch_record_ct] = [batch, attr_snapshot]"
 
@@ -246,3 +246,33 @@ def test_pytest_items_one_per_variant_and_site_with_their_verdicts(tmp_path):
     assert verdicts["idle_iteration[scheduler.py:4672]"]["verdict"] == "necessary"
     assert verdicts["idle_iteration[scheduler.py:4567]"]["verdict"] == "redundant"
     assert verdicts["idle_iteration[overlap_utils.py:497]"]["verdict"] == "not_reached"
+
+
+GRAPH_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
+
+
+@pytest.mark.parametrize("remove_in_graph_record", [True, False])
+def test_tree_without_the_in_graph_read_done_record_races_in_its_own_files(
+        tmp_path, remove_in_graph_record):
+    """Decode under CUDA graphs: the tree's decode graph runner without the ``event.record()``
+    it captures into each graph (its read-done event never recorded, the WAR barrier's wait a
+    no-op) exits 1 with races in the tree's files; the unedited twin exits 0."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    tree = _tree(tmp_path, None, "pass", edited=GRAPH_RUNNER)
+    if remove_in_graph_record:
+        source = (tree / "sglang" / GRAPH_RUNNER).read_text().splitlines()
+        line = next(n for n, text in enumerate(source, 1) if text.strip() == "event.record()")
+        _without_statement(tree, GRAPH_RUNNER, line)
+    status, output, document = _command("--sglang-src", str(tree), "--variant",
+                                        "graph_decode_radix", json_path=tmp_path / "races.json")
+    if not remove_in_graph_record:
+        assert (status, document["races"]) == (0, []), output
+        return
+    assert status == 1, output
+    assert document["source"] == str(tree / "sglang")
+    assert {r["kind"] for r in document["races"]} == {"WAR"}
+    sides = [side for r in document["races"] for side in (r["first"], r["second"])]
+    assert all(s["file"].startswith(str(tree / "sglang")) for s in sides
+               if "/sglang/" in s["file"])
+    assert any(s["file"].endswith("runner_backend/full_cuda_graph_backend.py") for s in sides)

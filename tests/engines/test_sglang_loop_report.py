@@ -48,7 +48,8 @@ def test_rows_have_valid_verdicts_and_explanations(report):
         assert row["model"] in ("race", "race_free", "not_modelled"), row
         assert (row["races"] > 0) == (row["real"] == "race"), row
         file_name = Path(row["site"].rsplit(":", 1)[0]).name
-        assert row["model_labels"] == list(loop_report.labels_for(file_name, row["code"]))
+        assert row["model_labels"] == list(loop_report.labels_for(file_name, row["code"],
+                                                                 row.get("function")))
         assert row["agrees"] == (row["real"] == row["model"]), row
         assert row["explanation"], row
         if row["real"] in REACHED and not row["agrees"]:
@@ -70,3 +71,49 @@ def test_a_model_that_parts_is_counted():
             {"variant": "v", "site": "s.py:3", "real": "not_reached", "model": "not_modelled"}]
     counts = loop_report.summarize(rows)
     assert (counts["disagreements"], counts["not_modelled"], counts["reached"]) == (1, 1, 2)
+
+
+def test_site_labels_may_name_the_function():
+    """The same code in two functions stands for two mechanisms: an entry naming the
+    function matches only there; plain entries match in any function, as before."""
+    wait = "self.publish_ready.wait()"
+    assert loop_report.labels_for("overlap_utils.py", wait, "FutureMap.resolve_seq_lens_cpu") \
+        == ("publish_ready.schedule_wait",)
+    assert loop_report.labels_for("overlap_utils.py", wait,
+                                  "FutureMap.resolve_mixed_spec_tails") \
+        == ("mixed_tails.forward_wait",)
+    assert loop_report.labels_for("overlap_utils.py", wait) == ()  # function not known
+    assert loop_report.labels_for("overlap_utils.py", wait, "FutureMap.publish") == ()
+    sync = "result.copy_done.synchronize()"
+    processor = "SchedulerBatchResultProcessor"
+    assert loop_report.labels_for("batch_result_processor.py", sync,
+                                  f"{processor}.process_batch_result_idle") \
+        == ("copy_done.idle_host_sync",)
+    assert loop_report.labels_for("batch_result_processor.py", sync,
+                                  f"{processor}.process_batch_result_decode") \
+        == ("copy_done.host_sync",)
+    entry = "self.forward_stream.wait_stream(self.schedule_stream)"
+    assert loop_report.labels_for("scheduler.py", entry) == ("forward_entry",)
+    assert loop_report.labels_for("scheduler.py", entry, "Scheduler.run_batch") \
+        == ("forward_entry",)
+
+
+def test_rows_carry_the_function_and_match_on_it():
+    entry = {"site": "/x/sglang/srt/managers/overlap_utils.py:555", "variant": "v",
+             "code": "self.publish_ready.wait()", "verdict": "not_reached",
+             "real": "not_reached", "races": [],
+             "function": "FutureMap.resolve_mixed_spec_tails"}
+    row = loop_report.build_rows([entry])[0]
+    assert row["function"] == "FutureMap.resolve_mixed_spec_tails"
+    assert row["model_labels"] == ["mixed_tails.forward_wait"]
+    assert row["site"] == "sglang/srt/managers/overlap_utils.py:555"
+
+
+def test_the_idle_batch_host_wait_is_its_own_label_in_the_dp_scenario():
+    """Removing only the idle batches' wait is race-free (they carry no result), removing
+    every result wait races; the key is off elsewhere, where the label is never reached."""
+    assert loop_report.model_verdict("idle_dp_rank", ("copy_done.idle_host_sync",)) \
+        == "race_free"
+    assert loop_report.model_verdict("idle_dp_rank", ("copy_done.host_sync",)) == "race"
+    assert loop_report.model_verdict("idle_iteration", ("copy_done.idle_host_sync",)) \
+        == "not_modelled"

@@ -248,3 +248,31 @@ def test_a_stream_context_object_is_reusable_and_nests(barrier):
         writer, reader = (line_of(_reused_context_loop, "site: writer"),
                           line_of(_reused_context_loop, "site: reader"))
         assert (str(writer), str(reader)) in lines
+
+
+def test_a_paused_dispatch_records_nothing_not_even_a_blocking_copy():
+    """With the dispatch paused (the overhead benchmark's baseline), an op torch builds outside
+    the dispatcher is not taken for ``torch.tensor(host data, device=...)``: no op, no host
+    sync (which inside a graph capture would be refused). Unpaused, the same index op is
+    recorded."""
+    def recorded_by_index(paused: bool, in_capture: bool) -> int:
+        with watch("cpu") as watcher:
+            table = torch.arange(8.0, device="cuda")
+            ids = torch.zeros(4, dtype=torch.int64, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            watcher.dispatch.paused += paused
+            if in_capture:
+                with torch.cuda.graph(graph):
+                    before = len(watcher.run.timeline)
+                    table[ids]
+                    after = len(watcher.run.timeline)
+            else:
+                before = len(watcher.run.timeline)
+                table[ids]
+                after = len(watcher.run.timeline)
+            watcher.dispatch.paused -= paused
+            return after - before
+
+    assert recorded_by_index(paused=True, in_capture=True) == 0
+    assert recorded_by_index(paused=True, in_capture=False) == 0
+    assert recorded_by_index(paused=False, in_capture=False) > 0

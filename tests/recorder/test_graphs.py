@@ -475,3 +475,81 @@ def test_gpu_mode_equals_cpu_mode_on_graphs(program, join):
     assert gpu[0] == cpu[0]
     if join:
         assert gpu[1] == cpu[1]
+
+
+@declared(lambda result, out, table, rows: reads(rows) + reads(table, rows=rows) + writes(out))
+def gather_rows_into(out, table, rows):
+    """A gather kernel the dispatcher cannot see: ``out`` = the sum of ``table``'s rows named
+    by the device tensor ``rows`` (its declaration reads those rows' values on the host)."""
+    out.copy_(table[rows].sum(0))
+
+
+def _replay_gather_then_write(row_written: int, ordered: bool):
+    """Capture the gather with static ``rows`` = [0]; name row 2 before the replay; write
+    ``row_written`` of ``table`` on a side stream after the replay."""
+    with watch("cpu") as watcher:
+        table = torch.zeros(4, 2, device="cuda")
+        rows = torch.zeros(1, dtype=torch.int64, device="cuda")
+        out = torch.zeros(2, device="cuda")
+        side = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gather_rows_into(out, table, rows)
+        rows.fill_(2)
+        graph.replay()
+        if ordered:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            table[row_written] = 5.0
+        torch.cuda.synchronize()
+    return watcher
+
+
+def test_a_captured_declared_kernel_reads_the_rows_its_index_names_at_the_replay():
+    """The replay reads row 2 (the static index's value then), not row 0 (at the capture):
+    the unordered write of row 2 races it; the twin, ordered after the replay, does not."""
+    racy = _replay_gather_then_write(row_written=2, ordered=False)
+    assert _kinds(racy) == [("WAR", "table")]
+    assert racy.races[0].first.op_name.startswith("graph.replay: gather_rows_into")
+    assert _replay_gather_then_write(row_written=2, ordered=True).races == []
+
+
+def test_a_captured_declared_kernel_does_not_read_the_rows_of_its_capture_again():
+    """Row 0, which the index named only at the capture, is not read by the replay: writing
+    it unordered is no race (the captured accesses would have called it one)."""
+    watcher = _replay_gather_then_write(row_written=0, ordered=False)
+    assert watcher.races == [] and watcher.unknown_ops == []
+
+
+def _rows_listed(result, out, table, rows):
+    """A declaration that reads its index values with ``tolist()`` (its own host read)."""
+    return reads(rows) + [a for row in rows.tolist() for a in reads(table[row])] + writes(out)
+
+
+@declared(_rows_listed)
+def gather_listed_rows_into(out, table, rows):
+    out.copy_(table[rows].sum(0))
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_declarations_own_host_reads_are_no_sync_of_the_program(ordered):
+    """The declaration's ``tolist()`` is the recorder's, not the program's: it neither fails
+    inside a capture nor orders the host after the kernel, so a read of its output on another
+    stream races it unless that stream waits (the twin)."""
+    with watch("cpu") as watcher:
+        table = torch.ones(4, 2, device="cuda")
+        rows = torch.tensor([1, 3], device="cuda")
+        out = torch.zeros(2, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gather_listed_rows_into(out, table, rows)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            gather_listed_rows_into(out, table, rows)
+        if ordered:
+            torch.cuda.current_stream().wait_stream(side)
+        copied = out * 1
+        torch.cuda.synchronize()
+        assert copied.tolist() == [2.0, 2.0]
+    assert _kinds(watcher) == ([] if ordered else [("RAW", "out")])

@@ -212,15 +212,20 @@ def _definition(source_file: str, function: Any) -> ast.FunctionDef | ast.AsyncF
     raise MutationError(f"{source_file}: no definition of {function.__name__} at line {first}")
 
 
-def mutant(target: Site) -> Any:
+def mutant(target: Site, *more: Site) -> Any:
     """The function of ``target`` (as stored on its owner: decorators applied) with the
-    statement on ``target.line`` replaced by ``pass``."""
+    statement on ``target.line`` replaced by ``pass`` (and those of ``more``: other lines of
+    the same function)."""
     function = _unwrapped(target.owner, target.attribute)
     node = _definition(target.file, function)
-    remover = _RemoveLine(target.line)
-    remover.visit(node)
-    if remover.removed != 1:
-        raise MutationError(f"{target.where}: no statement starts on this line")
+    for each in (target, *more):
+        if (each.owner, each.attribute, each.file) != (target.owner, target.attribute,
+                                                       target.file):
+            raise MutationError(f"{each.where}: not in the function of {target.where}")
+        remover = _RemoveLine(each.line)
+        remover.visit(node)
+        if remover.removed != 1:
+            raise MutationError(f"{each.where}: no statement starts on this line")
     free = function.__code__.co_freevars
     factory = ast.FunctionDef(
         name="__overlap_factory", args=ast.arguments(
@@ -238,9 +243,10 @@ def mutant(target: Site) -> Any:
 
 
 @contextmanager
-def removed(target: Site) -> Iterator[Any]:
-    """Inside the block ``target.owner.attribute`` is the mutant; restored after."""
-    replacement = mutant(target)
+def removed(target: Site, *more: Site) -> Iterator[Any]:
+    """Inside the block ``target.owner.attribute`` is the mutant (``target``'s statement,
+    and those of ``more`` in the same function, removed together); restored after."""
+    replacement = mutant(target, *more)
     raw = inspect.getattr_static(target.owner, target.attribute)
     if isinstance(raw, staticmethod):
         replacement = staticmethod(replacement)

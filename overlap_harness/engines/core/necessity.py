@@ -73,7 +73,7 @@ def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOut
          reached: int, error: str | None) -> NecessityRow:
     where = f"{os.path.abspath(site.file)}:{site.line}"
     row = NecessityRow(where, site.code, str(site.kind), variant, Verdict.ERROR,
-                       reached=reached, error=error)
+                       reached=reached, error=error, function=site.function)
     if mutated is None:
         return row
     if mutated.error is not None and reached:

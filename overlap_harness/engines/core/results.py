@@ -64,6 +64,7 @@ class NecessityRow:
     races: list[dict[str, Any]] = field(default_factory=list)
     reached: int = 0
     error: str | None = None
+    function: str = ""  # the enclosing function's qualified name
 
     def to_json(self) -> dict[str, Any]:
         """The row as JSON; ``real`` is the verdict in the loop report's words (the mutated
@@ -72,4 +73,5 @@ class NecessityRow:
             self.verdict, str(self.verdict))
         return {"site": self.site, "code": self.code, "kind": self.kind,
                 "variant": self.variant, "verdict": str(self.verdict), "real": real,
-                "reached": self.reached, "races": self.races, "error": self.error}
+                "reached": self.reached, "races": self.races, "error": self.error,
+                "function": self.function}

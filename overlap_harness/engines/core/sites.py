@@ -44,7 +44,8 @@ _KEEP_ALIVE_NAMES = ("record_buf", "keep_alive")
 @dataclass(frozen=True, slots=True)
 class SyncSite:
     """One sync statement: its file and line, the enclosing function's qualified name and
-    first line, what kind of sync, and the statement's source text."""
+    first line, what kind of sync, the statement's source text, and for the call of a sync
+    helper the helper it calls."""
 
     file: str
     line: int
@@ -52,6 +53,7 @@ class SyncSite:
     function_line: int
     kind: SiteKind
     code: str
+    via: str = ""  # a call of a sync helper: the helper's qualified name (:mod:`.helper_sites`)
 
     @property
     def key(self) -> str:

@@ -17,9 +17,12 @@ import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
+    dp_rank,
     eagle_build,
     eagle_kernels,
     environment,
+    graph_kernels,
+    graph_runner,
     kernels,
     scheduler_build,
 )
@@ -38,6 +41,7 @@ class LoopRun:
     unknown_ops: list[str] = field(default_factory=list)
     seconds: float = 0.0
     watch: Any = None  # the recorder's Watch, for reports
+    worker: Any = None  # the fake model worker (what it ran), for tests
 
 
 class _Intake:
@@ -72,19 +76,23 @@ class _Intake:
         ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
+        req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
         return req
 
 
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
     kernels.declare()
+    if variant.decode_graph_sizes:
+        graph_kernels.declare()
     if variant.eagle is not None:
         eagle_kernels.declare()
     started = time.process_time()
     if variant.eagle is None:
         args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                            radix_cache=variant.radix_cache,
-                                           mixed_chunk=variant.mixed_chunk)
+                                           mixed_chunk=variant.mixed_chunk,
+                                           dp_attention=variant.dp_peer is not None)
     else:
         args = eagle_build.server_args(variant.eagle,
                                        chunked_prefill_size=variant.chunked_prefill_size,
@@ -94,15 +102,23 @@ def run_variant(variant: Variant) -> LoopRun:
           eagle_build.selected(variant.eagle)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
-            graph_runner=variant.graph_runner, spec_workers=eagle_build.workers(variant.eagle))
+            graph_runner=variant.graph_runner,
+            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None,
+            spec_workers=eagle_build.workers(variant.eagle))
+        if variant.decode_graph_sizes:
+            graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
+                                post_replay=variant.graph_reads_end_post_replay)
         intake = _Intake(scheduler, variant, watch)
         scheduler.ingest_requests = intake
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
-        with torch.cuda.stream(scheduler.schedule_stream):
+        with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
+                                     lambda: intake.iteration),
+              torch.cuda.stream(scheduler.schedule_stream)):
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
                    scheduler.tp_worker.forwards,
-                   [u.name for u in watch.unknown_ops], time.process_time() - started, watch)
+                   [u.name for u in watch.unknown_ops], time.process_time() - started, watch,
+                   scheduler.tp_worker)

@@ -31,8 +31,34 @@ from overlap_harness.scenarios.loader import load_scenario
 
 MODEL_SCENARIOS = Path(__file__).resolve().parents[2] / "conformance" / "model_scenarios"
 
-#: (file name, a piece of the statement's code) -> the model's sync labels removed for it
-SITE_LABELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+#: (file name, a piece of the statement's code, the model's sync labels removed for it), or
+#: (file name, function, code piece, labels) where the same code stands in several functions
+#: for different mechanisms: ``function`` is the enclosing function's name (its qualified
+#: name's last part, or the whole qualified name). The first entry that matches wins, so the
+#: entries naming a function come before a plain entry with the same code.
+SiteLabel = tuple[str, str, tuple[str, ...]] | tuple[str, str, str, tuple[str, ...]]
+SITE_LABELS: tuple[SiteLabel, ...] = (
+    # the same waits on publish_ready in the spec-v2 lengths resolve and the mixed tails
+    ("overlap_utils.py", "resolve_seq_lens_cpu", "publish_ready.synchronize()",
+     ("publish_ready.host_wait",)),
+    ("overlap_utils.py", "resolve_seq_lens_cpu", "publish_ready.wait()",
+     ("publish_ready.schedule_wait",)),
+    ("overlap_utils.py", "resolve_seq_lens_cpu", "fwd_prepare_d2h_stream.wait_event(",
+     ("publish_ready.d2h_wait",)),
+    ("overlap_utils.py", "resolve_mixed_spec_tails", "publish_ready.synchronize()",
+     ("mixed_tails.host_wait",)),
+    ("overlap_utils.py", "resolve_mixed_spec_tails", "publish_ready.wait()",
+     ("mixed_tails.forward_wait",)),
+    ("overlap_utils.py", "resolve_mixed_spec_tails", "fwd_prepare_d2h_stream.wait_event(",
+     ("mixed_tails.d2h_wait",)),
+    # the host's wait on the D2H stream: one model label for both functions' copies
+    ("overlap_utils.py", "resolve_seq_lens_cpu", "fwd_prepare_d2h_stream.synchronize()",
+     ("d2h.host_sync",)),
+    ("overlap_utils.py", "resolve_mixed_spec_tails", "fwd_prepare_d2h_stream.synchronize()",
+     ("d2h.host_sync",)),
+    # an idle batch's wait (an attention-DP rank), apart from prefill's and decode's
+    ("batch_result_processor.py", "process_batch_result_idle", "copy_done.synchronize()",
+     ("copy_done.idle_host_sync",)),
     ("scheduler.py", "forward_stream.wait_stream(self.schedule_stream)", ("forward_entry",)),
     ("scheduler.py", "schedule_stream.wait_event(ev)", ("war_barrier.read_done_wait",)),
     ("scheduler.py", "schedule_stream.wait_stream(self.forward_stream)",
@@ -47,12 +73,10 @@ SITE_LABELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
     # an event never recorded: its synchronize() returns at once, as with no host sync
     ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
-    # spec v2's relay (overlap_utils.py resolve_seq_lens_cpu / publish); the same code in
-    # resolve_mixed_spec_tails is reached only by eagle_mixed, which has no model scenario
-    ("overlap_utils.py", "self.publish_ready.wait()", ("publish_ready.schedule_wait",)),
-    ("overlap_utils.py", "fwd_prepare_d2h_stream.wait_event(self.publish_ready)",
-     ("publish_ready.d2h_wait",)),
-    ("overlap_utils.py", "self.fwd_prepare_d2h_stream.synchronize()", ("d2h.host_sync",)),
+    # the decode CUDA graph runner's read-done event: recorded inside the graph (its
+    # external event), or fresh after the replay (decode_cuda_graph_runner.py 670 / 696)
+    ("decode_cuda_graph_runner.py", "event.record()", ("read_done.record_in_graph",)),
+    ("decode_cuda_graph_runner.py", "read_done.record()", ("read_done.record_post_replay",)),
     # an event never recorded: every wait on it returns at once
     ("overlap_utils.py", "self.publish_ready.record()",
      ("publish_ready.schedule_wait", "publish_ready.d2h_wait")),
@@ -72,9 +96,22 @@ EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def labels_for(file_name: str, code: str) -> tuple[str, ...]:
-    """The model's labels removed for the SGLang site (empty: no counterpart)."""
-    for name, piece, labels in SITE_LABELS:
+def _function_matches(wanted: str, function: str | None) -> bool:
+    """Whether a site in ``function`` (a qualified name; None: not known) is in the function
+    an entry names: the whole qualified name or its last part."""
+    return function is not None and (function == wanted or function.endswith(f".{wanted}"))
+
+
+def labels_for(file_name: str, code: str, function: str | None = None) -> tuple[str, ...]:
+    """The model's labels removed for the SGLang site in ``function`` (empty: no
+    counterpart); an entry naming a function matches only a site known to be in it."""
+    for entry in SITE_LABELS:
+        if len(entry) == 4:
+            name, wanted, piece, labels = entry
+            if not _function_matches(wanted, function):
+                continue
+        else:
+            name, piece, labels = entry
         if name == file_name and piece in code:
             return labels
     return ()
@@ -127,12 +164,13 @@ def build_rows(necessity: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         site = short_site(entry["site"])
         file_name = Path(site.rsplit(":", 1)[0]).name
         real = entry["real"] if entry["verdict"] != "error" else "error"
-        labels = labels_for(file_name, entry["code"])
+        labels = labels_for(file_name, entry["code"], entry.get("function"))
         # a site the real loop never runs is not compared: the same code can stand in
         # another function for another mechanism (the spec-v2 twins of publish_ready's waits)
         model = (model_verdict(entry["variant"], labels) if real in ("race", "race_free")
                  else "not_modelled")
-        rows.append({"variant": entry["variant"], "site": site, "code": entry["code"],
+        rows.append({"variant": entry["variant"], "site": site,
+                     "function": entry.get("function"), "code": entry["code"],
                      "real": real, "races": len(entry["races"]),
                      "race_examples": [_race_text(r) for r in entry["races"][:2]],
                      "model_labels": list(labels), "model": model,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from overlap_harness.engines.core.necessity import format_error
+from overlap_harness.engines.core.helper_sites import scan_files
+from overlap_harness.engines.core.necessity import MUTABLE_KINDS, format_error
 from overlap_harness.engines.core.results import VariantOutcome, race_record
-from overlap_harness.engines.core.sites import SyncSite, scan
+from overlap_harness.engines.core.sites import SyncSite
 
 #: modules scanned for sync sites: the loop, its relay, result processing, the D2H helper,
-#: the result copy, the EAGLE v2 worker and its helpers (spec_utils: the verify's
-#: record_stream, the plan stream), the CUDA-graph runners and their read-done event
+#: the result copy, the EAGLE v2 worker and its record_stream helpers, the CUDA-graph runners
+#: and their read-done event
 PATH_MODULES = (
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.overlap_utils",
@@ -40,8 +41,9 @@ def path_files() -> list[str]:
 
 
 def path_sites() -> list[SyncSite]:
-    """Every sync site of the path's files, in file then line order."""
-    return [site for file in path_files() for site in scan(file)]
+    """Every sync site of the path's files, and every call of a sync helper defined there
+    (:mod:`~overlap_harness.engines.core.helper_sites`), in file then line order."""
+    return scan_files(path_files(), MUTABLE_KINDS)
 
 
 def run_outcome(variant_name: str) -> VariantOutcome:

@@ -46,14 +46,16 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
-                mixed_chunk: bool) -> Any:
-    """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration."""
+                mixed_chunk: bool, dp_attention: bool = False) -> Any:
+    """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration
+    (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0)."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+    parallel = {"tp_size": 2, "attn_dp_size": 2} if dp_attention else {}
     args = ServerArgs(model_path="dummy", page_size=1,
                       chunked_prefill_size=chunked_prefill_size,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
-                      skip_tokenizer_init=True)
+                      skip_tokenizer_init=True, **parallel)
     set_global_server_args_for_scheduler(args)
     _single_rank()
     return args
@@ -85,13 +87,15 @@ def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
 
 
 def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
-                    graph_runner: bool, spec_workers: Any = None) -> Any:
+                    graph_runner: bool, worker_class: type | None = None,
+                    spec_workers: Any = None) -> Any:
     """A bare SGLang ``Scheduler`` ready for ``event_loop_overlap`` (inside a recorder watch
     and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`). ``spec_workers``
     (``fn(scheduler, sizes)``) installs a speculative worker before the overlap state that
     depends on it is made (:mod:`.eagle_build`)."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.utils.common import require_mlp_sync
 
     from overlap_harness.engines.sglang.worker import FakeModelWorker
 
@@ -119,7 +123,7 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
     self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = build_pools(
         sizes, radix_cache=radix_cache)
-    self.model_worker = self.tp_worker = FakeModelWorker(
+    self.model_worker = self.tp_worker = (worker_class or FakeModelWorker)(
         self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
         graph_runner=graph_runner)
     self.draft_worker = None
@@ -144,7 +148,7 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     self.disable_radix_cache = not radix_cache
     self.hisparse_coordinator = self.decode_offload_manager = None
     self.enable_overlap_mlx = False
-    self.require_mlp_sync = False
+    self.require_mlp_sync = require_mlp_sync()  # as Scheduler.__init__ sets it
     self.weight_updater = StrictStub("weight_updater", offload_tags=set())
     self.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
     self.init_overlap()
@@ -226,7 +230,9 @@ def _plumbing(scheduler: Any) -> None:
     """Strict stand-ins for the server plumbing the loop calls (load reporting, output
     sending, profiling, grammar waits): each lists exactly the calls the driven variants make.
     The metrics reporter is SGLang's own (``init_metrics_reporter``, metrics off)."""
-    scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop)
+    # idle batches (attention DP) stream their empty output through the generation path
+    scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop,
+                                           _stream_output_generation=_noop)
     # get_loads is handed to the load publisher as a provider, never called by it here
     scheduler.load_inquirer = StrictStub("load_inquirer", _get_num_pending_tokens=_zero,
                                           get_loads=unplanned("load_inquirer.get_loads"))

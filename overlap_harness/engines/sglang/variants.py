@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from overlap_harness.engines.sglang.dp_rank import PeerStep
 from overlap_harness.engines.sglang.eagle_build import EagleConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 
@@ -23,7 +24,16 @@ class Variant:
     graph_runner: bool = True  # decode forwards publish the runner's read-done event
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
+    # decode batches replayed by SGLang's decode CUDA-graph runner, capturing these sizes
+    # (graph_runner.py); the worker then plays no runner
+    decode_graph_sizes: tuple[int, ...] = ()
+    # the graph's attention backend declares its shared reads end after the replay
+    # (POST_REPLAY: the runner records a fresh read-done event) instead of inside it
+    graph_reads_end_post_replay: bool = False
     pools: PoolSizes = field(default_factory=PoolSizes)
+    # attention DP (tp 2, attn-dp 2): this rank beside a peer whose steps are scripted per
+    # iteration (absent iterations: the peer is idle); None: no DP
+    dp_peer: dict[int, PeerStep] | None = None
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
 
 
@@ -48,6 +58,29 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # requests every 4th forward; it is requeued and prefilled again into a freed row
     Variant("retracted_request", 16, {0: ((5, 8), (6, 8))}, retract_every=4,
             pools=TWO_ROWS),
+    # an attention-DP rank beside a scripted peer: idle batches while only the peer has
+    # tokens (eager while it prefills, decode-graph replays while it decodes), its own
+    # requests' prefill and decodes (eager where the peer prefills), nothing when both idle
+    Variant("idle_dp_rank", 14, {5: ((4, 3),), 9: ((5, 2),)}, pools=TWO_ROWS,
+            dp_peer={0: PeerStep("extend", 6), 1: PeerStep("decode", 1),
+                     2: PeerStep("decode", 1), 3: PeerStep("extend", 5),
+                     4: PeerStep("decode", 2), 5: PeerStep("decode", 2),
+                     6: PeerStep("decode", 2), 7: PeerStep("extend", 3),
+                     8: PeerStep("decode", 3), 9: PeerStep("decode", 3),
+                     10: PeerStep("decode", 2), 12: PeerStep("decode", 1)}),
+    # non_spec_decode's requests, decode under CUDA graphs: SGLang's runner captures batch
+    # sizes 1 and 2 at startup and replays them, the read-done event recorded in the graph
+    Variant("graph_decode", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(1, 2, 4, 8)),
+    # radix_cache's requests under decode CUDA graphs: the cache rewrites a row the graph's
+    # in-graph attention prep reads, behind the read-done event recorded inside the graph;
+    # only batch size 2 captured, so each one-request decode is padded (pad row 0, length 1)
+    Variant("graph_decode_radix", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,)),
+    # the same with a backend whose shared reads end after the replay (POST_REPLAY)
+    Variant("graph_decode_post_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,),
+            graph_reads_end_post_replay=True),
     # EAGLE spec v2, topk 1, 3 draft steps: prefill + draft-extend, then draft, verify and
     # draft-extend each decode; two more requests recycle the two rows
     Variant("eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,

@@ -98,10 +98,15 @@ class FakeModelWorker:
         # one value per KV slot: what attention reads and set_kv_buffer writes
         self.kv_buffer = torch.zeros((kv_tokens + 1, 1), dtype=torch.float32, device="cuda")
         self.forwards = 0
+        # SGLang's decode CUDA-graph runner (graph_runner.DecodeGraphs), when a variant asks
+        self.decode_graphs: Any = None
 
     @property
     def last_shared_read_runner(self) -> FakeRunner:
-        """The runner whose event the WAR barrier waits on (a plain worker: its own)."""
+        """The runner whose event the WAR barrier waits on: the one the decode graph runner
+        publishes on when graphs are on, else the fake runner."""
+        if self.decode_graphs is not None:
+            return self.decode_graphs.model_runner
         return self.model_runner
 
     def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
@@ -111,6 +116,12 @@ class FakeModelWorker:
         if kwargs:
             raise TypeError(f"forward_batch_generation: unplanned arguments {sorted(kwargs)}")
         self.forwards += 1
+        if self.decode_graphs is not None and batch.forward_mode.is_decode():
+            replayed = self.decode_graphs.forward(batch)
+            if replayed is not None:
+                logits_output, tokens = replayed
+                return GenerationBatchResult(logits_output=logits_output, next_token_ids=tokens,
+                                             can_run_cuda_graph=True)
         tokens = _model_forward(self, batch)
         if self.graph_runner and batch.forward_mode.is_decode():
             event = torch.cuda.Event()

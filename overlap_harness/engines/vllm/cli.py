@@ -32,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_engine_options(
         parser, "vllm", source_help="a directory holding the vllm package (a vLLM checkout, "
         "or a site-packages); default: the installed vllm",
-        out_help="write vllm.json (and vllm.md with --necessity)")
+        out_help="write vllm.json (and vllm.md with --necessity), and per variant the "
+        "timeline plot of one iteration, Perfetto and SARIF")
     parser.set_defaults(func=run)
     return parser
 
@@ -79,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
             [args.out / "vllm.json"] if args.out else []):
         path.write_text(json.dumps(document, indent=1) + "\n")
         print(f"wrote {path}")
+    if args.out:
+        from overlap_harness.engines.vllm.reports import write_variant_reports
+
+        for name in names:
+            for path in write_variant_reports(name, args.out):
+                print(f"wrote {path}")
     if args.out and args.necessity:
         from overlap_harness.engines.core.report import necessity_markdown
 

@@ -12,8 +12,11 @@ two methods the executor calls.
 
 from __future__ import annotations
 
+import os
 import queue
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -39,15 +42,43 @@ def _no_grammar(request: Any, new_token_ids: list[int]) -> bool:
     return True
 
 
-def async_scheduler(batch_queue_size: int) -> Any:
-    """vLLM's ``AsyncScheduler`` on a small KV cache (32 blocks of 4 tokens)."""
+@contextmanager
+def model_runner_v2_chosen() -> Iterator[None]:
+    """Inside, vLLM's config answers ``use_v2_model_runner`` True (``VLLM_USE_V2_MODEL_RUNNER=1``,
+    what a CUDA build with Triton chooses by itself); the variable is restored after. Only
+    around the questions: building a ``VllmConfig`` with it refuses, as the CPU build has no
+    Triton."""
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+
+
+def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
+                    pipeline_parallel_size: int = 1, model_runner_v2: bool = False) -> Any:
+    """vLLM's ``AsyncScheduler`` on a small KV cache (32 blocks of 4 tokens); chunked prefill
+    is on (vLLM's default), so a prompt longer than ``max_num_batched_tokens`` (less the
+    decodes beside it) is scheduled in chunks. ``pipeline_parallel_size`` sets the parallel
+    config the scheduler and ``max_concurrent_batches`` read; ``model_runner_v2``: the
+    scheduler is made for Model Runner V2 (:func:`model_runner_v2_chosen`)."""
     from vllm.config import SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     config = VllmConfig(scheduler_config=SchedulerConfig(
-        max_num_seqs=MAX_REQS, max_num_batched_tokens=64, max_model_len=64,
-        is_encoder_decoder=False, async_scheduling=True))
+        max_num_seqs=MAX_REQS, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=64, is_encoder_decoder=False, async_scheduling=True,
+        enable_chunked_prefill=True))
+    # the CPU platform turns async scheduling off while the config is built ("not required
+    # on CPU"); the CUDA platform keeps it, and the scheduler and the batch queue's depth
+    # read it
+    config.scheduler_config.async_scheduling = True
+    config.parallel_config.pipeline_parallel_size = pipeline_parallel_size
     config.cache_config.num_gpu_blocks = 32
     config.cache_config.enable_prefix_caching = False  # requests carry no block hasher
     object.__setattr__(config, "model_config", StrictStub("model_config",
@@ -56,10 +87,11 @@ def async_scheduler(batch_queue_size: int) -> Any:
                              dtype=torch.float32)
     kv_cache = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
                              kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-    scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
-                               structured_output_manager=StrictStub(
-                                   "structured_outputs", accept_tokens=_no_grammar),
-                               block_size=BLOCK_SIZE)
+    with model_runner_v2_chosen() if model_runner_v2 else nullcontext():
+        scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
+                                   structured_output_manager=StrictStub(
+                                       "structured_outputs", accept_tokens=_no_grammar),
+                                   block_size=BLOCK_SIZE)
     return scheduler, config
 
 
@@ -131,33 +163,46 @@ def engine_steps(num_requests: int = 3, max_tokens: int = 4, batch_queue_size: i
     """Requests prefilled and decoded by ``step_with_batch_queue`` until done. Returns the
     watch, with ``w.finished`` the ids of the requests the engine reported finished."""
     import_vllm()
-    from vllm import SamplingParams
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-    from vllm.v1.request import Request
     from vllm.v1.worker.gpu import buffer_utils
 
     scheduler, config = async_scheduler(batch_queue_size)  # host objects: built first, on
     # the platform vLLM found (its config checks ask it dozens of unrelated questions)
     with watch("cpu") as w, cuda_selected(w), apply_write_kernel_declared(buffer_utils):
-        executor = UniProcExecutor.__new__(UniProcExecutor)
-        executor.driver_worker = FakeWorker(torch.device("cuda"), ring_depth)
-        engine = EngineCore.__new__(EngineCore)
-        engine.scheduler, engine.model_executor, engine.vllm_config = scheduler, executor, config
-        engine.batch_queue, engine.batch_queue_size = deque(), batch_queue_size
-        engine.is_mm_encoder_only = engine.is_pooling_model = engine.log_stats = False
-        engine.aborts_queue = queue.Queue()
-        engine._weight_version = None
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        for index in range(num_requests):
-            scheduler.add_request(Request(f"req{index}", [1, 2, 3, 4, 5][: 3 + index],
-                                          params, None))
-        finished: set[str] = set()
-        for _call in range(max_calls):
-            if not scheduler.has_requests() and not engine.batch_queue:
-                break
-            outputs, _executed = engine.step_with_batch_queue()
-            for engine_outputs in (outputs or {}).values():
-                finished |= {o.request_id for o in engine_outputs.outputs if o.finished}
-    w.finished = finished
+        worker = FakeWorker(torch.device("cuda"), ring_depth)
+        prompts = [[1, 2, 3, 4, 5][: 3 + index] for index in range(num_requests)]
+        w.finished = drive_engine(w, scheduler, config, worker, prompts, max_tokens,
+                                  batch_queue_size, max_calls)
     return w
+
+
+def drive_engine(w: Any, scheduler: Any, config: Any, worker: Any,
+                 prompts: list[list[int]], max_tokens: int, batch_queue_size: int,
+                 max_calls: int = 40) -> set[str]:
+    """Add one request per prompt (``req0``...) and call ``step_with_batch_queue`` until
+    the scheduler and the queue are empty; each call is an iteration of the watch ``w``
+    (the timeline plot draws one). Returns the ids the engine reported finished."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.request import Request
+
+    executor = UniProcExecutor.__new__(UniProcExecutor)
+    executor.driver_worker = worker
+    engine = EngineCore.__new__(EngineCore)
+    engine.scheduler, engine.model_executor, engine.vllm_config = scheduler, executor, config
+    engine.batch_queue, engine.batch_queue_size = deque(), batch_queue_size
+    engine.is_mm_encoder_only = engine.is_pooling_model = engine.log_stats = False
+    engine.aborts_queue = queue.Queue()
+    engine._weight_version = None
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    for index, prompt in enumerate(prompts):
+        scheduler.add_request(Request(f"req{index}", prompt, params, None))
+    finished: set[str] = set()
+    for call in range(max_calls):
+        if not scheduler.has_requests() and not engine.batch_queue:
+            break
+        w.iteration(call)
+        outputs, _executed = engine.step_with_batch_queue()
+        for engine_outputs in (outputs or {}).values():
+            finished |= {o.request_id for o in engine_outputs.outputs if o.finished}
+    return finished

@@ -20,6 +20,11 @@ vLLM is copied into this repository.
   0.11.0 (``synchronize_input_prep()`` covers ``_update_states``). The fence's scope is read
   from each release's ``execute_model`` (:mod:`.fence_scope`); the buffers are the installed
   ``InputBatch``'s. Pre-fix: 0.10.2; post-fix: 0.11.0.
+* **#24527** (V1 runner): 0.10.1.1 had no input-prep fence; ``_prepare_inputs`` rewrote
+  the pinned slot mapping (``BlockTable.compute_slot_mapping``, NumPy) while the previous
+  step's non-blocking copy of it could be pending. Fixed in 0.10.2 (the event synchronized
+  before ``_prepare_inputs``, recorded after). Both releases' own block_table.py run, fenced as
+  their ``execute_model`` fences ``_prepare_inputs``.
 * **#47644** (open): 0.32.0 makes no ``prepare_inputs_event`` without async scheduling, so a
   pipeline-parallel batch queue leaves the same rewrites unfenced; the proposed fix (the event
   whenever more than one batch is in flight) is clean.
@@ -41,7 +46,12 @@ import torch
 from overlap_harness.engines.core.mutation import function_from_file
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
-from overlap_harness.engines.vllm.fence_scope import fenced_phases, input_batch_steps
+from overlap_harness.engines.vllm.fence_scope import (
+    BLOCK_TABLE_FILE,
+    fenced_phases,
+    input_batch_steps,
+    slot_mapping_steps,
+)
 from overlap_harness.recorder import declared, reads, watch, writes
 
 WHEEL_CACHE_ENV = "OVERLAP_HARNESS_VLLM_WHEELS"
@@ -289,6 +299,16 @@ def mm_gather_scoped(source_file: Path | None) -> Any:
     return mm_embed_steps(gather_file, scope_file=Path(source_file))
 
 
+def _slot_mapping_scoped(source_file: Path | None) -> Any:
+    """The release's slot mapping (its block_table.py), fenced as its ``execute_model``
+    fences ``_prepare_inputs``."""
+    if source_file is None:
+        raise VllmUnavailable("the slot-mapping driver needs a release's gpu_model_runner.py")
+    version_dir = Path(source_file).parents[len(Path(RUNNER_FILE).parts) - 1]
+    table_file = release_file(version_dir.name, BLOCK_TABLE_FILE, version_dir.parent)
+    return slot_mapping_steps(source_file, table_file)
+
+
 def _pp_batch_queue_as_released(_source: Path | None) -> Any:
     """As released, with a pipeline-parallel batch queue and no async scheduling: its
     ``__init__`` makes no ``prepare_inputs_event``, so the fence is empty."""
@@ -315,6 +335,10 @@ HISTORICAL = (
                    "is_mm_embed) left outside the input-prep fence again (a regression of "
                    "#28706), while the previous step's non_blocking H2D may still read it",
                    RUNNER_FILE, "0.13.0", "0.14.0", mm_gather_scoped),
+    HistoricalRace("#24527", "_prepare_inputs rewrites the reused pinned slot mapping "
+                   "(BlockTable.compute_slot_mapping) with no input-prep fence, while the "
+                   "previous step's non_blocking H2D of it may still read it", RUNNER_FILE,
+                   "0.10.1.1", "0.10.2", _slot_mapping_scoped),
     HistoricalRace("#47644 (open)", "with a pipeline-parallel batch queue and no async "
                    "scheduling there is no prepare_inputs_event: the same rewrites race the "
                    "previous step's H2D", RUNNER_FILE, INSTALLED, INSTALLED,

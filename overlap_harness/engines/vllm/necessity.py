@@ -20,17 +20,31 @@ from overlap_harness.engines.core.sites import SyncSite, function_sites
 
 def variant_runs() -> dict[str, Callable[[], Any]]:
     """Every vLLM variant by name; each run returns the recorder's ``Watch``."""
-    from overlap_harness.engines.vllm import drivers, engine_core
+    from overlap_harness.engines.vllm import (
+        chunked_prefill,
+        drivers,
+        engine_core,
+        mrv2_spec_decode,
+        pipeline,
+    )
 
     runs: dict[str, Callable[[], Any]] = {name: variant.run
                                           for name, variant in drivers.VARIANTS.items()}
     runs["engine-core"] = engine_core.engine_steps
+    runs["chunked-prefill"] = chunked_prefill.chunked_prefill_steps
+    runs["mrv2-spec-decode"] = mrv2_spec_decode.mrv2_spec_decode
+    runs["pp-batch-queue"] = pipeline.pp_batch_queue_steps
     return runs
 
 
 def targets() -> list[tuple[Any, str]]:
     """vLLM's driven functions that hold sync statements."""
     from vllm.v1.worker.gpu.async_utils import AsyncOutput, AsyncPoolingOutput
+    from vllm.v1.worker.gpu.pp_utils import PPHandler
+    from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
+        AdaptiveVerificationManager,
+    )
+    from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
     from vllm.v1.worker.gpu_model_runner import (
         AsyncGPUModelRunnerOutput,
         AsyncGPUPoolingModelRunnerOutput,
@@ -46,7 +60,11 @@ def targets() -> list[tuple[Any, str]]:
             (AsyncGPUPoolingModelRunnerOutput, "__init__"),
             (AsyncGPUPoolingModelRunnerOutput, "get_output"),
             (AsyncOutput, "__init__"), (AsyncOutput, "get_output"),
-            (AsyncPoolingOutput, "__init__"), (AsyncPoolingOutput, "get_output")]
+            (AsyncPoolingOutput, "__init__"), (AsyncPoolingOutput, "get_output"),
+            (DraftTokensHandler, "set_draft_tokens"), (DraftTokensHandler, "get_draft_tokens"),
+            (AdaptiveVerificationManager, "record_confidences"),
+            (PPHandler, "get_prev_sampled_outputs"), (PPHandler, "receive"),
+            (PPHandler, "broadcast")]
 
 
 def sites() -> list[SyncSite]:

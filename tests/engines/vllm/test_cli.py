@@ -5,6 +5,7 @@ imported once per process, from one tree). Skipped where vLLM is not installed."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,11 +36,11 @@ def _mirror(tmp_path: Path) -> Path:
     return tree
 
 
-def _run(tree: Path) -> subprocess.CompletedProcess[str]:
+def _run(tree: Path, *options: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
-                           str(tree), "--variant", "v1-async-output"], capture_output=True,
-                          text=True, env=env, check=False, timeout=300)
+                           str(tree), "--variant", "v1-async-output", *options],
+                          capture_output=True, text=True, env=env, check=False, timeout=300)
 
 
 def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) -> None:
@@ -52,6 +53,16 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     index = next(i for i, line in enumerate(lines) if line.strip() == FENCE)  # get_output's
     lines[index] = lines[index].replace(FENCE, "pass")
     runner.write_text("".join(lines))
-    racy = _run(tree)
+    out = tmp_path / "out"
+    racy = _run(tree, "--out", str(out))
     assert racy.returncode == 1, racy.stderr[-2000:]
     assert "host-D2H" in racy.stdout and f"at {runner}:" in racy.stdout
+    # --out: the variant's plot of one step, its Perfetto trace and SARIF at the tree's lines
+    variant = out / "v1-async-output"
+    assert sorted(p.name for p in (variant / "plots").iterdir()) == [
+        "vllm-v1-async-output-iteration-2.png", "vllm-v1-async-output-iteration-2.svg"]
+    assert json.loads((variant / "trace.json").read_text())["traceEvents"]
+    sarif = json.loads((variant / "results.sarif").read_text())
+    uris = {loc["physicalLocation"]["artifactLocation"]["uri"]
+            for result in sarif["runs"][0]["results"] for loc in result["locations"]}
+    assert sarif["runs"][0]["results"] and any(uri.endswith(str(RUNNER)) for uri in uris)

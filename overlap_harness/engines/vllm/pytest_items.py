@@ -1,0 +1,50 @@
+"""vLLM's variants as pytest items: ``pytest -p overlap_harness.engines.vllm.pytest_items
+--vllm-async [--vllm-src PATH] [--vllm-variant NAME ...]``.
+
+One item per variant (race-free as released, drivable) and one per variant x removable sync
+site of the driven functions (its verdict in the item's properties), by the core's items
+(:mod:`overlap_harness.engines.core.pytest_items`). Nothing is collected without
+``--vllm-async``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.core.pytest_items import EngineItems, LoadedEngine, collect
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The plugin's options."""
+    group = parser.getgroup("vllm-async", "vLLM's own async-scheduling code under the recorder")
+    group.addoption("--vllm-async", action="store_true", default=False,
+                    help="collect vLLM's items (variants, variant x sync site)")
+    group.addoption("--vllm-src", default=None, metavar="PATH",
+                    help="vLLM tree (a folder holding the vllm package); default: installed")
+    group.addoption("--vllm-variant", action="append", default=None, metavar="NAME",
+                    help="only this variant (repeatable)")
+
+
+def _load(config: pytest.Config) -> LoadedEngine:
+    from overlap_harness.engines.vllm import environment, necessity
+
+    info = environment.load(config.getoption("--vllm-src"))
+    return LoadedEngine(Path(info.location), necessity.sites(), necessity.run_outcome)
+
+
+def _variants(config: pytest.Config) -> list[str]:
+    from overlap_harness.engines.vllm.necessity import variant_runs
+
+    return config.getoption("--vllm-variant") or list(variant_runs())
+
+
+ENGINE = EngineItems("vllm-async", "vllm", _load, _variants)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """Append vLLM's items when ``--vllm-async`` is given."""
+    if config.getoption("--vllm-async"):
+        items.extend(collect(session, ENGINE))
