@@ -88,11 +88,14 @@ _PLAN_STREAM = ("not modelled: SGLang 0.5.23's plan stream waits on the forward 
                 "on it after; the model's plan stream (plan_stream) waits on the schedule "
                 "stream once per batch, an older design, so the EAGLE loop scenarios run "
                 "without it")
+_VERIFY_RECORD_STREAM = ("not modelled: record_stream_for_v2_verify / record_stream_each mark "
+                         "the verify's inputs used on the forward stream; the model has no "
+                         "allocator reuse of them")
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
     ("eagle_worker_v2.py", "wait_stream(", _PLAN_STREAM),
     ("eagle_worker_common.py", "wait_stream(", _PLAN_STREAM),
-    ("spec_utils.py", "record_stream(", "not modelled: record_stream_for_v2_verify marks the "
-     "verify's inputs used on the forward stream; the model has no allocator reuse of them"),
+    ("spec_utils.py", "record_stream", _VERIFY_RECORD_STREAM),
+    ("eagle_worker_common.py", "record_stream_each(", _VERIFY_RECORD_STREAM),
 )
 
 
