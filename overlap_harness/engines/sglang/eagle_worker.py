@@ -44,8 +44,8 @@ def peek(tensor: torch.Tensor) -> list[Any]:
         return tensor.tolist()
 
 
-def device_tensor(values: list[Any], like: torch.Tensor, dtype: torch.dtype | None = None
-            ) -> torch.Tensor:
+def device_tensor(values: list[Any], like: torch.Tensor,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh device tensor holding ``values``, written as the kernel's output (no host
     copy is recorded: the kernel computes them on the device)."""
     with torch._C.DisableTorchFunction():
@@ -96,7 +96,8 @@ def _plan_accesses(out: torch.Tensor, backend: Any, req_to_token: torch.Tensor,
 
 @declared(_plan_accesses, name="init_forward_metadata")
 def _plan(backend: Any, req_to_token: torch.Tensor, forward_batch: Any) -> torch.Tensor:
-    """The backend's page table: each row's ``req_to_token[row, :seq_len]``, padded."""
+    """The backend's page table: the batch's ``req_to_token`` rows (attention reads each one
+    up to its length, as declared)."""
     rows = forward_batch.req_pool_indices.to(torch.int64)
     table = req_to_token[rows].clone()
     backend.forward_metadata = table
