@@ -139,3 +139,42 @@ def test_a_module_function_is_rebound_where_it_was_imported_by_name(tmp_path):
     assert intact == []
     assert reached == 1
     assert mutated == ["RAW"]
+
+
+RING = '''
+class Ring:
+    def __init__(self):
+        self.batch_record_buf = [None, None]
+
+    def pin(self, slot, batch, extra):
+        self.batch_record_buf[slot] = [batch]
+        self.batch_record_buf[slot].extend(extra)
+        return self.batch_record_buf[slot]
+'''
+
+
+def _pin(path_and_remove):
+    """In a forked child: the ring's pin, its keep-alive write removed or not."""
+    path, remove = path_and_remove
+    coverage = Coverage()
+    if remove:
+        remove_site(scan(path)[0], coverage)
+    return sys.modules["ring_program"].Ring().pin(1, "batch", ["worker_ref"]), coverage.reached
+
+
+def test_a_removed_keep_alive_write_leaves_the_slot_empty_for_later_appends(tmp_path):
+    path = tmp_path / "ring_program.py"
+    path.write_text(RING)
+    spec = importlib.util.spec_from_file_location("ring_program", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ring_program"] = module
+    spec.loader.exec_module(module)
+    try:
+        assert [s.kind for s in scan(path)] == [SiteKind.KEEP_ALIVE]
+        (removed, reached), (intact, _) = forked_map(_pin, [(str(path), True),
+                                                            (str(path), False)], jobs=1)
+    finally:
+        sys.modules.pop("ring_program", None)
+    assert intact == ["batch", "worker_ref"]
+    assert removed == ["worker_ref"]  # the batch is no longer held; the worker's ref still is
+    assert reached == {"ring_program.py:7": 1}

@@ -3,8 +3,10 @@
 The function is recompiled from its own file, parsed whole, so every line keeps its number and
 the code object keeps the file's name: a race the mutation causes points at the engine's own
 lines. The removed statement becomes a call that counts how often the site was reached (the
-site's coverage: a site never reached cannot be judged). The new function replaces the old one
-wherever the old one is bound (its class, or its module and every module that imported it).
+site's coverage: a site never reached cannot be judged); a keep-alive ring write leaves its
+slot an empty list (nothing kept alive, the slot still there for later appends). The new
+function replaces the old one wherever the old one is bound (its class, or its module and every
+module that imported it).
 Meant for a forked child: nothing is restored.
 
 Beside it, for code that must stay in one process: :func:`removed` swaps one function of a
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.engines.core.sites import SyncSite
+from overlap_harness.engines.core.sites import SiteKind, SyncSite
 from overlap_harness.model.errors import HarnessError
 
 REACHED_HOOK = "__overlap_harness_site_reached__"
@@ -84,8 +86,17 @@ def _remove_statement(function: ast.AST, site: SyncSite) -> None:
                 if isinstance(statement, ast.stmt) and statement.lineno == site.line:
                     hook = ast.Expr(ast.Call(ast.Name(REACHED_HOOK, ast.Load()),
                                              [ast.Constant(site.key)], []))
-                    block[index] = ast.copy_location(hook, statement)
-                    ast.fix_missing_locations(block[index])
+                    replacement: list[ast.stmt] = [hook]
+                    if site.kind == SiteKind.KEEP_ALIVE and isinstance(statement, ast.Assign):
+                        # the ring slot stays, empty: what the write kept alive is no longer
+                        # held, and code that appends to the slot later (SGLang's worker
+                        # keep-alive refs) still finds a list
+                        replacement.append(ast.Assign(statement.targets,
+                                                      ast.List([], ast.Load())))
+                    for new in replacement:
+                        ast.copy_location(new, statement)
+                        ast.fix_missing_locations(new)
+                    block[index:index + 1] = replacement
                     return
     raise MutationError(f"{site.key}: no statement at that line in {site.function}")
 

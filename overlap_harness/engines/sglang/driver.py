@@ -18,6 +18,8 @@ import torch
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
     dp_rank,
+    eagle_build,
+    eagle_kernels,
     environment,
     graph_kernels,
     graph_runner,
@@ -67,7 +69,9 @@ class _Intake:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         self.counter += 1
-        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        # EAGLE variants sample greedily (the verify takes SGLang's greedy tree walk)
+        params = SamplingParams(max_new_tokens=max_new, ignore_eos=True,
+                                temperature=0.0 if self.variant.eagle else 1.0)
         params.normalize(None)
         ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
@@ -81,17 +85,26 @@ def run_variant(variant: Variant) -> LoopRun:
     kernels.declare()
     if variant.decode_graph_sizes:
         graph_kernels.declare()
+    if variant.eagle is not None:
+        eagle_kernels.declare()
     started = time.process_time()
-    args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
-                                       radix_cache=variant.radix_cache,
-                                       mixed_chunk=variant.mixed_chunk,
-                                       dp_attention=variant.dp_peer is not None)
+    if variant.eagle is None:
+        args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
+                                           radix_cache=variant.radix_cache,
+                                           mixed_chunk=variant.mixed_chunk,
+                                           dp_attention=variant.dp_peer is not None)
+    else:
+        args = eagle_build.server_args(variant.eagle,
+                                       chunked_prefill_size=variant.chunked_prefill_size,
+                                       mixed_chunk=variant.mixed_chunk)
     with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
-          environment.retraction_forced(variant.retract_every)):
+          environment.retraction_forced(variant.retract_every),
+          eagle_build.selected(variant.eagle)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
-            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None)
+            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None,
+            spec_workers=eagle_build.workers(variant.eagle))
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
@@ -106,6 +119,6 @@ def run_variant(variant: Variant) -> LoopRun:
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
-                   scheduler.model_worker.forwards,
+                   scheduler.tp_worker.forwards,
                    [u.name for u in watch.unknown_ops], time.process_time() - started, watch,
-                   scheduler.model_worker)
+                   scheduler.tp_worker)

@@ -103,7 +103,8 @@ def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
     req_to_token_pool = ReqToTokenPool(sizes.request_rows, sizes.max_context, DEVICE, False)
-    kv_pool = StrictStub("token_to_kv_pool")
+    # a plain MHA pool: no DeepSeek-V4 draft states (the EAGLE verify probes for them)
+    kv_pool = StrictStub("token_to_kv_pool", absent=("clear_unaccepted_c128_draft_states",))
     allocator = TokenToKVPoolAllocator(sizes.kv_tokens, torch.float16, DEVICE, kv_pool, False)
     params = CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
                              token_to_kv_pool_allocator=allocator, page_size=1)
@@ -111,9 +112,12 @@ def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
 
 
 def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
-                    graph_runner: bool, worker_class: type | None = None) -> Any:
+                    graph_runner: bool, worker_class: type | None = None,
+                    spec_workers: Any = None) -> Any:
     """A bare SGLang ``Scheduler`` ready for ``event_loop_overlap`` (inside a recorder watch
-    and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`)."""
+    and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`). ``spec_workers``
+    (``fn(scheduler, sizes)``) installs a speculative worker before the overlap state that
+    depends on it is made (:mod:`.eagle_build`)."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.utils.common import require_mlp_sync
@@ -148,6 +152,8 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
         self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
         graph_runner=graph_runner)
     self.draft_worker = None
+    if spec_workers is not None:
+        spec_workers(self, sizes)
     self.model_config = _model_config()
     _worker_info(self, sizes)
     self.schedule_stream = torch.cuda.Stream()

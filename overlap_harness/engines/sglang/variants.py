@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from overlap_harness.engines.sglang.dp_rank import PeerStep
+from overlap_harness.engines.sglang.eagle_build import EagleConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 
 
@@ -33,6 +34,7 @@ class Variant:
     # attention DP (tp 2, attn-dp 2): this rank beside a peer whose steps are scripted per
     # iteration (absent iterations: the peer is idle); None: no DP
     dp_peer: dict[int, PeerStep] | None = None
+    eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -79,4 +81,20 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("graph_decode_post_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
             radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,),
             graph_reads_end_post_replay=True),
+    # EAGLE spec v2, topk 1, 3 draft steps: prefill + draft-extend, then draft, verify and
+    # draft-extend each decode; two more requests recycle the two rows
+    Variant("eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
+            eagle=EagleConfig()),
+    # the same with backends that need host sequence lengths: FutureMap pulls them through
+    # its private D2H stream (resolve_seq_lens_cpu), gated on the publish event
+    Variant("eagle_d2h_stream", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(needs_cpu_seq_lens=True)),
+    # chunked prefill mixed with EAGLE decodes: a 13-token prompt in chunks of 4 beside a
+    # decoding request; the mixed batches' decode tails are late-bound behind the publish
+    # event (FutureMap.resolve_mixed_spec_tails); a third request recycles a row
+    Variant("eagle_mixed", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
+            chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig()),
+    # tree drafting: 4 candidates per step, 3 steps, the best 6 tree nodes verified
+    Variant("eagle_topk4", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
+            eagle=EagleConfig(topk=4, num_draft_tokens=6)),
 )}

@@ -1,0 +1,178 @@
+"""SGLang's Triton kernels of EAGLE tree drafting (topk > 1), declared to the recorder: the
+tree build, the verify slots gathered on the plan stream, and the packing of the accepted
+path's slots before its KV moves to the front. Same conventions as :mod:`.eagle_kernels`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import overlap_harness.recorder as recorder
+from overlap_harness.engines.sglang.eagle_worker import device_tensor, draft_windows, peek
+from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
+
+# -- kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func (topk > 1) -------
+
+
+def _tree_parents(parent_list: list[int], selected: list[int], topk: int) -> list[int]:
+    """Each verified node's parent node (node 0 is the root, the bonus token; node ``i``
+    is the ``i-1``-th selected draft): the root when its draft was drawn from the root's
+    candidates, else the node whose selected draft is the one it was drawn from."""
+    parents = [-1]
+    for index in selected:
+        drawn_from = index // topk
+        if drawn_from == 0:
+            parents.append(0)
+            continue
+        origin = parent_list[drawn_from]
+        parents.append(next((k + 1 for k, other in enumerate(selected) if other == origin),
+                            0))
+    return parents
+
+
+def _tree_cells(seq_lens: list[int], width: int) -> list[int]:
+    """Where each lane's first tree row starts in a FULL_MASK buffer: rows of
+    ``seq_len + width`` cells after the lanes before it."""
+    starts, offset = [], 0
+    for length in seq_lens:
+        starts.append(offset)
+        offset += width * (length + width)
+    return starts
+
+
+def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
+                seq_lens: torch.Tensor, tree_mask: torch.Tensor, positions: torch.Tensor,
+                retrieve_index: torch.Tensor, retrieve_next_token: torch.Tensor,
+                retrieve_next_sibling: torch.Tensor, topk: int, spec_steps: int,
+                num_verify_tokens: int, tree_mask_mode: Any) -> None:
+    """The verify tree of each lane: node positions (``seq_len + depth``), retrieve index,
+    first child and next sibling (children linked last first), and the FULL_MASK rows (a
+    node sees the root and its ancestors)."""
+    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+
+    if tree_mask_mode != TreeMaskMode.FULL_MASK:
+        raise NotImplementedError(f"build_tree: mask mode {tree_mask_mode} is not planned")
+    width = num_verify_tokens
+    lengths = peek(seq_lens)
+    index_rows, next_rows, sibling_rows, position_rows = [], [], [], []
+    mask = peek(tree_mask)
+    for lane, (parents_of, selected, length, start) in enumerate(zip(
+            peek(parent_list), peek(top_scores_index), lengths,
+            _tree_cells(lengths, width), strict=True)):
+        parents = _tree_parents(parents_of, selected[:width - 1], topk)
+        first_child, sibling = [-1] * width, [-1] * width
+        for node in range(width - 1, 0, -1):
+            sibling[node] = first_child[parents[node]]
+            first_child[parents[node]] = node
+        depth = [0] * width
+        for node in range(1, width):
+            depth[node] = depth[parents[node]] + 1
+        for node in range(width):
+            row = start + node * (length + width) + length
+            seen = {0}
+            walk = node
+            while walk > 0:
+                seen.add(walk)
+                walk = parents[walk]
+            for column in range(width):
+                mask[row + column] = column in seen
+        index_rows.append([lane * width + node for node in range(width)])
+        next_rows.append(first_child)
+        sibling_rows.append(sibling)
+        position_rows.append([length + d for d in depth])
+    tree_mask.copy_(device_tensor(mask, tree_mask))
+    retrieve_index.copy_(device_tensor(index_rows, retrieve_index))
+    retrieve_next_token.copy_(device_tensor(next_rows, retrieve_next_token))
+    retrieve_next_sibling.copy_(device_tensor(sibling_rows, retrieve_next_sibling))
+    positions.copy_(device_tensor(position_rows, positions).view(-1))
+
+
+def _build_tree_accesses(out: Any, parent_list: torch.Tensor, top_scores_index: torch.Tensor,
+                         seq_lens: torch.Tensor, tree_mask: torch.Tensor,
+                         positions: torch.Tensor, retrieve_index: torch.Tensor,
+                         retrieve_next_token: torch.Tensor,
+                         retrieve_next_sibling: torch.Tensor, topk: int, spec_steps: int,
+                         num_verify_tokens: int, tree_mask_mode: Any) -> list[DeclaredAccess]:
+    acc = reads(parent_list) + reads(top_scores_index) + reads(seq_lens)
+    acc += writes(positions) + writes(retrieve_index) + writes(retrieve_next_token)
+    acc += writes(retrieve_next_sibling)
+    width = num_verify_tokens
+    lengths = peek(seq_lens)
+    for length, start in zip(lengths, _tree_cells(lengths, width), strict=True):
+        for node in range(width):
+            row = start + node * (length + width) + length
+            acc += writes(tree_mask[row:row + width])
+    return acc
+
+
+# -- kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func -------------
+
+
+def _extend_cache_locs(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                       start_offset: torch.Tensor, batch_size: int, draft_token_num: int,
+                       device: Any, **options: Any) -> torch.Tensor:
+    """The verify window of each request: ``req_to_token[row, start:start + width]``."""
+    if any(value is not None for key, value in options.items() if key != "page_size"):
+        raise NotImplementedError(f"assign_extend_cache_locs_uniform: {sorted(options)}")
+    rows = req_pool_indices[:batch_size].to(torch.int64).view(-1, 1)
+    columns = start_offset[:batch_size].to(torch.int64).view(-1, 1) + torch.arange(
+        draft_token_num, device=req_to_token.device).view(1, -1)
+    return req_to_token[rows, columns].reshape(-1).to(torch.int64)
+
+
+def _extend_cache_locs_accesses(out: torch.Tensor, req_pool_indices: torch.Tensor,
+                                req_to_token: torch.Tensor, start_offset: torch.Tensor,
+                                batch_size: int, draft_token_num: int, device: Any,
+                                **options: Any) -> list[DeclaredAccess]:
+    acc = reads(req_pool_indices) + reads(start_offset) + writes(out)
+    for row, start in draft_windows(req_pool_indices[:batch_size], start_offset[:batch_size]):
+        acc += reads(req_to_token[row, start:start + draft_token_num])
+    return acc
+
+
+# -- spec_utils.move_accept_tokens_to_target_kvcache's slot packing (topk > 1) -----------
+
+
+def _fill_front(num_front: torch.Tensor, out_cache_loc: torch.Tensor,
+                front_out_cache_loc: torch.Tensor) -> None:
+    """The first ``num_front[i]`` slots of request ``i``'s window, packed in order."""
+    counts = peek(num_front)
+    window = peek(out_cache_loc.view(len(counts), -1))
+    packed = [slot for row, count in zip(window, counts, strict=True) for slot in row[:count]]
+    if packed:
+        front_out_cache_loc[:len(packed)] = device_tensor(packed, front_out_cache_loc)
+
+
+def _fill_front_accesses(out: Any, num_front: torch.Tensor, out_cache_loc: torch.Tensor,
+                         front_out_cache_loc: torch.Tensor) -> list[DeclaredAccess]:
+    return reads(num_front) + reads(out_cache_loc) + writes(front_out_cache_loc)
+
+
+def _fill_accept(accept_index: torch.Tensor, out_cache_loc: torch.Tensor,
+                 accept_out_cache_loc: torch.Tensor, size: int) -> None:
+    """The slots of the accepted nodes (``-1``: none), packed in order."""
+    slots = peek(out_cache_loc)
+    packed = [slots[node] for node in peek(accept_index.reshape(-1))[:size] if node > -1]
+    if packed:
+        accept_out_cache_loc[:len(packed)] = device_tensor(packed, accept_out_cache_loc)
+
+
+def _fill_accept_accesses(out: Any, accept_index: torch.Tensor, out_cache_loc: torch.Tensor,
+                          accept_out_cache_loc: torch.Tensor, size: int
+                          ) -> list[DeclaredAccess]:
+    return reads(accept_index) + reads(out_cache_loc) + writes(accept_out_cache_loc)
+
+
+def declare() -> None:
+    """Register the declarations (idempotent)."""
+    for target, accesses, impl, name in (
+            ("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient_func",
+             _build_tree_accesses, _build_tree, "sgl_build_tree_kernel_efficient"),
+            ("sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_uniform_func",
+             _extend_cache_locs_accesses, _extend_cache_locs, "assign_extend_cache_locs_uniform"),
+            ("sglang.srt.speculative.spec_utils:fill_front_out_cache_loc_func",
+             _fill_front_accesses, _fill_front, "assign_extend_cache_locs"),
+            ("sglang.srt.speculative.spec_utils:fill_accept_out_cache_loc_func",
+             _fill_accept_accesses, _fill_accept, "fill_accept_out_cache_loc")):
+        recorder.declare_kernel(target, accesses, cpu_impl=impl, name=name)

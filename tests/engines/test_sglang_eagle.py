@@ -1,0 +1,100 @@
+"""SGLang's EAGLE v2 worker inside its own ``event_loop_overlap``, under the recorder.
+
+One child process imports SGLang once and runs each EAGLE variant twice: as released (the
+fixed twin) and with one spec-v2 sync statement removed from SGLang's own function
+(recompiled from its file, so races name SGLang's lines). Every verdict is the detector's.
+Skipped, with the import's own error, when SGLang or the packages it imports are missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: variant -> (module, owner, function, a piece of the removed line, SGLang files the races
+#: must name): a sync the variant needs, found necessary by ``--necessity``
+REMOVALS = {
+    # the draft-extend joins the plan stream that prepared its batch
+    "eagle_topk1": ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker",
+                    "_draft_extend_for_decode", "current_stream().wait_stream(",
+                    ("eagle_worker_common.py", "forward_batch_info.py")),
+    # tree drafting (topk 4): the same join
+    "eagle_topk4": ("sglang.srt.speculative.eagle_worker_v2", "EagleDraftWorker",
+                    "_draft_extend_for_decode", "current_stream().wait_stream(",
+                    ("eagle_worker_common.py", "forward_batch_info.py")),
+    # the private D2H stream waits for the forward's publish of the new lengths
+    "eagle_d2h_stream": ("sglang.srt.managers.overlap_utils", "FutureMap",
+                         "resolve_seq_lens_cpu",
+                         "self.fwd_prepare_d2h_stream.wait_event(self.publish_ready)",
+                         ("overlap_utils.py",)),
+    # the mixed batch's decode tails: the host waits for the private stream's copy of the
+    # published lengths before reading them
+    "eagle_mixed": ("sglang.srt.managers.overlap_utils", "FutureMap",
+                    "resolve_mixed_spec_tails", "self.fwd_prepare_d2h_stream.synchronize()",
+                    ("overlap_utils.py",)),
+}
+
+CHILD = """
+import importlib, json, sys
+from overlap_harness.engines.sglang import environment
+try:
+    environment.load()
+except environment.SglangTreeError as exc:
+    print("SKIP", exc); sys.exit(3)
+from overlap_harness.engines.core.mutation import removed, site
+from overlap_harness.engines.core.results import race_record
+from overlap_harness.engines.sglang.driver import run_variant
+from overlap_harness.engines.sglang.variants import VARIANTS
+out = {}
+for name, (module, owner, function, needle, _files) in json.loads(sys.argv[1]).items():
+    variant = VARIANTS[name]
+    intact = run_variant(variant)
+    target = site(getattr(importlib.import_module(module), owner), function, needle)
+    with removed(target):
+        mutated = run_variant(variant)
+    out[name] = {"intact": [race_record(r, name) for r in intact.races],
+                 "removed": [race_record(r, name) for r in mutated.races],
+                 "line": target.line, "iterations": intact.iterations,
+                 "forwards": intact.forwards, "unknown": intact.unknown_ops}
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs():
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(REMOVALS)],
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    if done.returncode == 3:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize("variant", sorted(REMOVALS))
+def test_eagle_variant_is_race_free_as_released(runs, variant):
+    run = runs[variant]
+    assert run["intact"] == []
+    assert run["unknown"] == []  # every raw-pointer kernel on the path is declared
+    assert run["forwards"] >= 6 and run["iterations"] >= 12
+
+
+@pytest.mark.parametrize("variant", sorted(REMOVALS))
+def test_removing_a_spec_v2_sync_races_at_sglang_lines(runs, variant):
+    files = REMOVALS[variant][4]
+    races = runs[variant]["removed"]
+    assert races, f"{variant}: no race without line {runs[variant]['line']}"
+    named = {Path(side["file"]).name for race in races for side in (race["first"],
+                                                                     race["second"])}
+    assert named & set(files), named
