@@ -50,9 +50,9 @@ class EagleConfig:
 def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
                 mixed_chunk: bool) -> Any:
     """SGLang's ``ServerArgs`` of an EAGLE variant, published as the configuration."""
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    from sglang.srt.server_args import ServerArgs
 
-    from overlap_harness.engines.sglang.scheduler_build import _single_rank
+    from overlap_harness.engines.sglang.scheduler_build import publish
 
     args = ServerArgs(model_path="dummy", page_size=1, device=DEVICE,
                       chunked_prefill_size=chunked_prefill_size, disable_radix_cache=True,
@@ -61,9 +61,7 @@ def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
                       speculative_eagle_topk=config.topk,
                       speculative_num_steps=config.num_steps,
                       speculative_num_draft_tokens=config.num_draft_tokens)
-    set_global_server_args_for_scheduler(args)
-    _single_rank()
-    return args
+    return publish(args)
 
 
 def _attn_backend(name: str, pool: Any, needs_cpu_seq_lens: bool, verify_mask: Any = None

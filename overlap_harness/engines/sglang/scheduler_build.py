@@ -52,13 +52,25 @@ def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
                 mixed_chunk: bool, dp_attention: bool = False) -> Any:
     """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration
     (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0)."""
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    from sglang.srt.server_args import ServerArgs
 
     parallel = {"tp_size": 2, "attn_dp_size": 2} if dp_attention else {}
     args = ServerArgs(model_path="dummy", page_size=1,
                       chunked_prefill_size=chunked_prefill_size,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
                       skip_tokenizer_init=True, **parallel)
+    return publish(args)
+
+
+def publish(args: Any) -> Any:
+    """Publish ``args`` as the scheduler's configuration for one variant's run, this process
+    rank 0 of every group; returns ``args``."""
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    # what an earlier variant stamped goes first (EAGLE's one-rank groups contradict the
+    # tensor parallel 2 a DP variant publishes: SGLang's publish validates the topology)
+    get_parallel().clear_stamp()
     with _previous_run_overrides_dropped_quietly():
         set_global_server_args_for_scheduler(args)
     _single_rank()
