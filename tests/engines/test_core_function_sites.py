@@ -4,6 +4,8 @@ an unreached one is reported as not reached. Verdicts come from the recorder."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from overlap_harness.engines.core.necessity import MUTABLE_KINDS, necessity_table
@@ -64,3 +66,19 @@ def test_rows_say_necessary_redundant_and_not_reached():
     assert verdict["self.side.synchronize()", "plain"].verdict == Verdict.NOT_REACHED
     assert verdict["self.done.synchronize()", "fenced"].verdict == Verdict.REDUNDANT
     assert verdict["self.side.synchronize()", "fenced"].verdict == Verdict.REDUNDANT
+
+
+def test_a_variant_that_crashes_in_the_children_is_an_error_not_unreached():
+    """The intact run passes in this process; the mutated runs (forked children) crash
+    before any site: each of their rows says error with the crash, none not reached."""
+    parent = os.getpid()
+
+    def run_here_only(name: str) -> VariantOutcome:
+        if os.getpid() != parent:
+            return VariantOutcome(name, [], error="RuntimeError: stale state in the child")
+        return run("plain")
+
+    baseline = {"plain": run_here_only("plain")}
+    rows = necessity_table(function_sites(Loop, "step"), ["plain"], baseline, run_here_only)
+    assert rows and {row.verdict for row in rows} == {Verdict.ERROR}
+    assert all("stale state" in row.error for row in rows)

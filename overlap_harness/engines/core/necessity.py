@@ -5,7 +5,8 @@ returns its outcome. The engine is imported once, in this process; each site's m
 in a forked child (the mutation is never undone, the child just ends), ``jobs`` children at
 a time. Per site and variant the verdict is necessary (races the intact code does not have,
 listed with both lines), redundant (the site ran and nothing new raced), not reached (the
-variant never ran the site's line) or error (the mutated run crashed).
+variant never ran the site's line) or error (the mutated run crashed, before the site's line
+or after it).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOut
                        reached=reached, error=error, function=site.function)
     if mutated is None:
         return row
-    if mutated.error is not None and reached:
+    if mutated.error is not None:  # reached or not: a crash is never read as not reached
         row.error = mutated.error
         return row
     if not reached:
