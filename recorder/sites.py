@@ -27,7 +27,8 @@ _SKIPPED_DIRS = tuple(
 ) + tuple(
     str(Path(m.__file__).resolve()) for m in (contextlib, functools, runpy)
 ) + (str(Path(importlib.__file__).resolve().parent) + os.sep, "<frozen ", "_pytest" + os.sep,
-     "pluggy" + os.sep)
+     "pluggy" + os.sep, "xdist" + os.sep, "execnet" + os.sep)  # test runners: pytest-xdist's
+# workers run every test inside execnet's receive loop, which is no loop of the program
 
 _HARNESS_FILES = ("overlap_harness" + os.sep + "check_cmd.py",
                   "overlap_harness" + os.sep + "pytest_races.py")
