@@ -137,6 +137,7 @@ class ProtocolConfig:
     delayed_sampling: bool = _f(False, "non-spec grammar path: sample, stash and copy after F waits on S")
     delayed_stash_after_gather: bool = _f(False, "enqueue the delayed-sampling stash after the next gather (scenario 24's bug)")
     plan_stream: bool = _f(False, "prepare metadata on the plan stream PL (SGLANG_ENABLE_OVERLAP_PLAN_STREAM)")
+    plan_stream_joins: bool = _f(False, "spec-v2: SGLang 0.5.23's plan streams instead of plan_stream's once-per-batch plan: verify's preparation runs on the target worker's plan stream, the draft extend's on the draft worker's own (a new stream each, eagle_worker_v2.py 1363 and 241), each behind the plan stream's wait on F and followed by F's wait on it (eagle_worker_common.py 586-601, labels plan.verify_forward_wait and plan.verify_join; eagle_worker_v2.py 1160-1178, labels plan.extend_forward_wait and plan.extend_join); verify's computes a tree's out_cache_loc from req_to_token (topk > 1, eagle_utils.py 356-364; topk 1 takes the chain draft's, built on F), the draft's the extend lengths from seq_lens (eagle_worker_common.py 171-214)", late=True)
     alias_schedule_forward: bool = _f(False, "S and F are the same stream (#31681); the harness rejects it")
     swa: bool = _f(False, "model a sliding-window attention mapping full_to_swa_index_mapping")
     swa_window: int = _f(6, "sliding-window length in tokens when swa is on", (1, 1 << 20))
