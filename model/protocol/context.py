@@ -74,7 +74,7 @@ class RunContext:
         # SGLang makes fwd_prepare_d2h_stream on every CUDA FutureMap (overlap_utils.py:327-
         # 331); here only where something copies on it, so older scenarios keep their streams
         d2h_users = (config.seq_lens_d2h == SeqLensD2H.D2H_STREAM or config.mixed_spec_tails
-                     or config.confidence_relay)
+                     or config.confidence_relay or config.spec_mixed_batches)
         has_d2h_stream = (self.is_spec and self.on_cuda and not self.legacy_verify_done
                           and d2h_users)
         self.d2h_stream: Stream | None = (
@@ -173,7 +173,11 @@ def check_v0523_keys(config: ProtocolConfig, is_spec: bool, on_cuda: bool) -> No
     if config.plan_stream_joins and config.plan_stream:
         needs.append("protocol.plan_stream_joins replaces plan_stream's once-per-batch plan: "
                      "set plan_stream = false")
-    for key in ("mixed_spec_tails", "adopted_relay", "consume_once", "plan_stream_joins"):
+    if config.spec_mixed_batches and config.mixed_spec_tails:
+        needs.append("protocol.spec_mixed_batches late-binds the tails of mixed batches only: "
+                     "set mixed_spec_tails = false")
+    for key in ("mixed_spec_tails", "adopted_relay", "consume_once", "plan_stream_joins",
+                "spec_mixed_batches"):
         if getattr(config, key) and not is_spec:
             needs.append(f"protocol.{key} needs mode = \"spec_v2\"")
     if needs:

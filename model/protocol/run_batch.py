@@ -104,13 +104,15 @@ class BatchRunner:
         device.wait_stream(ctx.forward_stream, plan_stream, SyncLabel.PLAN_WAIT)
         return meta
 
-    def _run_prefill(self, batch: Batch) -> None:
-        """Prefill (or one chunk): ids by H2D on F, forward, publish (spec), stash, copy."""
+    def _run_prefill(self, batch: Batch, ids: Buffer | None = None) -> None:
+        """Prefill (or one chunk): ids by H2D on F (unless given: a spec mixed batch's
+        tails), forward, publish (spec), stash, copy."""
         ctx, fmap = self.ctx, self.future_map
-        staged = batch.results.pop("staged_ids")
-        ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.forward_stream)
-        ctx.device.copy(ctx.forward_stream, staged, ids, non_blocking=True, cost_us=ctx.d2h_us,
-                        name="h2d_input_ids")
+        if ids is None:
+            staged = batch.results.pop("staged_ids")
+            ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.forward_stream)
+            ctx.device.copy(ctx.forward_stream, staged, ids, non_blocking=True,
+                            cost_us=ctx.d2h_us, name="h2d_input_ids")
         res = worker.prefill_forward(ctx, batch, ids)
         if ctx.is_spec:
             fmap.publish(batch, res["new_seq_lens"])
@@ -195,11 +197,34 @@ class BatchRunner:
             ctx.device.record_stream(mix, ctx.forward_stream,
                                      SyncLabel.MIX_INDICES_RECORD_STREAM)
             batch.pinned.append(mix)
+        if ctx.is_spec:
+            self._run_spec_mixed(batch, mix)
+            return
         ids = self.future_map.gather_output_tokens(dec, mix)
         self._run_prefill(pre)
         self._run_decode(dec, ids, delayed=False, read_done=False)
         batch.pinned += pre.pinned + dec.pinned
         batch.copy_done = dec.copy_done
+
+    def _run_spec_mixed(self, batch: Batch, mix: Buffer) -> None:
+        """A spec mixed batch (``spec_mixed_batches``): the tails late-bound from the published
+        lengths (the host learns them exactly), their input ids gathered through
+        ``mix_running_indices``; then each tail runs as a one-token extend at its fresh
+        length beside the prefill chunk: forward, publish, draft extend, stash, copy."""
+        pre, tail = batch.parts
+        tail.fi = tail.fo = mix  # the mixed-in running batch's req_pool_indices
+        fresh = resolve_mixed_spec_tails(self.future_map, tail, batch)
+        lens = fresh if fresh is not None else [r.kv_committed for r in tail.reqs]
+        lens = [min(max(n, 0), self.ctx.max_context - 2) for n in lens]  # a stale read's value
+        tail.chunk_starts = list(lens)
+        tail.chunk_ends = [n + 1 for n in lens]
+        tail.last_chunk = [True] * tail.m
+        tail.host_lens, tail.exact_lens = tail.chunk_ends, True
+        ids = self.future_map.gather_output_tokens(tail, mix)
+        self._run_prefill(pre)
+        self._run_prefill(tail, ids)
+        batch.pinned += pre.pinned + tail.pinned
+        batch.copy_done = tail.copy_done
 
     def _run_decode(self, batch: Batch, ids: Buffer | None = None,
                     delayed: bool | None = None, read_done: bool = True) -> None:
