@@ -133,11 +133,21 @@ class Scheduler:
         """The decode part of a spec mixed batch: one token per running request at its
         committed length, which only the device knows yet (late-bound in run_batch); the
         previous verify's over-allocation covers it, grown here only if it would not."""
-        ctx = self.ctx
+        ctx, device = self.ctx, self.ctx.device
         tail = Batch("tail", n, list(self.running))
         ranges = [self.grow(r, r.kv_committed + ctx.num_draft_tokens + 1) for r in tail.reqs]
         self.write_alloc(tail.reqs, ranges, "mix_alloc")
         tail.slots_in = tail.slots_out = tail.rows
+        # mix_with_running's tail_base (schedule_batch.py 3293-3297): torch.tensor(list,
+        # device=...) is a blocking copy on S, so the host waits for S's work so far
+        staged = device.buffer("tail_base_host", (tail.m,), I64, pinned=True)
+        device.host_write(staged, None, torch.tensor([max(r.kv_committed - 1, 0)
+                                                      for r in tail.reqs], dtype=I64),
+                          name="stage_tail_base")
+        base = ctx.tmp(tail, "tail_base", (tail.m,), I64, ctx.schedule_stream)
+        device.copy(ctx.schedule_stream, staged, base, non_blocking=False,
+                    cost_us=ctx.d2h_us, name="tail_base")
+        device.free(staged)
         return tail
 
     def _filter_after_spec_mixed(self) -> None:
