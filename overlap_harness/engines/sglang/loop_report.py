@@ -9,8 +9,8 @@ a moved line keeps its counterpart. Every row explains itself: the labels the mo
 removed where it agrees, the reason where it does not. A site with no counterpart is
 ``not_modelled``, and so is one whose labels the model's run never reaches; rows the real
 loop never reaches are not compared (their model column says ``not_modelled``). Known
-reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (none are
-needed for SGLang 0.5.23).
+reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (for SGLang
+0.5.23: the EAGLE verify's ``record_stream`` calls, which have no counterpart).
 
 Computing the model column needs no SGLang, so a test recomputes it from the committed report
 and fails when the model parts from the real verdicts recorded there.
@@ -96,7 +96,7 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
 #: why a site has no counterpart, or why the model's verdict differs (file name, code piece)
 _VERIFY_RECORD_STREAM = ("not modelled: record_stream_for_v2_verify / record_stream_each mark "
                          "the verify's inputs used on the forward stream; the model has no "
-                         "allocator reuse of them")
+                         "allocator reuse of them, so a counterpart could not race")
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
     ("spec_utils.py", "record_stream", _VERIFY_RECORD_STREAM),
     ("eagle_worker_common.py", "record_stream_each(", _VERIFY_RECORD_STREAM),
