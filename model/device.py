@@ -63,6 +63,13 @@ class SyncLabel(StrEnum):
     BATCH_PIN_RING = "batch_pin_ring"
     PLAN_WAIT = "plan.forward_wait"
     PLAN_SCHEDULE_WAIT = "plan.schedule_wait"
+    # SGLang 0.5.23's plan-stream joins around verify's and the draft extend's preparations
+    # (protocol.plan_stream_joins; eagle_worker_common.py 588 / 601, eagle_worker_v2.py
+    # 1161 / 1177)
+    PLAN_VERIFY_FORWARD_WAIT = "plan.verify_forward_wait"
+    PLAN_VERIFY_JOIN = "plan.verify_join"
+    PLAN_EXTEND_FORWARD_WAIT = "plan.extend_forward_wait"
+    PLAN_EXTEND_JOIN = "plan.extend_join"
     DELAYED_SAMPLING_ENTRY = "delayed_sampling.forward_wait"
     MIX_INDICES_KEEP_ALIVE = "mix_running_indices.keep_alive"
     MIX_INDICES_RECORD_STREAM = "mix_running_indices.record_stream"

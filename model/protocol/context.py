@@ -74,12 +74,17 @@ class RunContext:
         # SGLang makes fwd_prepare_d2h_stream on every CUDA FutureMap (overlap_utils.py:327-
         # 331); here only where something copies on it, so older scenarios keep their streams
         d2h_users = (config.seq_lens_d2h == SeqLensD2H.D2H_STREAM or config.mixed_spec_tails
-                     or config.confidence_relay)
+                     or config.confidence_relay or config.spec_mixed_batches)
         has_d2h_stream = (self.is_spec and self.on_cuda and not self.legacy_verify_done
                           and d2h_users)
         self.d2h_stream: Stream | None = (
             device.stream("fwd_prepare_d2h") if has_d2h_stream else None)
-        self.plan_stream: Stream | None = device.stream("plan") if config.plan_stream else None
+        has_plan_stream = config.plan_stream or config.plan_stream_joins
+        self.plan_stream: Stream | None = device.stream("plan") if has_plan_stream else None
+        # SGLang 0.5.23's draft worker makes a plan stream of its own, apart from the target
+        # worker's (get_plan_stream at eagle_worker_v2.py 241 and 1363, a new Stream each)
+        self.draft_plan_stream: Stream | None = (
+            device.stream("draft_plan") if config.plan_stream_joins else None)
         self.copy_stream: Stream | None = device.stream("copy") if config.copy_stream else None
         # sizes
         self.pool_size = config.pool_size  # request-pool rows, row 0 the padding row
@@ -165,7 +170,14 @@ def check_v0523_keys(config: ProtocolConfig, is_spec: bool, on_cuda: bool) -> No
     if config.confidence_relay and not (is_spec and on_cuda):
         needs.append("protocol.confidence_relay needs mode = \"spec_v2\" on platform = "
                      "\"cuda\" (the ring is CUDA-only; the non-CUDA .cpu() read is not modelled)")
-    for key in ("mixed_spec_tails", "adopted_relay", "consume_once"):
+    if config.plan_stream_joins and config.plan_stream:
+        needs.append("protocol.plan_stream_joins replaces plan_stream's once-per-batch plan: "
+                     "set plan_stream = false")
+    if config.spec_mixed_batches and config.mixed_spec_tails:
+        needs.append("protocol.spec_mixed_batches late-binds the tails of mixed batches only: "
+                     "set mixed_spec_tails = false")
+    for key in ("mixed_spec_tails", "adopted_relay", "consume_once", "plan_stream_joins",
+                "spec_mixed_batches"):
         if getattr(config, key) and not is_spec:
             needs.append(f"protocol.{key} needs mode = \"spec_v2\"")
     if needs:

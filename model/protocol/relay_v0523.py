@@ -111,12 +111,15 @@ class ConfidenceRelay:
         return means
 
 
-def resolve_mixed_spec_tails(future_map: FutureMap, batch: Batch) -> list[int] | None:
+def resolve_mixed_spec_tails(future_map: FutureMap, batch: Batch,
+                             mixed: Batch | None = None) -> list[int] | None:
     """Late-bind a spec batch's decode tails from the published lengths (overlap_utils.py
     :543-585); returns the fresh lengths the host got, or None before the first publish.
 
     The tails' fresh lengths and their ``req_to_token`` slots are gathered on F behind the
-    publish fence; the host's copy comes from D (CUDA) or a blocking ``.cpu()`` on F.
+    publish fence; the host's copy comes from D (CUDA) or a blocking ``.cpu()`` on F. With
+    ``mixed`` (the spec mixed batch whose decode part ``batch`` is), F also writes the mixed
+    batch's new ``seq_lens``: the prefill part's, then each tail's fresh length + 1 (557-559).
     """
     ctx, device, forward = future_map.ctx, future_map.ctx.device, future_map.ctx.forward_stream
     if batch.m == 0 or not future_map.publish_recorded:
@@ -131,7 +134,14 @@ def resolve_mixed_spec_tails(future_map: FutureMap, batch: Batch) -> list[int] |
     device.launch(forward, "mixed_tail_lens", lambda buf, fi: buf[clamp_index(fi, slots)],
                   reads=[(future_map.new_seq_lens_buf, rows), batch.fi], writes=[fresh],
                   cost_us=ctx.kernel_us, observe="mixed_tail_lens")
-    columns = [min(n, ctx.max_context - 1) for n in (batch.host_lens or
+    if mixed is not None:
+        head = mixed.parts[0].seq_lens
+        assert head is not None
+        # held by the running batch until its next filter, not by the pin ring
+        mixed.seq_lens = device.buffer("seq_lens", (mixed.m,), I64, stream=forward)
+        device.launch(forward, "mixed_seq_lens", lambda h, f: torch.cat([h, f + 1]),
+                      reads=[head, fresh], writes=[mixed.seq_lens], cost_us=ctx.kernel_us)
+    columns = [min(max(n, 0), ctx.max_context - 1) for n in (batch.host_lens or
                                                     [r.kv_committed for r in batch.reqs])]
     cells = (rows, columns)
     tail_loc = ctx.tmp(batch, "mixed_tail_out_cache_loc", (batch.m,), I64, forward)

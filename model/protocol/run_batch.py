@@ -56,7 +56,7 @@ class BatchRunner:
         if spec_decode and on_forward:
             self._resolve(batch, stream_ordered=True)
         self.future_map.on_forward_entry(batch)
-        plan = self._plan(batch) if ctx.plan_stream is not None and batch.m else None
+        plan = self._plan(batch) if ctx.config.plan_stream and batch.m else None
         if batch.kind == "idle" or batch.m == 0:
             device.launch(ctx.forward_stream, "idle_forward", lambda: None,
                           cost_us=ctx.kernel_us)
@@ -104,13 +104,15 @@ class BatchRunner:
         device.wait_stream(ctx.forward_stream, plan_stream, SyncLabel.PLAN_WAIT)
         return meta
 
-    def _run_prefill(self, batch: Batch) -> None:
-        """Prefill (or one chunk): ids by H2D on F, forward, publish (spec), stash, copy."""
+    def _run_prefill(self, batch: Batch, ids: Buffer | None = None) -> None:
+        """Prefill (or one chunk): ids by H2D on F (unless given: a spec mixed batch's
+        tails), forward, publish (spec), stash, copy."""
         ctx, fmap = self.ctx, self.future_map
-        staged = batch.results.pop("staged_ids")
-        ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.forward_stream)
-        ctx.device.copy(ctx.forward_stream, staged, ids, non_blocking=True, cost_us=ctx.d2h_us,
-                        name="h2d_input_ids")
+        if ids is None:
+            staged = batch.results.pop("staged_ids")
+            ids = ctx.tmp(batch, "prefill_input_ids", staged.shape, I64, ctx.forward_stream)
+            ctx.device.copy(ctx.forward_stream, staged, ids, non_blocking=True,
+                            cost_us=ctx.d2h_us, name="h2d_input_ids")
         res = worker.prefill_forward(ctx, batch, ids)
         if ctx.is_spec:
             fmap.publish(batch, res["new_seq_lens"])
@@ -130,21 +132,59 @@ class BatchRunner:
         inputs = fmap.gather(batch)
         if fmap.confidence_relay is not None:  # the DSpark planner's budget read, on the host
             fmap.confidence_relay.resolve(batch)
-        drafts, verify_cache_loc = worker.spec_draft(ctx, batch, inputs)
+        joins = ctx.config.plan_stream_joins
+        # a tree's verify locations come from the plan stream, a chain's from the draft
+        tree_on_plan = joins and ctx.topk > 1
+        drafts, verify_cache_loc = worker.spec_draft(ctx, batch, inputs,
+                                                     verify_loc=not tree_on_plan)
         self.barrier.after_metadata_reads(device, forward)
+        if joins:
+            verify_cache_loc = self._prepare_verify_on_plan(batch, verify_cache_loc)
         res = worker.spec_verify(ctx, batch, inputs["bonus"], drafts, verify_cache_loc, plan)
         after_verify = ctx.config.publish_point == PublishPoint.AFTER_VERIFY
         if after_verify:
             fmap.publish(batch, res["new_seq_lens"])
         self.barrier.after_forward_reads(device, forward)
         self.barrier.before_draft_extend(device, forward)
-        res = worker.draft_extend(ctx, batch, res)
+        lengths = self._prepare_draft_extend_on_plan(batch) if joins else None
+        res = worker.draft_extend(ctx, batch, res, lengths)
         if not after_verify:
             fmap.publish(batch, res["new_seq_lens"])
         fmap.stash(batch, res["next_tokens"], res["next_topk_p"], res["next_topk_index"],
                    res.get("next_hidden"))
         keys = ("next_tokens", "accept_lens", "out_tokens")
         self._copy_to_cpu(batch, {k: res[k] for k in keys})
+
+    def _prepare_verify_on_plan(self, batch: Batch, verify_cache_loc: Buffer | None) -> Buffer:
+        """SGLang 0.5.23's verify preparation on the plan stream (eagle_worker_common.py
+        586-601): PL waits on F (the draft's frontier), builds a tree's ``out_cache_loc``
+        from ``req_to_token`` (topk > 1; a chain's came from the draft on F), then F waits
+        on PL before the verify forward."""
+        ctx, device = self.ctx, self.ctx.device
+        plan_stream, forward = ctx.plan_stream, ctx.forward_stream
+        assert plan_stream is not None
+        device.wait_stream(plan_stream, forward, SyncLabel.PLAN_VERIFY_FORWARD_WAIT)
+        if verify_cache_loc is None:
+            verify_cache_loc = worker.verify_out_cache_loc(ctx, batch, plan_stream)
+        device.wait_stream(forward, plan_stream, SyncLabel.PLAN_VERIFY_JOIN)
+        return verify_cache_loc
+
+    def _prepare_draft_extend_on_plan(self, batch: Batch) -> Buffer:
+        """SGLang 0.5.23's draft-extend preparation on the draft worker's plan stream (its own,
+        not the verify's; eagle_worker_v2.py 1160-1178): it waits on F, computes the extend
+        lengths and positions from the batch's ``seq_lens`` (prepare_draft_extend_layout,
+        eagle_worker_common.py 171-214), then F waits on it before the draft extend reads
+        them."""
+        ctx, device = self.ctx, self.ctx.device
+        plan_stream, forward = ctx.draft_plan_stream, ctx.forward_stream
+        assert plan_stream is not None and batch.seq_lens is not None
+        device.wait_stream(plan_stream, forward, SyncLabel.PLAN_EXTEND_FORWARD_WAIT)
+        lengths = ctx.tmp(batch, "draft_extend_lens", (batch.m,), I64, plan_stream)
+        width = ctx.num_draft_tokens
+        device.launch(plan_stream, "draft_extend_lengths", lambda s: s + width,
+                      reads=[batch.seq_lens], writes=[lengths], cost_us=ctx.kernel_us)
+        device.wait_stream(forward, plan_stream, SyncLabel.PLAN_EXTEND_JOIN)
+        return lengths
 
     def _run_mixed(self, batch: Batch) -> None:
         """A prefill chunk plus the running decodes (non-spec): the decode part's ids come from
@@ -157,11 +197,34 @@ class BatchRunner:
             ctx.device.record_stream(mix, ctx.forward_stream,
                                      SyncLabel.MIX_INDICES_RECORD_STREAM)
             batch.pinned.append(mix)
+        if ctx.is_spec:
+            self._run_spec_mixed(batch, mix)
+            return
         ids = self.future_map.gather_output_tokens(dec, mix)
         self._run_prefill(pre)
         self._run_decode(dec, ids, delayed=False, read_done=False)
         batch.pinned += pre.pinned + dec.pinned
         batch.copy_done = dec.copy_done
+
+    def _run_spec_mixed(self, batch: Batch, mix: Buffer) -> None:
+        """A spec mixed batch (``spec_mixed_batches``): the tails late-bound from the published
+        lengths (the host learns them exactly), their input ids gathered through
+        ``mix_running_indices``; then each tail runs as a one-token extend at its fresh
+        length beside the prefill chunk: forward, publish, draft extend, stash, copy."""
+        pre, tail = batch.parts
+        tail.fi = tail.fo = mix  # the mixed-in running batch's req_pool_indices
+        fresh = resolve_mixed_spec_tails(self.future_map, tail, batch)
+        lens = fresh if fresh is not None else [r.kv_committed for r in tail.reqs]
+        lens = [min(max(n, 0), self.ctx.max_context - 2) for n in lens]  # a stale read's value
+        tail.chunk_starts = list(lens)
+        tail.chunk_ends = [n + 1 for n in lens]
+        tail.last_chunk = [True] * tail.m
+        tail.host_lens, tail.exact_lens = tail.chunk_ends, True
+        ids = self.future_map.gather_output_tokens(tail, mix)
+        self._run_prefill(pre)
+        self._run_prefill(tail, ids)
+        batch.pinned += pre.pinned + tail.pinned
+        batch.copy_done = tail.copy_done
 
     def _run_decode(self, batch: Batch, ids: Buffer | None = None,
                     delayed: bool | None = None, read_done: bool = True) -> None:

@@ -43,6 +43,7 @@ class Scheduler:
         self.prefilling: list[Req] = []  # admitted, chunks left
         self.last_prefill: list[Req] = []  # to merge at the next get_next_batch
         self.results: list[Batch] = []
+        self.last_spec_mixed: Batch | None = None  # its running batch is filtered next
         for r in self.reqs:
             ctx.outcome.request(r.id)
 
@@ -87,6 +88,7 @@ class Scheduler:
         self.running += self.last_prefill
         self.last_prefill = []
         self.running = [r for r in self.running if not r.finished]
+        self._filter_after_spec_mixed()
         for e in events:
             r = self._req(e.id)
             if e.kind == EventKind.RETRACT and r in self.running:
@@ -110,16 +112,62 @@ class Scheduler:
         input ids; ``run_batch`` keeps it alive until then (or not: the #34076 mutation).
         """
         ctx = self.ctx
-        if ctx.is_spec:
+        if ctx.is_spec and not ctx.config.spec_mixed_batches:
             raise HarnessError(
                 f"workload event mixed_chunk at iteration {pre.iteration}: mixed batches need "
-                'protocol.mode = "non_spec" (spec-v2 does not mix prefill and decode, §7)')
-        dec = self.prepare_for_decode(pre.iteration)
+                'protocol.mode = "non_spec" (spec-v2 does not mix prefill and decode, §7) or '
+                "protocol.spec_mixed_batches = true (SGLang 0.5.23's spec mixed batch)")
+        dec = self._spec_tails(pre.iteration) if ctx.is_spec else self.prepare_for_decode(
+            pre.iteration)
         mix = ctx.device.buffer("mix_running_indices", (dec.m,), I64, stream=ctx.schedule_stream)
         rows = torch.tensor(dec.rows, dtype=I64)
         ctx.device.launch(ctx.schedule_stream, "mix_running_indices", lambda: rows, writes=[mix],
                           cost_us=ctx.kernel_us)
-        return Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec), mix_idx=mix)
+        batch = Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec),
+                      mix_idx=mix)
+        if ctx.is_spec:
+            self.last_spec_mixed = batch
+        return batch
+
+    def _spec_tails(self, n: int) -> Batch:
+        """The decode part of a spec mixed batch: one token per running request at its
+        committed length, which only the device knows yet (late-bound in run_batch); the
+        previous verify's over-allocation covers it, grown here only if it would not."""
+        ctx, device = self.ctx, self.ctx.device
+        tail = Batch("tail", n, list(self.running))
+        ranges = [self.grow(r, r.kv_committed + ctx.num_draft_tokens + 1) for r in tail.reqs]
+        self.write_alloc(tail.reqs, ranges, "mix_alloc")
+        tail.slots_in = tail.slots_out = tail.rows
+        # mix_with_running's tail_base (schedule_batch.py 3293-3297): torch.tensor(list,
+        # device=...) is a blocking copy on S, so the host waits for S's work so far
+        staged = device.buffer("tail_base_host", (tail.m,), I64, pinned=True)
+        device.host_write(staged, None, torch.tensor([max(r.kv_committed - 1, 0)
+                                                      for r in tail.reqs], dtype=I64),
+                          name="stage_tail_base")
+        base = ctx.tmp(tail, "tail_base", (tail.m,), I64, ctx.schedule_stream)
+        device.copy(ctx.schedule_stream, staged, base, non_blocking=False,
+                    cost_us=ctx.d2h_us, name="tail_base")
+        device.free(staged)
+        return tail
+
+    def _filter_after_spec_mixed(self) -> None:
+        """``filter_batch`` of the running batch a spec mixed batch left (schedule_batch.py
+        3866-3878): when a request leaves it (a chunk still in prefill, a finished one), S
+        indexes that batch's ``seq_lens``, which the mixed batch's tails wrote on F."""
+        mixed, self.last_spec_mixed = self.last_spec_mixed, None
+        if mixed is None or mixed.seq_lens is None:
+            return
+        keep = [i for i, r in enumerate(mixed.reqs) if r in self.running]
+        if len(keep) == mixed.m:
+            return
+        ctx = self.ctx
+        kept = ctx.device.buffer("filtered_seq_lens", (len(keep),), I64,
+                                 stream=ctx.schedule_stream)
+        ctx.device.launch(ctx.schedule_stream, "filter_batch_seq_lens", lambda s: s[keep],
+                          reads=[(mixed.seq_lens, keep)], writes=[kept],
+                          cost_us=ctx.kernel_us)
+        ctx.device.free(kept)  # dead: the next decode resolves its lengths from the relay
+        # the mixed batch's own seq_lens is not freed: the model reuses no block of it
 
     def _finishing_inflight(self) -> list[Req]:
         """With ``skip_finishing_decode`` (non-spec): the requests whose result, queued and not
@@ -326,6 +374,8 @@ class Scheduler:
                 r.kv_committed += a
             else:
                 new = [int(vals["next_tokens"][i])]
+            if batch.kind == "tail":  # a spec mixed batch's decode tail: one token
+                r.kv_committed += 1
             left = r.spec.max_new - len(r.tokens)
             r.tokens += new[:left]
             out.tokens = list(r.tokens)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from overlap_harness.model.device import Buffer
+from overlap_harness.model.device import Buffer, Stream
 from overlap_harness.model.protocol import synth
 from overlap_harness.model.protocol.context import RunContext
 from overlap_harness.model.protocol.state import Batch, Req, rows_cols
@@ -101,7 +101,8 @@ def draft_prefill(ctx: RunContext, batch: Batch, res: dict[str, Buffer]) -> dict
 
 
 def _extend(
-    ctx: RunContext, batch: Batch, res: dict[str, Buffer], name: str, ones: bool
+    ctx: RunContext, batch: Batch, res: dict[str, Buffer], name: str, ones: bool,
+    lengths: Buffer | None = None,
 ) -> dict[str, Buffer]:
     device, forward, m = ctx.device, ctx.forward_stream, batch.m
     k, h = ctx.topk, ctx.config.hidden_size
@@ -113,14 +114,14 @@ def _extend(
         hid = ctx.tmp(batch, "next_hidden", (m, h), torch.float32, forward)
         writes.append(hid)
 
-    def fn(tok, lens):
+    def fn(tok, lens, *_prepared_lengths):
         p, ids = synth.next_topk(tok, lens, k, ones and k == 1)
         if hid is None:
             return p, ids
         return p, ids, synth.next_hidden(tok, lens, h)
 
-    device.launch(forward, name, fn, reads=[res["next_tokens"], res["new_seq_lens"]], writes=writes,
-                  cost_us=ctx.extend_us)
+    reads = [res["next_tokens"], res["new_seq_lens"]] + ([lengths] if lengths is not None else [])
+    device.launch(forward, name, fn, reads=reads, writes=writes, cost_us=ctx.extend_us)
     out = dict(res)
     out.update(next_topk_p=tp, next_topk_index=ti)
     if hid is not None:
@@ -128,12 +129,13 @@ def _extend(
     return out
 
 
-def spec_draft(ctx: RunContext, batch: Batch,
-               x: dict[str, Buffer | None]) -> tuple[Buffer, Buffer]:
+def spec_draft(ctx: RunContext, batch: Batch, x: dict[str, Buffer | None],
+               verify_loc: bool = True) -> tuple[Buffer, Buffer | None]:
     """The draft on F: ``out_cache_loc`` from ``req_to_token``, the multi-step draft and its
-    tree; then verify's ``out_cache_loc``. The two copies out of ``req_to_token`` stand for a
-    graph runner's ``replay_prepare`` metadata reads. Returns (draft tokens, verify's
-    ``out_cache_loc``)."""
+    tree; then verify's ``out_cache_loc`` (unless ``verify_loc`` is false: the plan stream
+    builds it). The two copies out of ``req_to_token`` stand for a graph runner's
+    ``replay_prepare`` metadata reads. Returns (draft tokens, verify's ``out_cache_loc`` or
+    None)."""
     device, forward, m = ctx.device, ctx.forward_stream, batch.m
     N, ts = ctx.num_draft_tokens, ctx.draft_kv_width
     rows, sl = batch.rows, batch.seq_lens
@@ -154,12 +156,21 @@ def spec_draft(ctx: RunContext, batch: Batch,
     dreads = [x["bonus"], x["topk_p"], x["topk_index"], sl, docl]
     dreads += [x["hidden"]] if has_h else []
     device.launch(forward, "draft", draft, reads=dreads, writes=[drafts], cost_us=ctx.draft_us)
-    vocl = ctx.tmp(batch, "out_cache_loc", (m, N), I64, forward)
-    device.launch(forward, "verify_out_cache_loc", lambda s, r2t: synth.take_cols(r2t, rows, s, N),
-                  reads=[sl, (ctx.req_to_token,
-                              rows_cols(rows, windows(ctx, batch, N), ctx.max_context))],
-                  writes=[vocl], cost_us=ctx.kernel_us, observe="verify_out_cache_loc")
-    return drafts, vocl
+    return drafts, verify_out_cache_loc(ctx, batch, forward) if verify_loc else None
+
+
+def verify_out_cache_loc(ctx: RunContext, batch: Batch, stream: Stream) -> Buffer:
+    """Verify's ``out_cache_loc`` on ``stream``: the ``num_draft_tokens`` slots from each
+    request's seq_len, read out of ``req_to_token``."""
+    rows, sl, N = batch.rows, batch.seq_lens, ctx.num_draft_tokens
+    assert sl is not None
+    vocl = ctx.tmp(batch, "out_cache_loc", (batch.m, N), I64, stream)
+    ctx.device.launch(stream, "verify_out_cache_loc",
+                      lambda s, r2t: synth.take_cols(r2t, rows, s, N),
+                      reads=[sl, (ctx.req_to_token,
+                                  rows_cols(rows, windows(ctx, batch, N), ctx.max_context))],
+                      writes=[vocl], cost_us=ctx.kernel_us, observe="verify_out_cache_loc")
+    return vocl
 
 
 def spec_verify(ctx: RunContext, batch: Batch, bonus: Buffer | None, drafts: Buffer,
@@ -209,9 +220,11 @@ def spec_verify(ctx: RunContext, batch: Batch, bonus: Buffer | None, drafts: Buf
     return res
 
 
-def draft_extend(ctx: RunContext, batch: Batch, res: dict[str, Buffer]) -> dict[str, Buffer]:
-    """draft_extend_for_decode on F: next top-k and hidden states from verify's outputs."""
-    return _extend(ctx, batch, res, "draft_extend", ones=True)
+def draft_extend(ctx: RunContext, batch: Batch, res: dict[str, Buffer],
+                 lengths: Buffer | None = None) -> dict[str, Buffer]:
+    """draft_extend_for_decode on F: next top-k and hidden states from verify's outputs;
+    ``lengths``: the extend lengths the plan stream prepared, read too."""
+    return _extend(ctx, batch, res, "draft_extend", ones=True, lengths=lengths)
 
 
 def decode_forward(ctx: RunContext, batch: Batch, ids: Buffer, delayed: bool) -> dict[str, Buffer]:

@@ -117,3 +117,23 @@ def test_the_idle_batch_host_wait_is_its_own_label_in_the_dp_scenario():
     assert loop_report.model_verdict("idle_dp_rank", ("copy_done.host_sync",)) == "race"
     assert loop_report.model_verdict("idle_iteration", ("copy_done.idle_host_sync",)) \
         == "not_modelled"
+
+
+def test_the_plan_stream_joins_map_by_function():
+    """The verify's joins (run_eagle_verify) and the draft extend's (the draft worker's own
+    plan stream) are four labels; the same code elsewhere has no counterpart."""
+    common, v2 = "eagle_worker_common.py", "eagle_worker_v2.py"
+    assert loop_report.labels_for(common, "plan_stream.wait_stream(fwd_stream)",
+                                  "run_eagle_verify") == ("plan.verify_forward_wait",)
+    assert loop_report.labels_for(
+        common, "torch.get_device_module(device).current_stream().wait_stream(plan_stream)",
+        "run_eagle_verify") == ("plan.verify_join",)
+    draft_extend = "EagleDraftWorker._draft_extend_for_decode"
+    assert loop_report.labels_for(
+        v2, "self.plan_stream.wait_stream( torch.get_device_module(self.device)"
+        ".current_stream() )", draft_extend) == ("plan.extend_forward_wait",)
+    assert loop_report.labels_for(
+        v2, "torch.get_device_module(self.device).current_stream().wait_stream( "
+        "self.plan_stream )", draft_extend) == ("plan.extend_join",)
+    assert loop_report.labels_for(common, "plan_stream.wait_stream(fwd_stream)",
+                                  "run_multi_layer_verify") == ()

@@ -9,8 +9,8 @@ a moved line keeps its counterpart. Every row explains itself: the labels the mo
 removed where it agrees, the reason where it does not. A site with no counterpart is
 ``not_modelled``, and so is one whose labels the model's run never reaches; rows the real
 loop never reaches are not compared (their model column says ``not_modelled``). Known
-reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (none are
-needed for SGLang 0.5.23).
+reasons for a disagreement or a missing counterpart go in :data:`EXPLANATIONS` (for SGLang
+0.5.23: the EAGLE verify's ``record_stream`` calls, which have no counterpart).
 
 Computing the model column needs no SGLang, so a test recomputes it from the committed report
 and fails when the model parts from the real verdicts recorded there.
@@ -77,23 +77,27 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
     # external event), or fresh after the replay (decode_cuda_graph_runner.py 670 / 696)
     ("decode_cuda_graph_runner.py", "event.record()", ("read_done.record_in_graph",)),
     ("decode_cuda_graph_runner.py", "read_done.record()", ("read_done.record_post_replay",)),
+    # the plan streams' joins (protocol.plan_stream_joins): the verify's plan stream waits on
+    # F and F on it around verify's preparation; the draft worker's own plan stream the
+    # same around the draft extend's
+    ("eagle_worker_common.py", "run_eagle_verify", "plan_stream.wait_stream(fwd_stream)",
+     ("plan.verify_forward_wait",)),
+    ("eagle_worker_common.py", "run_eagle_verify", ".wait_stream(plan_stream)",
+     ("plan.verify_join",)),
+    ("eagle_worker_v2.py", "_draft_extend_for_decode", "self.plan_stream.wait_stream(",
+     ("plan.extend_forward_wait",)),
+    ("eagle_worker_v2.py", "_draft_extend_for_decode", ".wait_stream( self.plan_stream",
+     ("plan.extend_join",)),
     # an event never recorded: every wait on it returns at once
     ("overlap_utils.py", "self.publish_ready.record()",
      ("publish_ready.schedule_wait", "publish_ready.d2h_wait")),
 )
 
 #: why a site has no counterpart, or why the model's verdict differs (file name, code piece)
-_PLAN_STREAM = ("not modelled: SGLang 0.5.23's plan stream waits on the forward stream around "
-                "the verify's and the draft extend's preparation and the forward stream waits "
-                "on it after; the model's plan stream (plan_stream) waits on the schedule "
-                "stream once per batch, an older design, so the EAGLE loop scenarios run "
-                "without it")
 _VERIFY_RECORD_STREAM = ("not modelled: record_stream_for_v2_verify / record_stream_each mark "
                          "the verify's inputs used on the forward stream; the model has no "
-                         "allocator reuse of them")
+                         "allocator reuse of them, so a counterpart could not race")
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
-    ("eagle_worker_v2.py", "wait_stream(", _PLAN_STREAM),
-    ("eagle_worker_common.py", "wait_stream(", _PLAN_STREAM),
     ("spec_utils.py", "record_stream", _VERIFY_RECORD_STREAM),
     ("eagle_worker_common.py", "record_stream_each(", _VERIFY_RECORD_STREAM),
 )
