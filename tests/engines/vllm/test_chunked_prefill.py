@@ -6,8 +6,6 @@ from vLLM's source, gives races (verdicts by the detector). Skipped without vLLM
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
@@ -26,15 +24,7 @@ from overlap_harness.engines.vllm.chunked_prefill import (
     TOKEN_BUDGET,
     chunked_prefill_steps,
 )
-
-
-def pairs(watcher) -> set[tuple[str, str, str]]:
-    """(kind, first file:line, second file:line) of every race, files by base name."""
-    def short(source: str) -> str:
-        file, _, line = source.rpartition(":")
-        return f"{Path(file).name}:{line}"
-    return {(str(r.kind), short(r.first.source), short(r.second.source))
-            for r in watcher.races}
+from tests.engines.vllm.race_pairs import pairs
 
 
 def test_the_long_prompt_is_chunked_beside_decodes_and_every_request_finishes_race_free():

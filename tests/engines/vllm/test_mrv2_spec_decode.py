@@ -6,8 +6,6 @@ vLLM's lines (verdicts by the detector). Skipped without vLLM."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
@@ -23,15 +21,7 @@ from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
 
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.vllm.mrv2_spec_decode import NUM_REQS, mrv2_spec_decode
-
-
-def pairs(watcher) -> set[tuple[str, str, str]]:
-    """(kind, first file:line, second file:line) of every race, files by base name."""
-    def short(source: str) -> str:
-        file, _, line = source.rpartition(":")
-        return f"{Path(file).name}:{line}"
-    return {(str(r.kind), short(r.first.source), short(r.second.source))
-            for r in watcher.races}
+from tests.engines.vllm.race_pairs import pairs
 
 
 def test_as_released_the_accepted_ids_and_drafts_come_back_race_free():

@@ -8,8 +8,6 @@ without vLLM."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
@@ -23,15 +21,7 @@ from vllm.v1.worker.gpu.pp_utils import PPHandler
 
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.vllm.pipeline import PP_SIZE, pp_batch_queue_steps
-
-
-def pairs(watcher) -> set[tuple[str, str, str]]:
-    """(kind, first file:line, second file:line) of every race, files by base name."""
-    def short(source: str) -> str:
-        file, _, line = source.rpartition(":")
-        return f"{Path(file).name}:{line}"
-    return {(str(r.kind), short(r.first.source), short(r.second.source))
-            for r in watcher.races}
+from tests.engines.vllm.race_pairs import pairs
 
 
 def test_the_pipeline_keeps_pp_size_plus_one_batches_in_flight_and_is_race_free():
