@@ -58,9 +58,12 @@ def is_user_file(filename: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def display_path(filename: str) -> str:
-    """``filename`` relative to the working directory when under it, else as given."""
+    """``filename`` relative to the working directory when under it, else as given. Links
+    are not followed: a module imported through a linked file (a tree that links most of
+    its files to an installed copy) is named by the path it was imported from, even where
+    the link's target lies under the working directory."""
     try:
-        return str(Path(filename).resolve().relative_to(Path.cwd()))
+        return str(Path(os.path.abspath(filename)).relative_to(Path.cwd()))
     except (OSError, ValueError):
         return filename
 

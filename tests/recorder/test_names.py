@@ -50,3 +50,45 @@ def test_a_race_names_the_tuple_assigned_streams_and_output() -> None:
         found = [(str(r.kind), r.buffer.split("@")[0], r.first.agent, r.second.agent)
                  for r in w.races]
         assert found == ([] if fixed else [("WAW", "order", "first", "second")])
+
+
+RACY_MODULE = '''
+import torch
+
+
+def racy() -> None:
+    """A side-stream write the default stream reads with no ordering (a RAW race)."""
+    side = torch.cuda.Stream()
+    data = torch.zeros(4, device="cuda")
+    with torch.cuda.stream(side):
+        data.fill_(1.0)
+    data.sum()
+'''
+
+
+def test_a_module_imported_through_a_link_is_named_by_the_link(tmp_path, monkeypatch) -> None:
+    """A tree that links its files to an installed copy under the working directory (a
+    venv inside the checkout): races name the file as imported, the link, not its target;
+    the same program imported from the real file names the real file (its twin)."""
+    import importlib.util
+
+    real = tmp_path / "installed" / "program.py"
+    real.parent.mkdir()
+    real.write_text(RACY_MODULE)
+    link = tmp_path / "tree" / "program.py"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+
+    def race_files(path) -> set[str]:
+        spec = importlib.util.spec_from_file_location(f"program_{path.parent.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with watch("cpu") as watcher:
+            module.racy()
+        assert watcher.races
+        return {side.source.rsplit(":", 1)[0] for race in watcher.races
+                for side in (race.first, race.second)}
+
+    assert race_files(link) == {"tree/program.py"}
+    assert race_files(real) == {"installed/program.py"}
