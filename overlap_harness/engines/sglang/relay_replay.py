@@ -57,6 +57,7 @@ MAX_CONTEXT = 64
 ROWS = (1, 2)  # the requests' pool rows; the graph is captured for this batch size
 ACCEPT_LENS = ((2, 1), (3, 3), (1, 2))  # accepted tokens per row at each replayed step
 PROMPT_LEN = 3
+CAPTURED_AT = "(captured at "  # how the recorder names a replayed graph's op
 
 #: the FutureMap's own sync statements on the relay path, by name: (method, line text)
 SYNC_SITES: dict[str, tuple[str, str]] = {
@@ -75,11 +76,29 @@ class RelayOutcome:
     bonus_seen: list[list[int]]  # the bonus tokens each decode step gathered
     scatters_skipped: int  # publish/stash calls that found their tensor already scattered
     adopted: bool  # the FutureMap adopted the relay the graph writes
+    hidden_states_relayed: bool  # the FutureMap relays hidden states (DSpark's does not)
     unknown_ops: list[str]  # ops that touched device memory with undeclared accesses
+
+    def race_pairs(self) -> list[tuple[str, str]]:
+        """(first, second) of each race as ``file:line`` (file name only); an access of a
+        replayed graph is named by the line it was captured at."""
+        pairs = []
+        for race in self.races:
+            sides = []
+            for access in (race.first, race.second):
+                source = access.source
+                if CAPTURED_AT in access.op_name:
+                    source = access.op_name.rsplit(CAPTURED_AT, 1)[1].rstrip(")")
+                sides.append(source.rsplit("/", 1)[-1])
+            pairs.append((sides[0], sides[1]))
+        return pairs
 
 
 def load() -> dict[str, Any]:
-    """Import SGLang's modules on this path (raises ``SglangTreeError`` when it cannot)."""
+    """Import SGLang's modules on this path (raises ``SglangTreeError`` when it cannot).
+
+    Meant for a process that has not imported SGLang another way: the conformance run's
+    ``spec_utils`` stub, imported first, would answer ``spec_need_hidden_states`` for EAGLE."""
     environment.load()
     return {name: importlib.import_module(module) for name, module in
             (("ou", OVERLAP_UTILS), ("verify", VERIFY_MODULE), ("draft", DRAFT_MODULE))}
@@ -259,10 +278,50 @@ def run(mutation: str | None = None) -> RelayOutcome:
             loop = RelayLoop(modules)
             loop.run()
             outcome = RelayOutcome([], loop.seq_lens_seen, loop.bonus_seen(), loop.skipped,
-                                   loop.epilogue.future_relay.adopted, [])
+                                   loop.epilogue.future_relay.adopted,
+                                   loop.fm.need_hidden_states, [])
             del loop
     finally:
         ou._offered_relay = offered  # the module-wide offer must not reach a later FutureMap
     outcome.races = list(watch.races)
     outcome.unknown_ops = [f"{op.name} at {op.site}" for op in watch.unknown_ops]
     return outcome
+
+
+def sglang_lines() -> dict[str, str]:
+    """``file:line`` of the SGLang statements the races are judged at."""
+    ou, verify = importlib.import_module(OVERLAP_UTILS), importlib.import_module(VERIFY_MODULE)
+    found = {
+        "publish_scatter": site(ou.FutureMap, "publish",
+                                "self.new_seq_lens_buf[indices] = new_seq_lens"),
+        "d2h_copy": site(ou.FutureMap, "resolve_seq_lens_cpu",
+                         "self.new_seq_lens_cpu_pinned.copy_("),
+        "graph_scatter": site(verify.DsparkVerifyEpilogue, "_scatter_future_relay",
+                              "self.future_relay.new_seq_lens[rows] ="),
+    }
+    return {key: f"{value.file.rsplit('/', 1)[-1]}:{value.line}" for key, value in found.items()}
+
+
+def summary() -> dict[str, Any]:
+    """The intact run and one run per :data:`SYNC_SITES` mutation, as JSON-ready data."""
+    runs = {}
+    for mutation in (None, *SYNC_SITES):
+        outcome = run(mutation)
+        runs[mutation or "intact"] = {
+            "race_pairs": outcome.race_pairs(), "seq_lens_seen": outcome.seq_lens_seen,
+            "bonus_seen": outcome.bonus_seen, "scatters_skipped": outcome.scatters_skipped,
+            "adopted": outcome.adopted, "hidden_states_relayed": outcome.hidden_states_relayed,
+            "unknown_ops": outcome.unknown_ops}
+    return {"runs": runs, "lines": sglang_lines()}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    try:
+        load()
+    except environment.SglangTreeError as exc:
+        print(f"relay_replay: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(summary()))
