@@ -285,7 +285,11 @@ class GraphState:
             if entry.replay is not None:
                 self._compute(entry.replay.values)
                 if entry.replay.accesses is not None:
-                    accesses = entry.replay.accesses()
+                    self.graphs.dispatch.paused += 1
+                    try:
+                        accesses = entry.replay.accesses()
+                    finally:
+                        self.graphs.dispatch.paused -= 1
             recording.op(f"{self.name}.replay: {entry.name} (captured at {_short(entry.site)})",
                          on, accesses, entry.kind, site=site)
         last = recording.detector.last_op(agent)

@@ -72,11 +72,6 @@ def test_a_removed_future_map_sync_races_at_sglangs_lines(relay, mutation):
     assert (lines["publish_scatter"], lines["d2h_copy"]) in pairs, pairs
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recorder: a replayed indexing op's accesses are evaluated unpaused (recorder/graphs.py "
-    "GraphState.replay), so each replay of the graph's index_put records a blocking host "
-    "copy of its index tensor, which orders the replay before every later launch and hides "
-    "the graph scatter's race"))
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_removed_future_map_sync_races_with_the_replayed_graph_scatter(relay, mutation):
     lines = relay["lines"]
