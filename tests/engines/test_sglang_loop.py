@@ -245,6 +245,35 @@ def test_pytest_items_collect_nothing_unless_asked(tmp_path):
     assert "1 passed" in done.stdout
 
 
+def test_pytest_with_sglang_src_alone_collects_the_loops_items(tmp_path):
+    """Installed, the package's pytest11 entry point brings the items: ``pytest --sglang-src
+    PATH`` needs no ``-p`` and no ``--sglang-loop``; without either option nothing is added
+    (a plain test folder runs as before)."""
+    from importlib.metadata import entry_points
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    plugin = "overlap_harness.engines.sglang.pytest_items"
+    if plugin not in {ep.name for ep in entry_points(group="pytest11")}:
+        pytest.skip("overlap-harness is not installed here (its entry points are absent)")
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert 2 + 2 == 4\n")
+    installed = Path(importlib.util.find_spec("sglang").origin).parents[1]
+
+    def collected(*args: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                               "--collect-only", "-q", *args, "test_plain.py"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [line for line in done.stdout.splitlines() if "::" in line]
+
+    items = collected("--sglang-src", str(installed), "--sglang-variant", "idle_iteration")
+    assert any(line.endswith("test_plain.py::test_plain") for line in items), items
+    assert any(line.endswith("::sglang-loop::idle_iteration") for line in items), items
+    assert any("idle_iteration[scheduler.py:" in line for line in items), items
+    plain = collected()
+    assert len(plain) == 1 and plain[0].endswith("test_plain.py::test_plain"), plain
+
+
 @pytest.mark.slow
 def test_pytest_items_one_per_variant_and_site_with_their_verdicts(tmp_path):
     if importlib.util.find_spec("sglang") is None:

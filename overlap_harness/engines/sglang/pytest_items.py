@@ -1,5 +1,6 @@
-"""The loop's runs as pytest items: ``pytest -p overlap_harness.engines.sglang.pytest_items
---sglang-loop [--sglang-src PATH] [--sglang-variant NAME ...]``.
+"""The loop's runs as pytest items: ``pytest --sglang-src PATH`` or ``pytest --sglang-loop``
+(the installed SGLang), with ``--sglang-variant NAME ...`` to choose (a pytest11 entry point
+of the package; ``-p overlap_harness.engines.sglang.pytest_items`` where it is not installed).
 
 One item per variant (fails on a race in the intact code, or when the tree cannot be driven)
 and one per variant x removable sync site (runs the variant with the site removed in a forked
@@ -7,7 +8,7 @@ child; fails only when that run crashes; its verdict, necessary / redundant / no
 and races are in the item's ``user_properties`` and JUnit properties), by the core's items
 (:mod:`overlap_harness.engines.core.pytest_items`). Items are named by variant and
 ``file:line``, so pytest-xdist spreads them; each process imports SGLang once. Nothing is
-collected without ``--sglang-loop``.
+collected without ``--sglang-loop`` or ``--sglang-src``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,6 @@ ENGINE = EngineItems("sglang-loop", "sglang loop", _load, _variants)
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    """Append the loop's items when ``--sglang-loop`` is given."""
-    if config.getoption("--sglang-loop"):
+    """Append the loop's items when ``--sglang-loop`` or ``--sglang-src`` is given."""
+    if config.getoption("--sglang-loop") or config.getoption("--sglang-src") is not None:
         items.extend(collect(session, ENGINE))

@@ -1,10 +1,11 @@
-"""vLLM's variants as pytest items: ``pytest -p overlap_harness.engines.vllm.pytest_items
---vllm-async [--vllm-src PATH] [--vllm-variant NAME ...]``.
+"""vLLM's variants as pytest items: ``pytest --vllm-src PATH`` or ``pytest --vllm-async`` (the
+installed vLLM), with ``--vllm-variant NAME ...`` to choose (a pytest11 entry point of the
+package; ``-p overlap_harness.engines.vllm.pytest_items`` where it is not installed).
 
 One item per variant (race-free as released, drivable) and one per variant x removable sync
 site of the driven functions (its verdict in the item's properties), by the core's items
 (:mod:`overlap_harness.engines.core.pytest_items`). Nothing is collected without
-``--vllm-async``.
+``--vllm-async`` or ``--vllm-src``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,6 @@ ENGINE = EngineItems("vllm-async", "vllm", _load, _variants)
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    """Append vLLM's items when ``--vllm-async`` is given."""
-    if config.getoption("--vllm-async"):
+    """Append vLLM's items when ``--vllm-async`` or ``--vllm-src`` is given."""
+    if config.getoption("--vllm-async") or config.getoption("--vllm-src") is not None:
         items.extend(collect(session, ENGINE))
