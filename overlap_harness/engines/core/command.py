@@ -1,12 +1,19 @@
-"""The options every engine command shares (``overlap-harness sglang``, ``vllm``): one tree,
-the variants, the necessity table, the JSON and the output folder, the forked children.
+"""What every engine command shares (``overlap-harness sglang``, ``vllm``): its options (one
+tree, the variants, the necessity table, the JSON and the output folder, the forked
+children), its one-line failures, the run of the variants and the timed necessity table.
 
-Argparse only: the command line builds its parser without importing torch or an engine."""
+The command line builds its parser without importing torch or an engine: what needs more is
+imported inside the functions that run."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from overlap_harness.cli_options import count
 
@@ -27,3 +34,61 @@ def add_engine_options(parser: argparse.ArgumentParser, engine: str, source_help
     parser.add_argument("--out", type=Path, metavar="DIR", default=None, help=out_help)
     parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
+
+
+def fail(command: str, message: str) -> int:
+    """Print ``command: message`` on stderr; the exit status of bad input or an undrivable
+    tree (2)."""
+    print(f"{command}: {message}", file=sys.stderr)
+    return 2
+
+
+def unknown_variants(names: Sequence[str], known: Sequence[str]) -> str | None:
+    """The message for ``--variant`` names the engine does not have, None when all are known."""
+    unknown = [n for n in names if n not in known]
+    if not unknown:
+        return None
+    return f"--variant: unknown {', '.join(unknown)} (known: {', '.join(known)})"
+
+
+def run_variants(names: Sequence[str], run_outcome: Callable[[str], Any],
+                 progress: Callable[[Any], str]) -> tuple[dict[str, Any], str | None]:
+    """Run each variant, printing its verdict (``progress`` says how far it got) and its first
+    races; returns the outcomes, and the message of the first variant that cannot be driven
+    (the runs stop there)."""
+    from overlap_harness.engines.core.report import describe
+
+    outcomes: dict[str, Any] = {}
+    for name in names:
+        outcome = run_outcome(name)
+        if outcome.error is not None:
+            return outcomes, f"variant {name} cannot be driven on this tree: {outcome.error}"
+        outcomes[name] = outcome
+        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
+        print(f"  {name}: {verdict} ({progress(outcome)}, {outcome.seconds:.2f} CPU s)")
+        for race in outcome.races[:5]:
+            print(f"    {describe(race)}")
+    return outcomes, None
+
+
+def timed_necessity(site_count: int, rows_of: Callable[[], list[Any]]) -> list[dict[str, Any]]:
+    """The necessity table's rows from ``rows_of()``, as JSON, with its size, wall time, the
+    summary of verdicts and this process's CPU time printed."""
+    from overlap_harness.engines.core.report import summary_lines
+
+    started, cpu = time.perf_counter(), time.process_time()
+    rows = rows_of()
+    print(f"necessity: {site_count} sites, {len(rows)} rows, "
+          f"{time.perf_counter() - started:.1f} s wall")
+    for line in summary_lines(rows):
+        print(line)
+    print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
+    return [row.to_json() for row in rows]
+
+
+def write_document(document: dict[str, Any], paths: Sequence[Path]) -> None:
+    """Write the command's JSON document to each path (its folder made), saying so."""
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {path}")

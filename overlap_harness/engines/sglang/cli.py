@@ -10,13 +10,17 @@ written with ``--json``); the exit status still reports the intact code's races.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.engines.core.command import add_engine_options
+from overlap_harness.engines.core.command import (
+    add_engine_options,
+    fail,
+    run_variants,
+    timed_necessity,
+    unknown_variants,
+    write_document,
+)
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -40,18 +44,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
-    from overlap_harness.engines.core.report import describe
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.loop_report and not args.necessity:
-        return _fail("--loop-report needs --necessity (the report is the necessity table "
+        return fail(PROG, "--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")
     # every output is checked (folders made) before the minutes of import and runs
     prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report},
@@ -59,37 +57,29 @@ def run(args: argparse.Namespace) -> int:
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
-        return _fail(str(exc))
+        return fail(PROG, str(exc))
     from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     names = args.variant or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        return _fail(f"--variant: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    if (message := unknown_variants(names, list(VARIANTS))) is not None:
+        return fail(PROG, message)
     print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")
-    outcomes = {}
-    for name in names:
-        outcome = run_outcome(name)
-        if outcome.error is not None:
-            return _fail(f"variant {name} cannot be driven on this tree: {outcome.error}")
-        outcomes[name] = outcome
-        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
-        print(f"  {name}: {verdict} ({outcome.iterations} iterations, "
-              f"{outcome.seconds:.2f} CPU s)")
-        for race in outcome.races[:5]:
-            print(f"    {describe(race)}")
+    outcomes, error = run_variants(names, run_outcome,
+                                   lambda outcome: f"{outcome.iterations} iterations")
+    if error is not None:
+        return fail(PROG, error)
     document: dict[str, Any] = {
         "source": str(tree.package_dir), "sglang_version": tree.version,
         "variants": names, "races": [r for o in outcomes.values() for r in o.races]}
     if args.necessity:
-        document["necessity"] = _necessity(path_sites(), names, outcomes, run_outcome,
-                                           args.jobs)
-    for path in ([args.json] if args.json else []) + (
-            [args.out / "sglang-loop.json"] if args.out else []):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=1) + "\n")
-        print(f"wrote {path}")
+        from overlap_harness.engines.core.necessity import necessity_table
+
+        sites = path_sites()
+        document["necessity"] = timed_necessity(
+            len(sites), lambda: necessity_table(sites, names, outcomes, run_outcome, args.jobs))
+    write_document(document, ([args.json] if args.json else [])
+                   + ([args.out / "sglang-loop.json"] if args.out else []))
     if args.out:
         from overlap_harness.engines.sglang.reports import write_variant_reports
 
@@ -109,17 +99,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
-
-def _necessity(sites: list[Any], names: list[str], outcomes: dict[str, Any], run_one: Any,
-               jobs: int) -> list[dict[str, Any]]:
-    from overlap_harness.engines.core.necessity import necessity_table
-    from overlap_harness.engines.core.report import summary_lines
-
-    started, cpu = time.perf_counter(), time.process_time()
-    rows = necessity_table(sites, names, outcomes, run_one, jobs)
-    print(f"necessity: {len(sites)} sites, {len(rows)} rows, "
-          f"{time.perf_counter() - started:.1f} s wall")
-    for line in summary_lines(rows):
-        print(line)
-    print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
-    return [row.to_json() for row in rows]

@@ -12,12 +12,16 @@ code's races.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from typing import Any
 
-from overlap_harness.engines.core.command import add_engine_options
+from overlap_harness.engines.core.command import (
+    add_engine_options,
+    fail,
+    run_variants,
+    timed_necessity,
+    unknown_variants,
+    write_document,
+)
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness vllm"
@@ -38,11 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
@@ -51,35 +50,26 @@ def run(args: argparse.Namespace) -> int:
     try:
         info = environment.load(args.vllm_src)
     except environment.VllmUnavailable as exc:
-        return _fail(" ".join(str(exc).split()))
-    from overlap_harness.engines.core.report import describe
+        return fail(PROG, " ".join(str(exc).split()))
     from overlap_harness.engines.vllm import necessity
 
     known = list(necessity.variant_runs())
     names = args.variant or known
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        return _fail(f"--variant: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    if (message := unknown_variants(names, known)) is not None:
+        return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
-    outcomes = {}
-    for name in names:
-        outcome = necessity.run_outcome(name)
-        if outcome.error is not None:
-            return _fail(f"variant {name} cannot be driven on this tree: {outcome.error}")
-        outcomes[name] = outcome
-        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
-        print(f"  {name}: {verdict} ({outcome.ops} ops, {outcome.seconds:.2f} CPU s)")
-        for race in outcome.races[:5]:
-            print(f"    {describe(race)}")
+    outcomes, error = run_variants(names, necessity.run_outcome,
+                                   lambda outcome: f"{outcome.ops} ops")
+    if error is not None:
+        return fail(PROG, error)
     document: dict[str, Any] = {
         "source": info.location, "vllm_version": info.version, "variants": names,
         "races": [r for o in outcomes.values() for r in o.races]}
     if args.necessity:
-        document["necessity"] = _necessity(names, outcomes, args.jobs)
-    for path in ([args.json] if args.json else []) + (
-            [args.out / "vllm.json"] if args.out else []):
-        path.write_text(json.dumps(document, indent=1) + "\n")
-        print(f"wrote {path}")
+        document["necessity"] = timed_necessity(
+            len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
+    write_document(document, ([args.json] if args.json else [])
+                   + ([args.out / "vllm.json"] if args.out else []))
     if args.out:
         from overlap_harness.engines.vllm.reports import write_variant_reports
 
@@ -96,17 +86,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
-
-def _necessity(names: list[str], outcomes: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
-    from overlap_harness.engines.core.report import summary_lines
-    from overlap_harness.engines.vllm import necessity
-
-    started, cpu = time.perf_counter(), time.process_time()
-    sites = necessity.sites()
-    rows = necessity.table(names, outcomes, jobs)
-    print(f"necessity: {len(sites)} sites, {len(rows)} rows, "
-          f"{time.perf_counter() - started:.1f} s wall")
-    for line in summary_lines(rows):
-        print(line)
-    print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
-    return [row.to_json() for row in rows]
