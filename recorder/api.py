@@ -40,6 +40,7 @@ from overlap_harness.recorder.fake_streams import (
     cuda_patches,
 )
 from overlap_harness.recorder.graphs import GraphSet
+from overlap_harness.recorder.host_arrays import numpy_patches
 from overlap_harness.recorder.iterations import IterationMark, LoopCounter
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.pinned_views import device_view_of
@@ -236,6 +237,7 @@ class Watch:
         stack.enter_context(patched(graph_faked))
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
+        stack.enter_context(patched(numpy_patches(function_mode.host_view)))
         self._function_mode: Any = function_mode
 
     def _enter_gpu(self, stack: ExitStack) -> None:
@@ -252,6 +254,7 @@ class Watch:
         stack.enter_context(self.dispatch)
         self._function_mode = gpu_mode.GpuFunctionMode(self.memory, self.dispatch)
         stack.enter_context(self._function_mode)
+        stack.enter_context(patched(numpy_patches(self._function_mode.host_view)))
 
     def _storage_resizes(self) -> StorageResizes:
         """Storage resizes as frees, allocations and moves (:mod:`recorder.storages`)."""

@@ -36,10 +36,16 @@ from overlap_harness.recorder.dispatch import (
     tensor_label,
 )
 from overlap_harness.recorder.fake_streams import CudaState, current_state
+from overlap_harness.recorder.host_arrays import (
+    HostArray,
+    holds_host_array,
+    host_array,
+    torch_arguments,
+)
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.per_thread import PerThread
-from overlap_harness.recorder.pinned_views import DeviceViews, host_array, reaches_host
+from overlap_harness.recorder.pinned_views import DeviceViews, reaches_host
 from overlap_harness.recorder.sites import user_site
 
 _TensorBase = torch._C.TensorBase
@@ -120,6 +126,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if not self.dispatch.live:  # in a thread that outlived the watch
             return func(*args, **kwargs)
+        if holds_host_array(args, kwargs):  # NumPy views of pinned memory given to torch
+            args, kwargs = torch_arguments(func, args, kwargs)
         getter = getattr(func, "__self__", None)
         if getter is _TensorBase.device:
             return CUDA0 if self._device_info(args[0]) is not None else func(*args)
@@ -243,8 +251,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         current stream, then a host sync on it), or a host read of pinned memory."""
         info = self.memory.lookup(t)
         if name == "numpy" and info is not None and info.pinned:
-            recording = self.recording  # a view of the memory: its reads and writes recorded
-            return host_array(recording, info, t, lambda: current_state() is self.memory.cuda)
+            return self.host_view(t)  # a view of the memory: its reads and writes recorded
         if info is not None and not self.dispatch.paused:
             access = access_of(info, t, False)
             if info.pinned:
@@ -258,6 +265,18 @@ class FakeCudaFunctionMode(TorchFunctionMode):
             return getattr(torch.Tensor, name)(t, *args, **kwargs)
         finally:
             self.dispatch.paused -= 1
+
+
+    def host_view(self, t: Any) -> HostArray | None:
+        """The recorded NumPy view of a watched pinned tensor ``t`` (reached as host memory),
+        else None; taking it reads nothing."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        info = self.memory.lookup(t)
+        if info is None or not reaches_host(self.memory.device_views, info, t):
+            return None
+        cuda = self.memory.cuda
+        return host_array(self.recording, info, t, lambda: current_state() is cuda)
 
 
 def _reader(name: str) -> Any:

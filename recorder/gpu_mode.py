@@ -32,6 +32,12 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import HOST_READS, Placement, access_of, register_storage
+from overlap_harness.recorder.host_arrays import (
+    HostArray,
+    holds_host_array,
+    host_array,
+    torch_arguments,
+)
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import variable_here
 from overlap_harness.recorder.own_work import in_recorder_work
@@ -219,7 +225,20 @@ class GpuFunctionMode(TorchFunctionMode):
                 pass
             elif name == "data_ptr" and not info.pinned:
                 recording.unknown("data_ptr", self.memory.current_agent(), [info.name])
+            elif name == "numpy" and info.pinned:
+                return self.host_view(args[0])  # a view: its reads and writes recorded
             elif name in HOST_READS and info.pinned:
                 recording.op(name, HOST_AGENT, [access_of(info, args[0], False)],
                              OpKind.HOST_READ)
+        if self.dispatch.live and holds_host_array(args, kwargs):  # NumPy views of pinned
+            args, kwargs = torch_arguments(func, args, kwargs)  # memory given to torch
         return func(*args, **kwargs)
+
+    def host_view(self, t: Any) -> HostArray | None:
+        """The recorded NumPy view of a watched pinned tensor ``t``, else None; taking it
+        reads nothing."""
+        info = self.memory.lookup(t) if isinstance(t, torch.Tensor) else None
+        if info is None or not info.pinned:
+            return None
+        dispatch = self.dispatch
+        return host_array(self.memory.recording, info, t, lambda: dispatch.live)

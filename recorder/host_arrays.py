@@ -1,0 +1,478 @@
+"""NumPy views of watched pinned memory: every host access made through NumPy is recorded.
+
+``pinned.numpy()`` (both modes) returns a :class:`HostArray`: an ``np.ndarray`` subclass over
+the pinned memory that records each host read and write made through it, element-precise
+(the storage elements its offset and strides name), as a host access of the pinned buffer
+(STREAM-SEMANTICS.md, "Memory and accesses"). Taking a view (a basic slice, ``reshape``,
+``T``, ``np.asarray``) reads nothing: the view is a ``HostArray`` too, and reading its
+elements later is the access. Everything else that reads or writes elements is recorded
+where NumPy lets Python see it (facts of NumPy 2.x, checked on 2.4):
+
+- item access and assignment in both directions (``dst[:n] = src[:n]`` records the write of
+  ``dst``'s elements and the read of ``src``'s; an index array from pinned memory is read);
+- ufuncs (``__array_ufunc__``: operators, reductions such as ``.sum()``/``.max()``, which
+  NumPy runs as ufunc reductions, ``out=``, ``where=``, ``ufunc.at``);
+- NumPy functions (``__array_function__``: ``np.copyto``, ``np.sum``, ``np.concatenate``,
+  ``np.put``...; which elements ``np.copyto(where=)``, ``np.put``, ``np.place``,
+  ``np.putmask``, ``np.put_along_axis`` and ``np.fill_diagonal`` write is computed);
+- the ndarray methods NumPy runs in C (``tobytes``, ``item``, ``argmax``, ``sort``, ``copy``,
+  ``astype``, printing, pickling, ``int()``/``float()``/``bool()``, iteration...);
+- the constructors NumPy does not dispatch (``np.array``, ``np.asarray``, ``np.asanyarray``,
+  ``np.ascontiguousarray``, ``np.asfortranarray``), replaced while a watch runs: a copy is a
+  read, a view stays a ``HostArray``; given a watched pinned tensor they act as on its
+  ``.numpy()`` (``np.asarray(pinned[:n])`` is a view, read when its elements are);
+- torch functions given a ``HostArray`` (``torch.tensor(h)`` reads it; ``torch.from_numpy``,
+  ``torch.as_tensor`` and ``torch.asarray`` alias it as a view of the pinned tensor, watched).
+
+Where the memory leaves for code the recorder cannot follow (``.ctypes``, ``.data``,
+``__array_interface__``, ``__array_struct__``, ``__dlpack__``, ``.flat``, the buffer protocol
+on Python 3.12+, ``np.frombuffer``), an op of unknown access is recorded: the verdict is
+incomplete (``check`` exits 2), never a silent pass.
+
+Not seen: NumPy's own C code copying from a ``HostArray`` into a plain (unwatched) array
+(``plain[:n] = host[:n]``: NumPy reads the source without calling Python) and the buffer
+protocol on Python 3.11 (``memoryview(host)``, ``bytes(host)``); docs/numpy-host-access.md
+lists them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from overlap_harness.model.detector import HOST_AGENT
+from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.core import Access, Recording, StorageInfo
+from overlap_harness.recorder.elements import to_storage_elements
+from overlap_harness.recorder.patching import Patch
+
+_INTERFACE = np.ndarray.__dict__["__array_interface__"]  # the base class's, never ours
+_ALL = slice(None)
+
+
+def _address(a: np.ndarray) -> int:
+    return _INTERFACE.__get__(a)["data"][0]
+
+
+class HostArray(np.ndarray):
+    """A NumPy view of watched pinned memory that records the host's accesses through it."""
+
+    _recording: Recording | None
+    _info: StorageInfo | None
+    _base_ptr: int
+    _end_ptr: int
+    _live: Any
+    _tensor: Any  # the pinned tensor whose memory this views (torch aliases are made of it)
+
+    def __array_finalize__(self, obj: Any) -> None:
+        inside = (isinstance(obj, HostArray) and obj._recording is not None
+                  and (self.size == 0 or obj._base_ptr <= _address(self) < obj._end_ptr))
+        source = obj if inside else None  # a copy NumPy made in C is no view: not watched
+        self._recording = getattr(source, "_recording", None)
+        self._info = getattr(source, "_info", None)
+        self._base_ptr = getattr(source, "_base_ptr", 0)
+        self._end_ptr = getattr(source, "_end_ptr", 0)
+        self._live = getattr(source, "_live", None)
+        self._tensor = getattr(source, "_tensor", None)
+
+    # -- element sets ----------------------------------------------------------------------
+    def _watched(self) -> bool:
+        return (self._recording is not None and self._live is not None and self._live()
+                and self._info is not None and self._info.alive())
+
+    def _element_ids(self) -> np.ndarray:
+        """The storage element (of this array's item size) behind each item."""
+        itemsize = self.itemsize
+        first = (_address(self) - self._base_ptr) // itemsize
+        ids = np.full(self.shape, first, dtype=np.int64)
+        for axis, (size, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
+            shape = [1] * self.ndim
+            shape[axis] = size
+            ids = ids + (np.arange(size, dtype=np.int64) * (stride // itemsize)).reshape(shape)
+        return ids
+
+    def _note(self, name: str, write: bool, key: Any = _ALL) -> None:
+        """Record a host read (or write) of the elements ``self[key]`` names."""
+        if not self._watched():
+            return
+        ids = self._element_ids()
+        picked = np.asarray(ids if key is _ALL else ids[key]).reshape(-1)
+        if picked.size == 0:
+            return
+        info = self._info
+        access = Access(info, np.unique(to_storage_elements(picked, self.itemsize,
+                                                            info.itemsize)), write)
+        kind = OpKind.HOST_WRITE if write else OpKind.HOST_READ
+        self._recording.op(name, HOST_AGENT, [access], kind)
+
+    def _note_unknown(self, name: str) -> None:
+        """The memory handed to code the recorder cannot follow: the verdict is incomplete."""
+        if self._watched():
+            self._recording.unknown(name, HOST_AGENT, [self._info.name])
+
+    def _adopt(self, plain: np.ndarray) -> HostArray:
+        """``plain`` (a view of this array's memory) as a watched ``HostArray``."""
+        view = plain.view(HostArray)
+        view._recording, view._info, view._live = self._recording, self._info, self._live
+        view._base_ptr, view._end_ptr, view._tensor = self._base_ptr, self._end_ptr, self._tensor
+        return view
+
+    def _holds(self, value: Any) -> bool:
+        """True when ``value`` is an array whose memory lies in this array's storage."""
+        return (isinstance(value, np.ndarray) and self._recording is not None
+                and (value.size == 0 or self._base_ptr <= _address(value) < self._end_ptr))
+
+    # -- item access -----------------------------------------------------------------------
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _read_all(value, "ndarray.__setitem__")
+        _read_all(key, "ndarray.__setitem__")
+        key = plain(key)
+        self._note("ndarray.__setitem__", True, key)
+        np.ndarray.__setitem__(self.view(np.ndarray), key, plain(value))
+
+    def __getitem__(self, key: Any) -> Any:
+        _read_all(key, "ndarray.__getitem__")
+        key = plain(key)
+        out = np.ndarray.__getitem__(self.view(np.ndarray), key)
+        if isinstance(out, np.ndarray) and self._holds(out):
+            return self._adopt(out)  # a view: reads nothing yet
+        self._note("ndarray.__getitem__", False, key)
+        return out
+
+    def __iter__(self) -> Any:
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(len(self)))  # each item read as it is reached
+
+    # -- NumPy's protocols -----------------------------------------------------------------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        name = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        outs = kwargs.get("out", ())
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if method == "at":  # ``ufunc.at(a, indices, b)``: a's indexed elements read, written
+            target = inputs[0]
+            if isinstance(target, HostArray):
+                target._note(name, False, plain(inputs[1]))
+                target._note(name, True, plain(inputs[1]))
+            _read_all(inputs[1:], name)
+        else:
+            _read_all(inputs, name)
+        _read_all(kwargs.get("where"), name)
+        for value in outs:
+            if isinstance(value, HostArray):
+                value._note(name, True)
+        if outs:
+            kwargs["out"] = tuple(plain(v) for v in outs)
+        result = getattr(ufunc, method)(*(plain(v) for v in inputs), **plain(kwargs))
+        if outs and method != "at":  # NumPy hands back the ``out`` arrays themselves
+            return outs[0] if len(outs) == 1 else outs
+        return result
+
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        name = f"np.{func.__name__}"
+        written = _written_by(func, args, kwargs)
+        outs = kwargs.get("out")
+        for array, mask in written:
+            array._note(name, True, _ALL if mask is None else mask)
+        for value in outs if isinstance(outs, tuple | list) else (outs,):
+            if isinstance(value, HostArray):
+                value._note(name, True)
+        skip = {id(a) for a, _ in written} | {id(v) for v in _host_arrays_in(outs)}
+        sources = [a for a in _host_arrays_in((args, kwargs)) if id(a) not in skip]
+        result = func(*plain(args), **plain(kwargs))
+        result, viewed = _rewrap(result, sources)
+        if func not in _READS_NOTHING:
+            for array in sources:
+                if id(array) not in viewed:
+                    array._note(name, False)
+        return result
+
+    def __reduce__(self) -> Any:  # pickling reads the data; it unpickles as a plain array
+        self._note("ndarray.__reduce__", False)
+        return self.view(np.ndarray).__reduce__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        self._note("ndarray.__reduce_ex__", False)
+        return self.view(np.ndarray).__reduce_ex__(protocol)
+
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int) -> memoryview:
+            """The buffer protocol hands the memory to its consumer: not followed."""
+            self._note_unknown("buffer protocol (memoryview)")
+            return memoryview(self.view(np.ndarray))
+
+
+def _method(name: str, writes: bool) -> Callable[..., Any]:
+    """An ndarray method NumPy runs in C: the elements it reads (all of the array's, unless
+    the result is a view) and, for ``writes``, writes, recorded around the plain method."""
+    original = getattr(np.ndarray, name)
+    label = f"ndarray.{name}"
+
+    def call(self: HostArray, *args: Any, **kwargs: Any) -> Any:
+        if not self._watched():
+            result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
+            return self._adopt(result) if self._holds(result) else result
+        out = kwargs.get("out")
+        _read_all((args, {k: v for k, v in kwargs.items() if k != "out"}), label)
+        if isinstance(out, HostArray):
+            out._note(label, True)
+        result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
+        if name == "fill":
+            self._note(label, True)
+            return result
+        if out is not None:  # NumPy hands back ``out`` itself
+            self._note(label, False)
+            return out
+        result, viewed = _rewrap(result, [self])
+        if id(self) not in viewed:
+            self._note(label, False)
+        if writes and (name != "byteswap" or (args[:1] or [kwargs.get("inplace")])[0]):
+            self._note(label, True)
+        return result
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``ndarray.{name}``, recorded (see :func:`_method`)."
+    return call
+
+
+def _exporting(name: str) -> property:
+    """An attribute that hands the raw memory out: recorded as an op of unknown access."""
+    descriptor = np.ndarray.__dict__[name]
+
+    def get(self: HostArray) -> Any:
+        self._note_unknown(f"ndarray.{name}")
+        return descriptor.__get__(self.view(np.ndarray))
+    return property(get, doc=f"``ndarray.{name}``: the memory leaves the recorder's sight.")
+
+
+def _put_probe(array: Any, args: tuple, kwargs: dict) -> np.ndarray:
+    probe = np.zeros(array.shape, dtype=bool)
+    np.put(probe, plain(args[1] if len(args) > 1 else kwargs["ind"]), True,
+           mode=args[3] if len(args) > 3 else kwargs.get("mode", "raise"))
+    return probe
+
+
+# Methods NumPy runs in C that read the array's elements (a view result reads nothing).
+_READING = ("all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose",
+            "clip", "compress", "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal",
+            "dot", "dump", "dumps", "flatten", "getfield", "item", "max", "mean", "min",
+            "nonzero", "prod", "ravel", "repeat", "reshape", "round", "searchsorted", "squeeze",
+            "std", "sum", "swapaxes", "take", "tobytes", "tofile", "tolist", "trace",
+            "transpose", "var", "__copy__", "__deepcopy__", "__int__", "__float__",
+            "__complex__", "__bool__", "__index__", "__contains__", "__repr__", "__str__",
+            "__format__", "__array__", "to_device")
+_WRITING = ("sort", "partition", "byteswap", "fill", "setfield")
+for _name in _READING + _WRITING:
+    if hasattr(np.ndarray, _name):
+        setattr(HostArray, _name, _method(_name, _name in _WRITING))
+for _name in ("ctypes", "data", "__array_interface__", "__array_struct__", "flat"):
+    setattr(HostArray, _name, _exporting(_name))
+
+
+def _dlpack(self: HostArray, *args: Any, **kwargs: Any) -> Any:
+    self._note_unknown("ndarray.__dlpack__")
+    return self.view(np.ndarray).__dlpack__(*args, **kwargs)
+
+
+HostArray.__dlpack__ = _dlpack  # type: ignore[method-assign]
+
+
+def _put(self: HostArray, indices: Any, values: Any, mode: str = "raise") -> None:
+    _read_all(values, "ndarray.put")
+    self._note("ndarray.put", True, _put_probe(self, (self, indices, values, mode), {}))
+    np.ndarray.put(self.view(np.ndarray), plain(indices), plain(values), mode)
+
+
+HostArray.put = _put  # type: ignore[method-assign]
+
+# NumPy functions that read no element of their array arguments (shape, dtype, memory).
+_READS_NOTHING = {np.shape, np.ndim, np.size, np.empty_like, np.zeros_like, np.ones_like,
+                  np.full_like, np.shares_memory, np.may_share_memory, np.result_type,
+                  np.iscomplexobj, np.isrealobj}
+
+
+def _written_by(func: Any, args: tuple, kwargs: dict) -> list[tuple[HostArray, Any]]:
+    """The watched arrays ``func`` writes in place (its first argument), each with the mask of
+    the elements written (None: all)."""
+    target = args[0] if args else next(iter(kwargs.values()), None)
+    if not isinstance(target, HostArray):
+        return []
+
+    def arg(position: int, key: str, default: Any = None) -> Any:
+        return plain(args[position] if len(args) > position else kwargs.get(key, default))
+    shape = target.shape
+    if func is np.copyto:
+        where = arg(3, "where", True)
+        return [(target, None if where is True else np.broadcast_to(where, shape))]
+    if func is np.put:
+        return [(target, _put_probe(target, args, kwargs))]
+    if func is np.place:
+        return [(target, np.broadcast_to(np.asarray(arg(1, "mask"), dtype=bool), shape))]
+    if func is np.putmask:
+        return [(target, np.broadcast_to(np.asarray(arg(1, "mask"), dtype=bool), shape))]
+    if func is np.put_along_axis:
+        probe = np.zeros(shape, dtype=bool)
+        np.put_along_axis(probe, arg(1, "indices"), True, arg(3, "axis"))
+        return [(target, probe)]
+    if func is np.fill_diagonal:
+        probe = np.zeros(shape, dtype=bool)
+        np.fill_diagonal(probe, True, wrap=bool(arg(2, "wrap", False)))
+        return [(target, probe)]
+    return []
+
+
+# -- helpers shared by the hooks ------------------------------------------------------------
+def _host_arrays_in(value: Any, depth: int = 4) -> list[HostArray]:
+    """The ``HostArray`` objects in ``value`` and the lists, tuples and dict values it nests."""
+    if isinstance(value, HostArray):
+        return [value]
+    if depth == 0 or not isinstance(value, list | tuple | dict):
+        return []
+    items = value.values() if isinstance(value, dict) else value
+    return [a for item in items for a in _host_arrays_in(item, depth - 1)]
+
+
+def _read_all(value: Any, name: str) -> None:
+    """Every ``HostArray`` in ``value`` is read whole (a source, an index, a mask)."""
+    for array in _host_arrays_in(value):
+        array._note(name, False)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every ``HostArray`` in it (nested in lists, tuples, dicts) a plain
+    ndarray view of the same memory: what NumPy and torch are handed, so results are plain."""
+    if isinstance(value, HostArray):
+        return value.view(np.ndarray)
+    if isinstance(value, list | tuple) and _host_arrays_in(value):
+        converted = [plain(v) for v in value]
+        return type(value)(converted) if isinstance(value, list | tuple) else converted
+    if isinstance(value, dict) and _host_arrays_in(value):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def _rewrap(result: Any, sources: list[HostArray]) -> tuple[Any, set[int]]:
+    """``result`` with each array that views a source's memory a ``HostArray`` again, and the
+    ids of the sources viewed (their elements were not read)."""
+    viewed: set[int] = set()
+
+    def one(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            for source in sources:
+                if source._holds(value):
+                    viewed.add(id(source))
+                    return source._adopt(value)
+            return value
+        if isinstance(value, list | tuple):
+            items = [one(v) for v in value]
+            return type(value)(items) if type(value) in (list, tuple) else value
+        return value
+    return one(result), viewed
+
+
+def host_array(recording: Recording, info: StorageInfo, t: torch.Tensor, live: Any) -> HostArray:
+    """``t.numpy()`` for a watched pinned tensor: a :class:`HostArray` over its memory.
+    ``live()`` says whether the watch that made it still runs (after it, nothing records)."""
+    with torch._C.DisableTorchFunction():
+        plain_array = t.numpy()
+        storage = t.untyped_storage()
+        base_ptr, nbytes = storage.data_ptr(), storage.nbytes()
+    array = plain_array.view(HostArray)
+    array._recording = recording
+    array._info = info
+    array._base_ptr = base_ptr
+    array._end_ptr = base_ptr + nbytes
+    array._live = live
+    array._tensor = t
+    return array
+
+
+def torch_alias(array: HostArray) -> torch.Tensor | None:
+    """A tensor view of the pinned tensor over exactly ``array``'s elements (watched, since it
+    shares the pinned storage), or None where dtype or strides do not map."""
+    source = array._tensor
+    if source is None:
+        return None
+    with torch._C.DisableTorchFunction():
+        dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+        size = array.itemsize
+        if dtype != source.dtype or any(s % size or s < 0 for s in array.strides):
+            return None
+        return source.as_strided(array.shape, [s // size for s in array.strides],
+                                 (_address(array) - array._base_ptr) // size)
+
+
+_ALIASING = (torch.as_tensor, torch.asarray)
+
+
+def torch_arguments(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A torch function's arguments with its ``HostArray`` ones handled: ``as_tensor`` and
+    ``asarray`` alias the pinned tensor (the alias is watched); any other function reads
+    them (``torch.tensor(h)`` copies) and gets plain arrays."""
+    if func in _ALIASING and args and isinstance(args[0], HostArray):
+        alias = torch_alias(args[0])
+        if alias is not None:
+            return (alias, *args[1:]), kwargs
+        args[0]._note_unknown(f"torch.{func.__name__} of a NumPy view it cannot map")
+    name = f"torch.{getattr(func, '__name__', 'function')}"
+    _read_all((args, kwargs), name)
+    return plain(args), plain(kwargs)
+
+
+def holds_host_array(args: tuple, kwargs: dict | None) -> bool:
+    """A cheap test for the torch function layer: a ``HostArray`` among the arguments (or the
+    first item of a list or tuple argument)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if type(value) is HostArray:
+            return True
+        if type(value) in (list, tuple) and value and type(value[0]) is HostArray:
+            return True
+    return False
+
+
+def numpy_patches(host_view: Callable[[Any], HostArray | None]) -> list[Patch]:
+    """The NumPy constructors that do not dispatch, and ``torch.from_numpy``, replaced while
+    a watch runs. ``host_view(t)`` is the ``HostArray`` of a watched pinned tensor ``t`` (no
+    access recorded), else None."""
+    def constructor(name: str) -> Any:
+        original = getattr(np, name)
+
+        def make(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            source = host_view(obj) if isinstance(obj, torch.Tensor) else obj
+            if isinstance(source, HostArray):
+                result = original(source.view(np.ndarray), *args, **kwargs)
+                if source._holds(result):
+                    return source._adopt(result)  # a view: read when its elements are
+                source._note(f"np.{name}", False)
+                return result
+            if isinstance(obj, list | tuple) and _host_arrays_in(obj):
+                _read_all(obj, f"np.{name}")
+                return original(plain(obj), *args, **kwargs)
+            return original(obj, *args, **kwargs)
+        make.__name__ = make.__qualname__ = name
+        make.__doc__ = original.__doc__
+        return make
+
+    original_from_numpy = torch.from_numpy
+    original_frombuffer = np.frombuffer
+
+    def from_numpy(array: Any) -> torch.Tensor:
+        if isinstance(array, HostArray):
+            alias = torch_alias(array)
+            if alias is not None:
+                return alias
+            array._note_unknown("torch.from_numpy of a NumPy view it cannot map")
+            return original_from_numpy(array.view(np.ndarray))
+        return original_from_numpy(array)
+
+    def frombuffer(buffer: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        for array in _host_arrays_in(buffer):
+            array._note_unknown("np.frombuffer")
+        return original_frombuffer(plain(buffer), *args, **kwargs)
+
+    names = ("array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray")
+    return ([(np, name, constructor(name)) for name in names]
+            + [(torch, "from_numpy", from_numpy), (np, "frombuffer", frombuffer)])
