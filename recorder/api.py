@@ -40,8 +40,8 @@ from overlap_harness.recorder.fake_streams import (
     cuda_patches,
 )
 from overlap_harness.recorder.graphs import GraphSet
-from overlap_harness.recorder.host_arrays import numpy_patches
 from overlap_harness.recorder.iterations import IterationMark, LoopCounter
+from overlap_harness.recorder.numpy_entry import numpy_patches
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.pinned_views import device_view_of
 from overlap_harness.recorder.storages import StorageResizes

@@ -36,14 +36,10 @@ from overlap_harness.recorder.dispatch import (
     tensor_label,
 )
 from overlap_harness.recorder.fake_streams import CudaState, current_state
-from overlap_harness.recorder.host_arrays import (
-    HostArray,
-    holds_host_array,
-    host_array,
-    torch_arguments,
-)
+from overlap_harness.recorder.host_arrays import HostArray, host_array
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import targets_here
+from overlap_harness.recorder.numpy_entry import holds_host_array, torch_arguments
 from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.pinned_views import DeviceViews, reaches_host
 from overlap_harness.recorder.sites import user_site

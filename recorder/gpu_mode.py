@@ -32,14 +32,10 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import HOST_READS, Placement, access_of, register_storage
-from overlap_harness.recorder.host_arrays import (
-    HostArray,
-    holds_host_array,
-    host_array,
-    torch_arguments,
-)
+from overlap_harness.recorder.host_arrays import HostArray, host_array
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import variable_here
+from overlap_harness.recorder.numpy_entry import holds_host_array, torch_arguments
 from overlap_harness.recorder.own_work import in_recorder_work
 from overlap_harness.recorder.patching import patched
 from overlap_harness.recorder.sites import is_user_file

@@ -48,13 +48,13 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.elements import to_storage_elements
-from overlap_harness.recorder.patching import Patch
 
 _INTERFACE = np.ndarray.__dict__["__array_interface__"]  # the base class's, never ours
 _ALL = slice(None)
 
 
-def _address(a: np.ndarray) -> int:
+def address(a: np.ndarray) -> int:
+    """The address of ``a``'s first element."""
     return _INTERFACE.__get__(a)["data"][0]
 
 
@@ -69,8 +69,7 @@ class HostArray(np.ndarray):
     _tensor: Any  # the pinned tensor whose memory this views (torch aliases are made of it)
 
     def __array_finalize__(self, obj: Any) -> None:
-        inside = (isinstance(obj, HostArray) and obj._recording is not None
-                  and (self.size == 0 or obj._base_ptr <= _address(self) < obj._end_ptr))
+        inside = isinstance(obj, HostArray) and obj._holds(self)
         source = obj if inside else None  # a copy NumPy made in C is no view: not watched
         self._recording = getattr(source, "_recording", None)
         self._info = getattr(source, "_info", None)
@@ -87,7 +86,7 @@ class HostArray(np.ndarray):
     def _element_ids(self) -> np.ndarray:
         """The storage element (of this array's item size) behind each item."""
         itemsize = self.itemsize
-        first = (_address(self) - self._base_ptr) // itemsize
+        first = (address(self) - self._base_ptr) // itemsize
         ids = np.full(self.shape, first, dtype=np.int64)
         for axis, (size, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
             shape = [1] * self.ndim
@@ -123,19 +122,21 @@ class HostArray(np.ndarray):
 
     def _holds(self, value: Any) -> bool:
         """True when ``value`` is an array whose memory lies in this array's storage."""
-        return (isinstance(value, np.ndarray) and self._recording is not None
-                and (value.size == 0 or self._base_ptr <= _address(value) < self._end_ptr))
+        if not isinstance(value, np.ndarray) or self._recording is None:
+            return False
+        at = address(value)
+        return self._base_ptr <= at < self._end_ptr or (value.size == 0 and at == self._end_ptr)
 
     # -- item access -----------------------------------------------------------------------
     def __setitem__(self, key: Any, value: Any) -> None:
-        _read_all(value, "ndarray.__setitem__")
-        _read_all(key, "ndarray.__setitem__")
+        read_all(value, "ndarray.__setitem__")
+        read_all(key, "ndarray.__setitem__")
         key = plain(key)
         self._note("ndarray.__setitem__", True, key)
         np.ndarray.__setitem__(self.view(np.ndarray), key, plain(value))
 
     def __getitem__(self, key: Any) -> Any:
-        _read_all(key, "ndarray.__getitem__")
+        read_all(key, "ndarray.__getitem__")
         key = plain(key)
         out = np.ndarray.__getitem__(self.view(np.ndarray), key)
         if isinstance(out, np.ndarray) and self._holds(out):
@@ -158,10 +159,10 @@ class HostArray(np.ndarray):
             if isinstance(target, HostArray):
                 target._note(name, False, plain(inputs[1]))
                 target._note(name, True, plain(inputs[1]))
-            _read_all(inputs[1:], name)
+            read_all(inputs[1:], name)
         else:
-            _read_all(inputs, name)
-        _read_all(kwargs.get("where"), name)
+            read_all(inputs, name)
+        read_all(kwargs.get("where"), name)
         for value in outs:
             if isinstance(value, HostArray):
                 value._note(name, True)
@@ -181,8 +182,8 @@ class HostArray(np.ndarray):
         for value in outs if isinstance(outs, tuple | list) else (outs,):
             if isinstance(value, HostArray):
                 value._note(name, True)
-        skip = {id(a) for a, _ in written} | {id(v) for v in _host_arrays_in(outs)}
-        sources = [a for a in _host_arrays_in((args, kwargs)) if id(a) not in skip]
+        skip = {id(a) for a, _ in written} | {id(v) for v in host_arrays_in(outs)}
+        sources = [a for a in host_arrays_in((args, kwargs)) if id(a) not in skip]
         result = func(*plain(args), **plain(kwargs))
         result, viewed = _rewrap(result, sources)
         if func not in _READS_NOTHING:
@@ -217,7 +218,7 @@ def _method(name: str, writes: bool) -> Callable[..., Any]:
             result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
             return self._adopt(result) if self._holds(result) else result
         out = kwargs.get("out")
-        _read_all((args, {k: v for k, v in kwargs.items() if k != "out"}), label)
+        read_all((args, {k: v for k, v in kwargs.items() if k != "out"}), label)
         if isinstance(out, HostArray):
             out._note(label, True)
         result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
@@ -281,7 +282,7 @@ HostArray.__dlpack__ = _dlpack  # type: ignore[method-assign]
 
 
 def _put(self: HostArray, indices: Any, values: Any, mode: str = "raise") -> None:
-    _read_all(values, "ndarray.put")
+    read_all(values, "ndarray.put")
     self._note("ndarray.put", True, _put_probe(self, (self, indices, values, mode), {}))
     np.ndarray.put(self.view(np.ndarray), plain(indices), plain(values), mode)
 
@@ -325,19 +326,19 @@ def _written_by(func: Any, args: tuple, kwargs: dict) -> list[tuple[HostArray, A
 
 
 # -- helpers shared by the hooks ------------------------------------------------------------
-def _host_arrays_in(value: Any, depth: int = 4) -> list[HostArray]:
+def host_arrays_in(value: Any, depth: int = 4) -> list[HostArray]:
     """The ``HostArray`` objects in ``value`` and the lists, tuples and dict values it nests."""
     if isinstance(value, HostArray):
         return [value]
     if depth == 0 or not isinstance(value, list | tuple | dict):
         return []
     items = value.values() if isinstance(value, dict) else value
-    return [a for item in items for a in _host_arrays_in(item, depth - 1)]
+    return [a for item in items for a in host_arrays_in(item, depth - 1)]
 
 
-def _read_all(value: Any, name: str) -> None:
+def read_all(value: Any, name: str) -> None:
     """Every ``HostArray`` in ``value`` is read whole (a source, an index, a mask)."""
-    for array in _host_arrays_in(value):
+    for array in host_arrays_in(value):
         array._note(name, False)
 
 
@@ -346,10 +347,10 @@ def plain(value: Any) -> Any:
     ndarray view of the same memory: what NumPy and torch are handed, so results are plain."""
     if isinstance(value, HostArray):
         return value.view(np.ndarray)
-    if isinstance(value, list | tuple) and _host_arrays_in(value):
+    if isinstance(value, list | tuple) and host_arrays_in(value):
         converted = [plain(v) for v in value]
         return type(value)(converted) if isinstance(value, list | tuple) else converted
-    if isinstance(value, dict) and _host_arrays_in(value):
+    if isinstance(value, dict) and host_arrays_in(value):
         return {k: plain(v) for k, v in value.items()}
     return value
 
@@ -388,91 +389,3 @@ def host_array(recording: Recording, info: StorageInfo, t: torch.Tensor, live: A
     array._live = live
     array._tensor = t
     return array
-
-
-def torch_alias(array: HostArray) -> torch.Tensor | None:
-    """A tensor view of the pinned tensor over exactly ``array``'s elements (watched, since it
-    shares the pinned storage), or None where dtype or strides do not map."""
-    source = array._tensor
-    if source is None:
-        return None
-    with torch._C.DisableTorchFunction():
-        dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
-        size = array.itemsize
-        if dtype != source.dtype or any(s % size or s < 0 for s in array.strides):
-            return None
-        return source.as_strided(array.shape, [s // size for s in array.strides],
-                                 (_address(array) - array._base_ptr) // size)
-
-
-_ALIASING = (torch.as_tensor, torch.asarray)
-
-
-def torch_arguments(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A torch function's arguments with its ``HostArray`` ones handled: ``as_tensor`` and
-    ``asarray`` alias the pinned tensor (the alias is watched); any other function reads
-    them (``torch.tensor(h)`` copies) and gets plain arrays."""
-    if func in _ALIASING and args and isinstance(args[0], HostArray):
-        alias = torch_alias(args[0])
-        if alias is not None:
-            return (alias, *args[1:]), kwargs
-        args[0]._note_unknown(f"torch.{func.__name__} of a NumPy view it cannot map")
-    name = f"torch.{getattr(func, '__name__', 'function')}"
-    _read_all((args, kwargs), name)
-    return plain(args), plain(kwargs)
-
-
-def holds_host_array(args: tuple, kwargs: dict | None) -> bool:
-    """A cheap test for the torch function layer: a ``HostArray`` among the arguments (or the
-    first item of a list or tuple argument)."""
-    for value in (*args, *kwargs.values()) if kwargs else args:
-        if type(value) is HostArray:
-            return True
-        if type(value) in (list, tuple) and value and type(value[0]) is HostArray:
-            return True
-    return False
-
-
-def numpy_patches(host_view: Callable[[Any], HostArray | None]) -> list[Patch]:
-    """The NumPy constructors that do not dispatch, and ``torch.from_numpy``, replaced while
-    a watch runs. ``host_view(t)`` is the ``HostArray`` of a watched pinned tensor ``t`` (no
-    access recorded), else None."""
-    def constructor(name: str) -> Any:
-        original = getattr(np, name)
-
-        def make(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            source = host_view(obj) if isinstance(obj, torch.Tensor) else obj
-            if isinstance(source, HostArray):
-                result = original(source.view(np.ndarray), *args, **kwargs)
-                if source._holds(result):
-                    return source._adopt(result)  # a view: read when its elements are
-                source._note(f"np.{name}", False)
-                return result
-            if isinstance(obj, list | tuple) and _host_arrays_in(obj):
-                _read_all(obj, f"np.{name}")
-                return original(plain(obj), *args, **kwargs)
-            return original(obj, *args, **kwargs)
-        make.__name__ = make.__qualname__ = name
-        make.__doc__ = original.__doc__
-        return make
-
-    original_from_numpy = torch.from_numpy
-    original_frombuffer = np.frombuffer
-
-    def from_numpy(array: Any) -> torch.Tensor:
-        if isinstance(array, HostArray):
-            alias = torch_alias(array)
-            if alias is not None:
-                return alias
-            array._note_unknown("torch.from_numpy of a NumPy view it cannot map")
-            return original_from_numpy(array.view(np.ndarray))
-        return original_from_numpy(array)
-
-    def frombuffer(buffer: Any, *args: Any, **kwargs: Any) -> np.ndarray:
-        for array in _host_arrays_in(buffer):
-            array._note_unknown("np.frombuffer")
-        return original_frombuffer(plain(buffer), *args, **kwargs)
-
-    names = ("array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray")
-    return ([(np, name, constructor(name)) for name in names]
-            + [(torch, "from_numpy", from_numpy), (np, "frombuffer", frombuffer)])
