@@ -48,6 +48,7 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.elements import to_storage_elements
+from overlap_harness.recorder.stored_views import stored_into
 
 _INTERFACE = np.ndarray.__dict__["__array_interface__"]  # the base class's, never ours
 _ALL = slice(None)
@@ -140,7 +141,13 @@ class HostArray(np.ndarray):
         key = plain(key)
         out = np.ndarray.__getitem__(self.view(np.ndarray), key)
         if isinstance(out, np.ndarray) and self._holds(out):
-            return self._adopt(out)  # a view: reads nothing yet
+            view = self._adopt(out)  # a view: reads nothing yet, unless NumPy is about to
+            if self._watched():  # copy it into a plain array (``plain[:n] = host[:n]``)
+                stored, container = stored_into(sys._getframe(1))
+                if stored and (container is None or (isinstance(container, np.ndarray)
+                                                     and not isinstance(container, HostArray))):
+                    view._note("ndarray.__setitem__ (into a plain array)", False)
+            return view
         self._note("ndarray.__getitem__", False, key)
         return out
 

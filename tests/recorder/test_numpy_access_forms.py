@@ -36,6 +36,7 @@ READS: dict[str, Form] = {
     "np.ascontiguousarray": lambda a, t, sl: np.ascontiguousarray(a[sl]).tolist(),
     "np.copyto into plain": lambda a, t, sl: _copied_into_plain(a[sl]),
     "slice into second buffer": lambda a, t, sl: _assigned_into(a[sl]),
+    "slice into a plain array": lambda a, t, sl: _assigned_into_plain(a, sl),
     "tobytes": lambda a, t, sl: a[sl].tobytes(),
     "tolist": lambda a, t, sl: a[sl].tolist(),
     "iteration": lambda a, t, sl: [float(x) for x in a[sl]],
@@ -95,6 +96,14 @@ def _assigned_into(v: np.ndarray) -> np.ndarray:
     dst = SECOND[0]
     dst[:v.size] = v
     return dst[:v.size].view(np.ndarray).copy()
+
+
+def _assigned_into_plain(a: np.ndarray, sl: slice) -> np.ndarray:
+    """``plain[:n] = src[sl]``: NumPy's C copy, seen from the statement."""
+    plain = np.zeros(SIZE)
+    n = len(range(*sl.indices(SIZE)))
+    plain[:n] = a[sl]
+    return plain
 
 
 def _iadd(v: np.ndarray) -> None:

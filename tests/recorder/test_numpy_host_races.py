@@ -28,12 +28,33 @@ def _kinds(watcher: Any) -> list[tuple[str, str]]:
     return sorted({(str(r.kind), r.buffer.split("@")[0]) for r in watcher.races})
 
 
+class _Holder:
+    """An object whose attribute holds a plain array (``self.np[:n] = ...``)."""
+
+    np: np.ndarray
+
+
+def _into_plain(s: np.ndarray, *_: Any) -> np.ndarray:
+    plain = np.zeros(8, np.int64)
+    plain[:N] = s[:N]  # NumPy copies in C: seen from the statement around ``s[:N]``
+    return plain
+
+
+def _into_plain_attribute(s: np.ndarray, *_: Any) -> np.ndarray:
+    holder = _Holder()
+    holder.np = np.zeros(8, np.int64)
+    holder.np[1:N + 1] = s[:N]
+    return holder.np
+
+
 # Host reads after a D2H into pinned memory: (staging's NumPy view, its tensor, a second
 # pinned buffer's NumPy view, a view taken before the copy) -> the read.
 READS: dict[str, Callable[..., Any]] = {
     # vLLM 0.17.0's read of #36013's counts: one pinned array into another
     "pinned[:n] = staging[:n]": lambda s, t, other, early: other.__setitem__(
         slice(0, N), s[:N]),
+    "plain[:n] = staging[:n]": _into_plain,
+    "holder.np[1:n+1] = staging[:n]": _into_plain_attribute,
     "np.array(staging[:n])": lambda s, t, other, early: np.array(s[:N]),
     "np.copyto(plain, staging)": lambda s, t, other, early: np.copyto(np.zeros(8, np.int64), s),
     "tobytes": lambda s, t, other, early: s[:N].tobytes(),
@@ -80,6 +101,25 @@ def test_elements_the_copy_does_not_write_are_read_race_free():
     assert [int(v) for v in head[0]] == [0, 0, 0, 0] and int(tail) == 4 + 5 + 6 + 7
     races = [r for r in w.races if r.buffer.startswith("staging")]
     assert len(races) == 1 and races[0].second.op_name == "ndarray.sum"
+
+
+def test_views_stored_into_lists_dicts_and_names_read_nothing():
+    with watch("cpu") as w:
+        x = torch.arange(8, device="cuda")
+        staging = torch.zeros(8, dtype=torch.int64, pin_memory=True)
+        host = staging.numpy()
+        done = torch.cuda.Event()
+        staging.copy_(x, non_blocking=True)
+        done.record()
+        views: dict[str, Any] = {}
+        views["head"] = host[:N]
+        slots: list[Any] = [None]
+        slots[0] = host[N:]
+        tail = host[N:]
+        assert w.races == []  # nothing read yet
+        done.synchronize()
+        assert views["head"].tolist() == list(range(N)) and int(tail.sum() + slots[0][0]) == 19
+    assert w.races == []
 
 
 # Host writes of pinned memory an H2D copy may still be reading: (NumPy view, new values).
