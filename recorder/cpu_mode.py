@@ -237,9 +237,13 @@ class FakeCudaFunctionMode(TorchFunctionMode):
                  lambda tensor, stream: self.record_stream(tensor, stream))]
 
     def _data_ptr(self, t: torch.Tensor) -> int:
-        info = self._device_info(t)
+        """A raw pointer handed out: of device memory, an op of unknown access on the current
+        stream; of pinned memory (reached as host memory), one on the host."""
+        info = self.memory.lookup(t)
         if info is not None and not (self.dispatch.paused or self.dispatch.quiet):
-            self.recording.unknown("data_ptr", self.memory.current_agent(), [info.name])
+            host = reaches_host(self.memory.device_views, info, t)
+            agent = HOST_AGENT if host else self.memory.current_agent()
+            self.recording.unknown("data_ptr", agent, [info.name])
         return t.data_ptr()
 
     def _host_read(self, name: str, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

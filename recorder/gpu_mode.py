@@ -198,9 +198,9 @@ def traced(recording: Recording, memory: GpuMemory) -> Iterator[None]:
 
 
 class GpuFunctionMode(TorchFunctionMode):
-    """What the dispatcher cannot see: ``data_ptr()`` of a CUDA tensor outside a declared
-    kernel is an op of unknown access; ``tolist()``, ``numpy()`` or printing of pinned memory is
-    a host read."""
+    """What the dispatcher cannot see: ``data_ptr()`` of a CUDA tensor (or of pinned memory)
+    outside a declared kernel is an op of unknown access; ``tolist()`` or printing of pinned
+    memory is a host read; ``numpy()`` of it is a recorded view (:mod:`recorder.host_arrays`)."""
 
     def __init__(self, memory: GpuMemory, dispatch: Any) -> None:
         super().__init__()
@@ -219,8 +219,9 @@ class GpuFunctionMode(TorchFunctionMode):
             recording = self.memory.recording
             if info is None:
                 pass
-            elif name == "data_ptr" and not info.pinned:
-                recording.unknown("data_ptr", self.memory.current_agent(), [info.name])
+            elif name == "data_ptr":  # a raw pointer: of pinned memory, for the host's use
+                agent = HOST_AGENT if info.pinned else self.memory.current_agent()
+                recording.unknown("data_ptr", agent, [info.name])
             elif name == "numpy" and info.pinned:
                 return self.host_view(args[0])  # a view: its reads and writes recorded
             elif name in HOST_READS and info.pinned:

@@ -189,3 +189,13 @@ def test_check_exits_2_when_numpy_hands_out_the_raw_pointer(tmp_path: Path, caps
     captured = capsys.readouterr()
     assert "first 0" in captured.out  # issue order: the copy's values are the serial ones
     assert ("incomplete" in captured.err) == raw
+
+
+def test_data_ptr_of_pinned_memory_is_an_op_of_unknown_access_on_the_host():
+    with watch("cpu") as w:
+        staging = torch.zeros(4, dtype=torch.int64, pin_memory=True)
+        unwatched = torch.zeros(4, dtype=torch.int64)
+        pointers = staging.data_ptr(), unwatched.data_ptr()
+    assert all(pointers)
+    assert [(u.name, u.stream, u.tensors[0].split("@")[0]) for u in w.unknown_ops] == [
+        ("data_ptr", "host", "staging")]
