@@ -333,6 +333,9 @@ def _written_by(func: Any, args: tuple, kwargs: dict) -> list[tuple[HostArray, A
 
 
 # -- helpers shared by the hooks ------------------------------------------------------------
+_NESTING = (HostArray, list, tuple, dict)
+
+
 def host_arrays_in(value: Any, depth: int = 4) -> list[HostArray]:
     """The ``HostArray`` objects in ``value`` and the lists, tuples and dict values it nests."""
     if isinstance(value, HostArray):
@@ -340,6 +343,8 @@ def host_arrays_in(value: Any, depth: int = 4) -> list[HostArray]:
     if depth == 0 or not isinstance(value, list | tuple | dict):
         return []
     items = value.values() if isinstance(value, dict) else value
+    if not any(issubclass(kind, _NESTING) for kind in set(map(type, items))):
+        return []  # the common case, a list of numbers: its few types checked
     return [a for item in items for a in host_arrays_in(item, depth - 1)]
 
 
