@@ -29,10 +29,12 @@ Where the memory leaves for code the recorder cannot follow (``.ctypes``, ``.dat
 on Python 3.12+, ``np.frombuffer``), an op of unknown access is recorded: the verdict is
 incomplete (``check`` exits 2), never a silent pass.
 
-Not seen: NumPy's own C code copying from a ``HostArray`` into a plain (unwatched) array
-(``plain[:n] = host[:n]``: NumPy reads the source without calling Python) and the buffer
-protocol on Python 3.11 (``memoryview(host)``, ``bytes(host)``); docs/numpy-host-access.md
-lists them.
+NumPy's own C copy of a view into a plain (unwatched) array (``plain[:n] = host[:n]``) calls
+no Python code on the source: :mod:`recorder.stored_views` finds it from the statement when
+the view is taken. The constructors and torch entries are :mod:`recorder.numpy_entry`'s.
+Not seen: a bare ``HostArray`` copied into a plain array (``plain[:n] = host``) and the
+buffer protocol on Python 3.11 (``memoryview(host)``, ``bytes(host)``);
+docs/numpy-host-access.md lists them.
 """
 
 from __future__ import annotations
