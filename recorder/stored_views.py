@@ -66,8 +66,11 @@ def _scan(code: types.CodeType, offset: int) -> tuple[str, ...] | tuple[()] | No
             continue
         if depth == 1 and not ins.opname.startswith("LOAD"):
             return None  # the view itself is consumed by this instruction
-        depth += dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT
-                                  else None, jump=False)
+        try:
+            depth += dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT
+                                      else None, jump=False)
+        except ValueError:  # an instruction ``dis`` has no stack effect for: stop here
+            return None
         if depth < 2:
             return None
         if depth == 2:

@@ -68,8 +68,9 @@ READS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _read_after_d2h(read: Callable[..., Any], synchronize: bool) -> list[tuple[str, str]]:
-    with watch("cpu") as w:
+def _read_after_d2h(read: Callable[..., Any], synchronize: bool,
+                    mode: str = "cpu") -> list[tuple[str, str]]:
+    with watch(mode) as w:
         x = torch.arange(8, device="cuda")
         staging = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         other = torch.zeros(8, dtype=torch.int64, pin_memory=True).numpy()
@@ -80,6 +81,8 @@ def _read_after_d2h(read: Callable[..., Any], synchronize: bool) -> list[tuple[s
         if synchronize:
             done.synchronize()
         read(staging.numpy(), staging, other, early)
+        if mode == "gpu":
+            torch.cuda.synchronize()
     return _kinds(w)
 
 
@@ -88,6 +91,16 @@ def test_numpy_read_before_the_sync_races_and_its_twin_does_not(name):
     assert _read_after_d2h(READS[name], synchronize=False) == [
         (str(RaceKind.HOST_D2H), "staging")]
     assert _read_after_d2h(READS[name], synchronize=True) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(READS))
+def test_gpu_mode_sees_the_same_numpy_reads(name):
+    """GPU mode: ``.numpy()`` of real pinned memory is the same recorded view."""
+    assert _read_after_d2h(READS[name], synchronize=False, mode="gpu") == [
+        (str(RaceKind.HOST_D2H), "staging")]
+    assert _read_after_d2h(READS[name], synchronize=True, mode="gpu") == []
 
 
 def test_elements_the_copy_does_not_write_are_read_race_free():
