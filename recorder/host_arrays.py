@@ -132,11 +132,11 @@ class HostArray(np.ndarray):
 
     # -- item access -----------------------------------------------------------------------
     def __setitem__(self, key: Any, value: Any) -> None:
-        read_all(value, "ndarray.__setitem__")
+        plain_key = plain(key)
+        np.ndarray.__setitem__(self.view(np.ndarray), plain_key, plain(value))
+        read_all(value, "ndarray.__setitem__")  # recorded once done (an error records none)
         read_all(key, "ndarray.__setitem__")
-        key = plain(key)
-        self._note("ndarray.__setitem__", True, key)
-        np.ndarray.__setitem__(self.view(np.ndarray), key, plain(value))
+        self._note("ndarray.__setitem__", True, plain_key)
 
     def __getitem__(self, key: Any) -> Any:
         read_all(key, "ndarray.__getitem__")
