@@ -26,7 +26,10 @@ from typing import Any
 
 _TAKES = {"BINARY_SUBSCR", "BINARY_SLICE", "BINARY_OP"}  # how ``host[...]`` was evaluated
 _STORES = {"STORE_SUBSCR": 3, "STORE_SLICE": 4}  # the value's depth when it is stored
-_NAME_LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF"}
+_NAME_LOADS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_NAME", "LOAD_GLOBAL",
+               "LOAD_DEREF"}
+# Python 3.13+ loads two locals in one instruction (``dst[i] = ...``: the container and key)
+_PAIR_LOADS = {"LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"}
 _ENDS = set(dis.hasjrel) | set(dis.hasjabs)
 
 # (code, offset) -> None (not stored), () (stored, container not evaluable) or
@@ -73,7 +76,7 @@ def _scan(code: types.CodeType, offset: int) -> tuple[str, ...] | tuple[()] | No
             return None
         if depth < 2:
             return None
-        if depth == 2:
+        if depth == 2 or (depth == 3 and ins.opname in _PAIR_LOADS and index == start + 1):
             container_end = index  # the container's expression ends here (so far)
     return None
 
@@ -81,6 +84,8 @@ def _scan(code: types.CodeType, offset: int) -> tuple[str, ...] | tuple[()] | No
 def _simple(container_code: list[dis.Instruction]) -> tuple[str, ...] | tuple[()]:
     """``(load, name, attr, ...)`` for ``name.attr...``, else ``()`` (not evaluable)."""
     first, rest = container_code[0], container_code[1:]
+    if first.opname in _PAIR_LOADS and not rest:
+        return ("LOAD_FAST", str(first.argval[0]))
     if first.opname not in _NAME_LOADS or any(ins.opname != "LOAD_ATTR" for ins in rest):
         return ()
     return (first.opname, str(first.argval), *(str(ins.argval) for ins in rest))
