@@ -74,6 +74,7 @@ WRITES: dict[str, Form] = {
                                                   where=np.arange(a[sl].size) % 2 == 1),
     "fill": lambda a, t, sl: a[sl].fill(-3.0),
     "ufunc out": lambda a, t, sl: np.negative(a[sl], out=a[sl]),
+    "np.cumsum out": lambda a, t, sl: np.cumsum(np.ones(a[sl].size), out=a[sl]),
     "in-place add": lambda a, t, sl: _iadd(a[sl]),
     "np.put": lambda a, t, sl: np.put(a[sl], [0], -4.0) if a[sl].size else None,
     "ufunc.at": lambda a, t, sl: np.subtract.at(a[sl], [-1], 5000.0) if a[sl].size else None,
