@@ -151,8 +151,8 @@ def _outcome(form: Form, a: np.ndarray, t: torch.Tensor, sl: slice) -> Any:
         return type(exc).__name__
 
 
-def _fresh() -> np.ndarray:
-    return 1000.0 + np.arange(SIZE, dtype=np.float64)
+def _fresh(shape: tuple[int, ...] = (SIZE,)) -> np.ndarray:
+    return 1000.0 + np.arange(SIZE, dtype=np.float64).reshape(shape)
 
 
 def _canonical(value: Any) -> bytes:
@@ -164,32 +164,33 @@ def _canonical(value: Any) -> bytes:
     return pickle.dumps(value)
 
 
-def _reference(form: Form, sl: slice, reads: bool) -> set[int]:
+def _reference(form: Form, sl: Any, reads: bool, shape: tuple[int, ...] = (SIZE,)) -> set[int]:
     """The elements ``form`` reads (or writes), observed on plain buffers."""
     def run(buffer: np.ndarray) -> Any:
         SECOND[:] = [np.zeros(SIZE)]
         return _outcome(form, buffer, torch.from_numpy(buffer), sl)
     if not reads:
-        buffer = _fresh()
+        buffer = _fresh(shape)
         run(buffer)
-        return {int(i) for i in np.flatnonzero(buffer != _fresh())}
-    baseline = _canonical(run(_fresh()))
+        return {int(i) for i in np.flatnonzero(buffer != _fresh(shape))}
+    baseline = _canonical(run(_fresh(shape)))
     read = set()
     for i in range(SIZE):
         for poison in (np.nan, 1e9, -1e9):
-            buffer = _fresh()
-            buffer[i] = poison
+            buffer = _fresh(shape)
+            buffer.reshape(-1)[i] = poison
             if _canonical(run(buffer)) != baseline:
                 read.add(i)
                 break
     return read
 
 
-def _recorded(form: Form, sl: slice) -> tuple[set[int], set[int], Any]:
+def _recorded(form: Form, sl: Any,
+              shape: tuple[int, ...] = (SIZE,)) -> tuple[set[int], set[int], Any]:
     """The elements of the pinned buffer the recorder saw read and written, and the result."""
     seen: dict[bool, set[int]] = {False: set(), True: set()}
     with watch("cpu") as w:
-        pinned = torch.tensor(_fresh(), pin_memory=True)
+        pinned = torch.tensor(_fresh(shape), pin_memory=True)
         second = torch.zeros(SIZE, dtype=torch.float64, pin_memory=True)
         host = pinned.numpy()
         SECOND[:] = [second.numpy()]
@@ -244,3 +245,41 @@ def test_every_form_is_drawn_and_touches_something():
         assert _reference(form, whole, reads=True), name
     for name, form in WRITES.items():
         assert _reference(form, whole, reads=False), name
+
+
+# Two dimensions: strides of rows and columns, transposes, row iteration.
+SHAPE_2D = (4, 3)
+READS_2D: dict[str, Form] = {
+    "np.array": lambda a, t, sl: np.array(a[sl]),
+    "tobytes": lambda a, t, sl: a[sl].tobytes(),
+    "tolist": lambda a, t, sl: a[sl].tolist(),
+    "row iteration": lambda a, t, sl: [row.tolist() for row in a[sl]],
+    "np.sum over columns": lambda a, t, sl: np.sum(a[sl], axis=0),
+    "transposed then copied": lambda a, t, sl: a[sl].T.copy(),
+    "ufunc": lambda a, t, sl: a[sl] + 1,
+    "flatten": lambda a, t, sl: a[sl].flatten(),
+    "first row via np.asarray": lambda a, t, sl: np.asarray(a[sl])[:1].tolist(),
+}
+WRITES_2D: dict[str, Form] = {
+    "setitem scalar": lambda a, t, sl: a.__setitem__(sl, -1.0),
+    "transposed write": lambda a, t, sl: a[sl].T.__setitem__(Ellipsis, -2.0),
+    "first column": lambda a, t, sl: a[sl].__setitem__((Ellipsis, 0), -3.0),
+    "np.copyto": lambda a, t, sl: np.copyto(a[sl], -4.0),
+}
+axis_slices = st.builds(slice, st.none() | st.integers(-5, 5), st.none() | st.integers(-5, 5),
+                        st.none() | st.sampled_from([1, 2, -1]))
+
+
+@FORMS
+@given(name=st.sampled_from(sorted(READS_2D)), rows=axis_slices, columns=axis_slices)
+def test_two_dimensional_reads(name: str, rows: slice, columns: slice) -> None:
+    reads, writes, _ = _recorded(READS_2D[name], (rows, columns), SHAPE_2D)
+    assert reads == _reference(READS_2D[name], (rows, columns), True, SHAPE_2D)
+    assert writes == set()
+
+
+@FORMS
+@given(name=st.sampled_from(sorted(WRITES_2D)), rows=axis_slices, columns=axis_slices)
+def test_two_dimensional_writes(name: str, rows: slice, columns: slice) -> None:
+    _, writes, _ = _recorded(WRITES_2D[name], (rows, columns), SHAPE_2D)
+    assert writes == _reference(WRITES_2D[name], (rows, columns), False, SHAPE_2D)
