@@ -36,7 +36,8 @@ from overlap_harness.recorder.dispatch import (
     tensor_label,
 )
 from overlap_harness.recorder.fake_streams import CudaState, current_state
-from overlap_harness.recorder.host_arrays import HostArray, host_array
+from overlap_harness.recorder.host_array_methods import host_array
+from overlap_harness.recorder.host_arrays import HostArray
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.numpy_entry import holds_host_array, torch_arguments

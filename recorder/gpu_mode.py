@@ -32,7 +32,8 @@ from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Recording, StorageInfo
 from overlap_harness.recorder.dispatch import HOST_READS, Placement, access_of, register_storage
-from overlap_harness.recorder.host_arrays import HostArray, host_array
+from overlap_harness.recorder.host_array_methods import host_array
+from overlap_harness.recorder.host_arrays import HostArray
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import variable_here
 from overlap_harness.recorder.numpy_entry import holds_host_array, torch_arguments

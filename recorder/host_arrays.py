@@ -16,7 +16,8 @@ where NumPy lets Python see it (facts of NumPy 2.x, checked on 2.4):
   ``np.put``...; which elements ``np.copyto(where=)``, ``np.put``, ``np.place``,
   ``np.putmask``, ``np.put_along_axis`` and ``np.fill_diagonal`` write is computed);
 - the ndarray methods NumPy runs in C (``tobytes``, ``item``, ``argmax``, ``sort``, ``copy``,
-  ``astype``, printing, pickling, ``int()``/``float()``/``bool()``, iteration...);
+  ``astype``, printing, ``int()``/``float()``/``bool()``...: :mod:`recorder.host_array_methods`,
+  which also makes a ``HostArray``), pickling and iteration;
 - the constructors NumPy does not dispatch (``np.array``, ``np.asarray``, ``np.asanyarray``,
   ``np.ascontiguousarray``, ``np.asfortranarray``), replaced while a watch runs: a copy is a
   read, a view stays a ``HostArray``; given a watched pinned tensor they act as on its
@@ -40,11 +41,9 @@ docs/numpy-host-access.md lists them.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
@@ -183,6 +182,8 @@ class HostArray(np.ndarray):
         return result
 
     def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        if func is np.take and args and isinstance(args[0], HostArray):
+            return args[0].take(*args[1:], **kwargs)  # only the elements taken are read
         name = f"np.{func.__name__}"
         written = _written_by(func, args, kwargs)
         outs = kwargs.get("out")
@@ -197,7 +198,7 @@ class HostArray(np.ndarray):
         result = func(*plain(args), **plain_kwargs)
         if isinstance(outs, HostArray) and result is plain_kwargs.get("out"):
             result = outs  # NumPy hands back ``out`` itself
-        result, viewed = _rewrap(result, sources)
+        result, viewed = rewrap(result, sources)
         if func not in _READS_NOTHING:
             for array in sources:
                 if id(array) not in viewed:
@@ -219,88 +220,6 @@ class HostArray(np.ndarray):
             return memoryview(self.view(np.ndarray))
 
 
-def _method(name: str, writes: bool) -> Callable[..., Any]:
-    """An ndarray method NumPy runs in C: the elements it reads (all of the array's, unless
-    the result is a view) and, for ``writes``, writes, recorded around the plain method."""
-    original = getattr(np.ndarray, name)
-    label = f"ndarray.{name}"
-
-    def call(self: HostArray, *args: Any, **kwargs: Any) -> Any:
-        if not self._watched():
-            result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
-            return self._adopt(result) if self._holds(result) else result
-        out = kwargs.get("out")
-        read_all((args, {k: v for k, v in kwargs.items() if k != "out"}), label)
-        if isinstance(out, HostArray):
-            out._note(label, True)
-        result = original(self.view(np.ndarray), *plain(args), **plain(kwargs))
-        if name == "fill":
-            self._note(label, True)
-            return result
-        if out is not None:  # NumPy hands back ``out`` itself
-            self._note(label, False)
-            return out
-        result, viewed = _rewrap(result, [self])
-        if id(self) not in viewed:
-            self._note(label, False)
-        if writes and (name != "byteswap" or (args[:1] or [kwargs.get("inplace")])[0]):
-            self._note(label, True)
-        return result
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = f"``ndarray.{name}``, recorded (see :func:`_method`)."
-    return call
-
-
-def _exporting(name: str) -> property:
-    """An attribute that hands the raw memory out: recorded as an op of unknown access."""
-    descriptor = np.ndarray.__dict__[name]
-
-    def get(self: HostArray) -> Any:
-        self._note_unknown(f"ndarray.{name}")
-        return descriptor.__get__(self.view(np.ndarray))
-    return property(get, doc=f"``ndarray.{name}``: the memory leaves the recorder's sight.")
-
-
-def _put_probe(array: Any, args: tuple, kwargs: dict) -> np.ndarray:
-    probe = np.zeros(array.shape, dtype=bool)
-    np.put(probe, plain(args[1] if len(args) > 1 else kwargs["ind"]), True,
-           mode=args[3] if len(args) > 3 else kwargs.get("mode", "raise"))
-    return probe
-
-
-# Methods NumPy runs in C that read the array's elements (a view result reads nothing).
-_READING = ("all", "any", "argmax", "argmin", "argpartition", "argsort", "astype", "choose",
-            "clip", "compress", "conj", "conjugate", "copy", "cumprod", "cumsum", "diagonal",
-            "dot", "dump", "dumps", "flatten", "getfield", "item", "max", "mean", "min",
-            "nonzero", "prod", "ravel", "repeat", "reshape", "round", "searchsorted", "squeeze",
-            "std", "sum", "swapaxes", "take", "tobytes", "tofile", "tolist", "trace",
-            "transpose", "var", "__copy__", "__deepcopy__", "__int__", "__float__",
-            "__complex__", "__bool__", "__index__", "__contains__", "__repr__", "__str__",
-            "__format__", "__array__", "to_device")
-_WRITING = ("sort", "partition", "byteswap", "fill", "setfield")
-for _name in _READING + _WRITING:
-    if hasattr(np.ndarray, _name):
-        setattr(HostArray, _name, _method(_name, _name in _WRITING))
-for _name in ("ctypes", "data", "__array_interface__", "__array_struct__", "flat"):
-    setattr(HostArray, _name, _exporting(_name))
-
-
-def _dlpack(self: HostArray, *args: Any, **kwargs: Any) -> Any:
-    self._note_unknown("ndarray.__dlpack__")
-    return self.view(np.ndarray).__dlpack__(*args, **kwargs)
-
-
-HostArray.__dlpack__ = _dlpack  # type: ignore[method-assign]
-
-
-def _put(self: HostArray, indices: Any, values: Any, mode: str = "raise") -> None:
-    read_all(values, "ndarray.put")
-    self._note("ndarray.put", True, _put_probe(self, (self, indices, values, mode), {}))
-    np.ndarray.put(self.view(np.ndarray), plain(indices), plain(values), mode)
-
-
-HostArray.put = _put  # type: ignore[method-assign]
-
 # NumPy functions that read no element of their array arguments (shape, dtype, memory).
 _READS_NOTHING = {np.shape, np.ndim, np.size, np.empty_like, np.zeros_like, np.ones_like,
                   np.full_like, np.shares_memory, np.may_share_memory, np.result_type,
@@ -321,7 +240,7 @@ def _written_by(func: Any, args: tuple, kwargs: dict) -> list[tuple[HostArray, A
         where = arg(3, "where", True)
         return [(target, None if where is True else np.broadcast_to(where, shape))]
     if func is np.put:
-        return [(target, _put_probe(target, args, kwargs))]
+        return [(target, put_probe(target, args, kwargs))]
     if func is np.place:
         return [(target, np.broadcast_to(np.asarray(arg(1, "mask"), dtype=bool), shape))]
     if func is np.putmask:
@@ -372,7 +291,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _rewrap(result: Any, sources: list[HostArray]) -> tuple[Any, set[int]]:
+def rewrap(result: Any, sources: list[HostArray]) -> tuple[Any, set[int]]:
     """``result`` with each array that views a source's memory a ``HostArray`` again, and the
     ids of the sources viewed (their elements were not read)."""
     viewed: set[int] = set()
@@ -391,18 +310,12 @@ def _rewrap(result: Any, sources: list[HostArray]) -> tuple[Any, set[int]]:
     return one(result), viewed
 
 
-def host_array(recording: Recording, info: StorageInfo, t: torch.Tensor, live: Any) -> HostArray:
-    """``t.numpy()`` for a watched pinned tensor: a :class:`HostArray` over its memory.
-    ``live()`` says whether the watch that made it still runs (after it, nothing records)."""
-    with torch._C.DisableTorchFunction():
-        plain_array = t.numpy()
-        storage = t.untyped_storage()
-        base_ptr, nbytes = storage.data_ptr(), storage.nbytes()
-    array = plain_array.view(HostArray)
-    array._recording = recording
-    array._info = info
-    array._base_ptr = base_ptr
-    array._end_ptr = base_ptr + nbytes
-    array._live = live
-    array._tensor = t
-    return array
+def put_probe(array: Any, args: tuple, kwargs: dict) -> np.ndarray:
+    """Which elements of ``array`` ``np.put(array, *args[1:], **kwargs)`` writes."""
+    probe = np.zeros(array.shape, dtype=bool)
+    np.put(probe, plain(args[1] if len(args) > 1 else kwargs["ind"]), True,
+           mode=args[3] if len(args) > 3 else kwargs.get("mode", "raise"))
+    return probe
+
+
+# Methods NumPy runs in C that read the array's elements (a view result reads nothing).

@@ -51,6 +51,9 @@ READS: dict[str, Form] = {
     "np.concatenate": lambda a, t, sl: np.concatenate([a[sl], a[sl][:1]]),
     "first item": lambda a, t, sl: float(a[sl][0]) if a[sl].size else None,
     "last item via item()": lambda a, t, sl: a[sl][-1:].item() if a[sl].size else None,
+    "item(i)": lambda a, t, sl: a[sl].item(1) if a[sl].size > 1 else None,
+    "take": lambda a, t, sl: a[sl].take([0, -1]) if a[sl].size else None,
+    "np.take": lambda a, t, sl: np.take(a[sl], [-1]) if a[sl].size else None,
     "fancy index": lambda a, t, sl: a[sl][[0, -1]] if a[sl].size else None,
     "boolean mask": lambda a, t, sl: a[sl][np.arange(a[sl].size) % 2 == 0],
     "str": lambda a, t, sl: str(a[sl]),
@@ -258,6 +261,8 @@ READS_2D: dict[str, Form] = {
     "transposed then copied": lambda a, t, sl: a[sl].T.copy(),
     "ufunc": lambda a, t, sl: a[sl] + 1,
     "flatten": lambda a, t, sl: a[sl].flatten(),
+    "item((i, j))": lambda a, t, sl: a[sl].item((0, -1)) if a[sl].size else None,
+    "take along columns": lambda a, t, sl: a[sl].take([0], axis=1) if a[sl].size else None,
     "first row via np.asarray": lambda a, t, sl: np.asarray(a[sl])[:1].tolist(),
 }
 WRITES_2D: dict[str, Form] = {
