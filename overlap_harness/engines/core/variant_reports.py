@@ -26,5 +26,6 @@ def write_watch_reports(label: str, watcher: Any, out: Path,
             timeline, label = shown, f"{label}-iteration-{plotted_iteration}"
     result = CheckResult(label, [], "cpu", races=watcher.races,
                          run=DeviceRun(timeline=timeline, races=watcher.races),
-                         buffer_sites=watcher.buffer_sites, marks=watcher.marks)
+                         buffer_sites=watcher.buffer_sites, marks=watcher.marks,
+                         wait_bindings=watcher.wait_bindings)
     return write_reports(result, out)
