@@ -41,6 +41,9 @@ class CaseResult:
     wall_s: float = 0.0  # wall seconds of the run and its oracle (JUnit ``time=``)
     query_sites: list[QuerySite] = field(default_factory=list, repr=False)  # branching queries
     timeline: list[OpRecord] = field(default_factory=list, repr=False)
+    # (record op, wait op): the record each wait bound to, as the device bound it (the
+    # recorder's); empty: the reports find them by name (reports/lanes.py wait_arrows)
+    waits: list[tuple[int, int]] = field(default_factory=list, repr=False)
     config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

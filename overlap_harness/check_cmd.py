@@ -94,8 +94,10 @@ def result_dict(result: Any) -> dict[str, Any]:
             "refused": result.refused, "error": result.error}
 
 
-def write_reports(result: Any, out: Path) -> list[Path]:
-    """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``."""
+def write_reports(result: Any, out: Path,
+                  window: tuple[int, int] | None = None) -> list[Path]:
+    """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``; the
+    plot shows iterations ``window`` (first, last) only, the trace and SARIF the whole run."""
     # deferred: matplotlib loads only when reports are asked for
     from overlap_harness.recorder.race_groups import group_races
     from overlap_harness.recorder.report_text import describe_group, marks_lookup
@@ -108,7 +110,8 @@ def write_reports(result: Any, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     if case.timeline:
-        paths += save_plot(plot_timeline(case), out / "plots" / safe_name(case.run_id))
+        paths += save_plot(plot_timeline(case, window=window),
+                           out / "plots" / safe_name(case.run_id))
     write_trace([case], str(out / "trace.json"))
     groups = group_races(result.races)  # one SARIF result per pair of racing sites
     texts = {id(g.race): describe_group(g, result.buffer_sites, marks_lookup(result.marks))

@@ -108,6 +108,11 @@ class Watch:
         return dict(self.recording.buffer_sites)
 
     @property
+    def wait_bindings(self) -> list[tuple[int, int]]:
+        """(record node, wait node): the record each stream wait bound to, in issue order."""
+        return list(self.recording.wait_bindings)
+
+    @property
     def marks(self) -> dict[int, IterationMark]:
         """Node id -> the loop iteration it was issued in (nodes outside loops absent)."""
         return dict(self.recording.marks.by_op)
@@ -324,6 +329,7 @@ class CheckResult:
     run: DeviceRun = field(default_factory=DeviceRun)
     unknown_ops: list[UnknownOp] = field(default_factory=list)
     buffer_sites: dict[str, str] = field(default_factory=dict)
+    wait_bindings: list[tuple[int, int]] = field(default_factory=list)  # record -> wait
     marks: dict[int, IterationMark] = field(default_factory=dict)  # node id -> its iteration
     notes: list[Any] = field(default_factory=list)  # portability notes, not races
     error: str | None = None  # the script's traceback when it crashed
@@ -347,7 +353,7 @@ class CheckResult:
         return CaseResult(run_id=name, scenario=name, mutation="", path=self.script,
                           expect="race_free", verdict=verdict, ok=not self.races,
                           races=list(self.races), error=self.error,
-                          timeline=list(self.run.timeline))
+                          timeline=list(self.run.timeline), waits=list(self.wait_bindings))
 
 
 def _script_traceback(exc: BaseException) -> str:
@@ -402,6 +408,7 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     result.run = watcher.run
     result.unknown_ops = watcher.unknown_ops
     result.buffer_sites = watcher.buffer_sites
+    result.wait_bindings = watcher.wait_bindings
     result.marks = watcher.marks
     result.notes = watcher.notes
     return result

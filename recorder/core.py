@@ -167,6 +167,8 @@ class Recording:
         self.detector = HBDetector()
         self.pool = BlockPool()
         self.timeline: list[OpRecord] = []
+        # (record op, wait op): what each wait joined, for the reports' record -> wait arrows
+        self.wait_bindings: list[tuple[OpId, OpId]] = []
         self.unknown_ops: list[UnknownOp] = []
         self.refused: list[str] = []  # what the program reached that is not modelled
         self.marks = IterationMarks()  # the loop iteration each node was issued in
@@ -230,6 +232,8 @@ class Recording:
         reqs = [AccessReq(a.info.storage, a.info.buffer_id, a.info.name, a.elements, a.write,
                           a.info.pinned) for a in _merged(accesses)]
         self.detector.on_op(info, reqs, joins)
+        if kind == OpKind.WAIT:  # a graph replay ordered after its previous replay
+            self.wait_bindings.extend((joined, info.op) for joined in joins)
         self.ops_recorded += 1
         return info.op
 
@@ -272,8 +276,11 @@ class Recording:
         """``stream.wait_event(event)``: binds to the latest record; no-op if never recorded."""
         if self.capture is not None and self.capture.wait(event_key, agent, name):
             return CAPTURED
+        bound = self.detector.event_op(event_key)
         info = self._node(name, agent, OpKind.WAIT, None)
         self.detector.on_wait(event_key, info)
+        if bound is not None:
+            self.wait_bindings.append((bound, info.op))
         return info.op
 
     @_serialized

@@ -36,3 +36,15 @@ def event_arrows(timeline: Sequence[OpRecord]) -> list[tuple[OpRecord, OpRecord]
             if rec is not None:
                 pairs.append((rec, t))
     return pairs
+
+
+def wait_arrows(timeline: Sequence[OpRecord],
+                bound: Sequence[tuple[int, int]] = ()) -> list[tuple[OpRecord, OpRecord]]:
+    """(record, wait) pairs of ``timeline``: ``bound``, the (record op, wait op) bindings the
+    device made as the program ran (the recorder's, whose op names follow the user's
+    variables), those of ops in ``timeline``; without them, found by name
+    (:func:`event_arrows`: the simulated and CUDA devices name ops ``record:X``/``wait:X``)."""
+    if not bound:
+        return event_arrows(timeline)
+    by_op = {t.op: t for t in timeline}
+    return [(by_op[rec], by_op[wait]) for rec, wait in bound if rec in by_op and wait in by_op]

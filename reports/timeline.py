@@ -25,11 +25,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from overlap_harness.model.results import CaseResult
-from overlap_harness.model.trace import OpKind, OpRecord, Race, describe_elements
+from overlap_harness.model.trace import OpKind, OpRecord, Race
 from overlap_harness.reports.agg_text import CachedTextCanvas
-from overlap_harness.reports.lanes import event_arrows, lane_order
+from overlap_harness.reports.lanes import lane_order, wait_arrows
 from overlap_harness.reports.race_arrow import RACE_COLOR
-from overlap_harness.reports.race_arrow import RaceArrow as _RaceArrow
+from overlap_harness.reports.race_connectors import draw_races
 
 #: Face colour, edge colour and hatch by kind; zero-length kinds are drawn as markers.
 STYLE: dict[OpKind, tuple[str, str, str]] = {
@@ -47,7 +47,6 @@ MARKERS: dict[OpKind, tuple[str, str]] = {
     OpKind.ALLOC: ("|", "#888888"),
     OpKind.FREE: ("|", "#888888"),
 }
-MAX_RACES_DRAWN = 200
 MAX_TITLE_LINES = 4
 """A title wraps to at most this many lines, the last ending in an ellipsis: a name of any
 length leaves the axes their room."""
@@ -71,11 +70,6 @@ def iteration_starts(timeline: Sequence[OpRecord]) -> dict[int, int]:
         if t.iteration >= 0:
             starts[t.iteration] = min(starts.get(t.iteration, t.issue_ns), t.issue_ns)
     return dict(sorted(starts.items()))
-
-
-def race_label(race: Race) -> str:
-    """``RAW new_seq_lens_buf[0:2]``: the text next to a race connector."""
-    return f"{race.kind} {race.buffer}{describe_elements(race.shape, race.elements)}"
 
 
 def window_span(timeline: Sequence[OpRecord], window: tuple[int, int] | None) -> tuple[int, int]:
@@ -149,12 +143,13 @@ def _draw_ops(ax: Axes, timeline: Sequence[OpRecord], lanes: _Lanes, span: tuple
 
 
 def _draw_arrows(ax: Axes, timeline: Sequence[OpRecord], lanes: _Lanes,
-                 span: tuple[int, int]) -> None:
-    """Record -> wait arrows, all in one quiver (an annotation each cost about a third of a
+                 span: tuple[int, int], waits: Sequence[tuple[int, int]] = ()) -> None:
+    """Record -> wait arrows (``waits``: the bindings the device made, else by name: see
+    :func:`wait_arrows`), all in one quiver (an annotation each cost about a third of a
     plot's drawing time)."""
     lo, hi = span
     tails, heads = [], []
-    for rec, wait in event_arrows(timeline):
+    for rec, wait in wait_arrows(timeline, waits):
         if lo <= rec.start_ns <= hi and lo <= wait.start_ns <= hi:
             tails.append((rec.start_ns / 1e3, lanes.y(rec.agent) + 0.38))
             heads.append((wait.start_ns / 1e3, lanes.y(wait.agent) - 0.38))
@@ -183,57 +178,12 @@ def _draw_iterations(ax: Axes, timeline: Sequence[OpRecord], span: tuple[int, in
         ax.text(x, top, f" {n}", fontsize=8, va="bottom", ha="left", color="#333333")
 
 
-def _access_point(race_side, by_op: dict[int, OpRecord]) -> tuple[str, int] | None:
-    rec = by_op.get(race_side.op)
-    agent = race_side.agent if rec is None else rec.agent
-    at = race_side.time_ns
-    if at is None and rec is not None:
-        at = rec.end_ns if race_side.mode == "write" else rec.start_ns
-    return None if at is None else (agent, at)
-
-
-def _draw_races(ax: Axes, races: Sequence[Race], timeline: Sequence[OpRecord], lanes: _Lanes,
-                span: tuple[int, int], px_per_ns: float) -> int:
-    """The races' connectors (up to :data:`MAX_RACES_DRAWN`), their two ends marked, and a
-    label where it does not cover the previous one; returns how many were drawn."""
-    by_op = {t.op: t for t in timeline}
-    last_label_px = -1e18
-    drawn = 0
-    ends: tuple[list[float], list[float]] = ([], [])  # x, y of both ends, race after race
-    for race in races:
-        a, b = _access_point(race.first, by_op), _access_point(race.second, by_op)
-        if a is None or b is None or a[0] not in lanes.names or b[0] not in lanes.names:
-            continue
-        if max(a[1], b[1]) < span[0] or min(a[1], b[1]) > span[1]:
-            continue
-        if drawn >= MAX_RACES_DRAWN:
-            break
-        drawn += 1
-        (xa, ya), (xb, yb) = (a[1] / 1e3, lanes.y(a[0])), (b[1] / 1e3, lanes.y(b[0]))
-        ax.add_artist(_RaceArrow((xa, ya), (xb, yb)))
-        ends[0].extend((xa, xb))
-        ends[1].extend((ya, yb))
-        state = {True: "manifest", False: "latent", None: "?"}[race.manifest]
-        text = f"{race_label(race)} ({state})"
-        mid_px = (a[1] + b[1]) / 2 * px_per_ns
-        # label a connector only where the previous label is out of the way (16 iterations
-        # of the same race would otherwise print on top of each other)
-        if mid_px - last_label_px > len(text) * 6.5 + 10:
-            last_label_px = mid_px
-            ax.annotate(text, xy=((xa + xb) / 2, (ya + yb) / 2 + 0.15), fontsize=8,
-                        color=RACE_COLOR, ha="center", va="bottom", zorder=8,
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": RACE_COLOR,
-                              "lw": 0.6, "alpha": 0.9})
-    if drawn:  # one line of markers, in the order a line per race drew them
-        ax.plot(*ends, marker="X", color=RACE_COLOR, markersize=8, linestyle="none", zorder=7)
-    return drawn
-
-
 def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race],
                     span: tuple[int, int], px_per_ns: float, heading: str,
-                    lanes_set: bool = False) -> int:
+                    lanes_set: bool = False, waits: Sequence[tuple[int, int]] = ()
+                    ) -> tuple[int, int]:
     """One axes of lanes; ``lanes_set``: a kept axes whose lane ticks, limits and grid
-    are those of ``timeline`` already."""
+    are those of ``timeline`` already; ``waits``: the run's record -> wait bindings."""
     lanes = _Lanes(lane_order(timeline))
     if not lanes_set:
         ax.set_yticks([lanes.y(a) for a in lanes.names], [lane_label(a) for a in lanes.names])
@@ -245,8 +195,8 @@ def _draw_lane_axes(ax: Axes, timeline: Sequence[OpRecord], races: Sequence[Race
     ax.set_title(heading, fontsize=10, loc="left", y=1.0)
     _draw_iterations(ax, timeline, span, len(lanes.names) - 0.45)
     _draw_ops(ax, timeline, lanes, span, px_per_ns)
-    _draw_arrows(ax, timeline, lanes, span)
-    return _draw_races(ax, races, timeline, lanes, span, px_per_ns)
+    _draw_arrows(ax, timeline, lanes, span, waits)
+    return draw_races(ax, races, timeline, lanes, span, px_per_ns)
 
 
 def _shift(timeline: Sequence[OpRecord]) -> list[OpRecord]:
@@ -413,13 +363,15 @@ def plot_timeline(case: CaseResult, *, window: tuple[int, int] | None = None,
             _kept[(width, sum(heights) + 0.9, tuple(lanes))] = fig
     axes = fig.axes
     px_per_ns = (width * 0.85 * fig.dpi) / (span[1] - span[0])
-    drawn = _draw_lane_axes(axes[0], timeline, case.races, span, px_per_ns, "simulated",
-                            lanes_set=kept)
+    drawn, arrows = _draw_lane_axes(axes[0], timeline, case.races, span, px_per_ns,
+                                    "simulated", lanes_set=kept, waits=case.waits)
     if gpu_tl:
         _draw_lane_axes(axes[1], gpu_tl, [], span, px_per_ns, gpu_label)
     axes[-1].set_xlabel("time (\u00b5s)")
     if drawn < len(case.races):
         title += f" [{drawn} of {len(case.races)} races in view]"
+    if arrows < drawn:
+        title += f" [{drawn} races drawn as {arrows} arrows, one per pair of sites]"
     if not kept:
         (_paste_legend if raster_legend else _legend)(fig)
     title = wrap_title(title, width)

@@ -44,7 +44,7 @@ from overlap_harness.model.errors import HarnessError
 from overlap_harness.recorder.project_kernels import gather_accesses
 
 SGLANG_VERSION = "0.5.23"
-INSTALL_HINT = ("pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' "
+INSTALL_HINT = ("pip install -e '.[sglang]' && pip install --no-deps sglang==0.5.23 "
                 "(docs/sglang-conformance.md)")
 
 

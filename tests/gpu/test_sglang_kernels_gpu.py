@@ -12,8 +12,8 @@ Compared (overlap_harness/conformance/kernels.py says how the inputs are adapted
 
 Every case of tests/model/test_kernels.py: its case builders, strategies and settings
 (derandomized; 40 chain cases, 12 gather cases), real token ids (vocab up to 32000), on the
-GPU. Needs a CUDA device and the sglang extra (``pip install --no-deps sglang==0.5.23 &&
-pip install -e '.[sglang]'``); skipped with the reason otherwise.
+GPU. Needs a CUDA device and the sglang extra (``pip install -e '.[sglang]' && pip install
+--no-deps sglang==0.5.23``); skipped with the reason otherwise.
 """
 
 from __future__ import annotations

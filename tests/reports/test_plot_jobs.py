@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from matplotlib.text import Annotation
 
-from overlap_harness.reports import plot_jobs, timeline, writer
+from overlap_harness.reports import plot_jobs, race_connectors, timeline, writer
 from overlap_harness.reports.plot_jobs import PlotJobs, plot_all
 from overlap_harness.reports.timeline import plot_timeline
 from overlap_harness.runner import run_scenarios
@@ -131,7 +131,7 @@ def test_race_connectors_are_the_annotation_arrows(tmp_path, monkeypatch, window
     case = make_case(tmp_path, iterations=4, mutation="no_publish_wait")
     assert case.races
     connectors = rgba(plot_timeline(case, window=window)).astype(int)
-    monkeypatch.setattr(timeline, "_RaceArrow", annotation_arrow)
+    monkeypatch.setattr(race_connectors, "RaceArrow", annotation_arrow)
     annotations = rgba(plot_timeline(case, window=window)).astype(int)
     # the ends are shrunk in closed form (reports/race_arrow.py), matplotlib bisects them
     # to 0.01 px: anti-aliasing may move by a level or two, no more

@@ -93,7 +93,8 @@ def test_perfetto_trace_follows_the_format(racy_case: CaseResult) -> None:
     for e in slices:  # slices on one track nest or follow each other, never cross
         per_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
     for spans in per_track.values():
-        spans.sort()
+        spans.sort(key=lambda span: (span[0], -span[1]))  # of two that start together, the
+        # longer first: the shorter nests in it
         for (_a0, a1), (b0, b1) in itertools.pairwise(spans):
             assert b0 >= a1 - 1e-6 or b1 <= a1 + 1e-6
     starts = {e["id"]: e for e in ev if e["ph"] == "s"}

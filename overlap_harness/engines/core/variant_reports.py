@@ -20,11 +20,13 @@ def write_watch_reports(label: str, watcher: Any, out: Path,
     from overlap_harness.recorder.api import CheckResult
 
     timeline = watcher.run.timeline
-    if plotted_iteration is not None:
-        shown = [op for op in timeline if op.iteration == plotted_iteration]
-        if shown:
-            timeline, label = shown, f"{label}-iteration-{plotted_iteration}"
+    window = None
+    if plotted_iteration is not None and any(op.iteration == plotted_iteration
+                                             for op in timeline):
+        window = (plotted_iteration, plotted_iteration)
+        label = f"{label}-iteration-{plotted_iteration}"
     result = CheckResult(label, [], "cpu", races=watcher.races,
                          run=DeviceRun(timeline=timeline, races=watcher.races),
-                         buffer_sites=watcher.buffer_sites, marks=watcher.marks)
-    return write_reports(result, out)
+                         buffer_sites=watcher.buffer_sites, marks=watcher.marks,
+                         wait_bindings=watcher.wait_bindings)
+    return write_reports(result, out, window)
