@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.engines.sglang import releases
-from overlap_harness.engines.sglang.release_diff import compare, markdown, tree_sites
+from overlap_harness.engines.sglang.release_diff import (
+    compare,
+    markdown,
+    necessity_changes,
+    tree_sites,
+)
 
 _MODULES = ("sglang.srt.managers.scheduler", "sglang.srt.managers.overlap_utils")
 
@@ -116,3 +121,20 @@ def test_a_broken_wheel_is_said_and_removed(tmp_path: Path,
     assert not bad.exists()
     with pytest.raises(ValueError, match="not a release version"):
         releases.release_tree("latest; rm -rf /")
+
+
+def test_a_verdict_that_changed_between_releases() -> None:
+    def row(variant: str, site: str, code: str, real: str) -> dict:
+        return {"variant": variant, "site": site, "function": "Scheduler.run_batch",
+                "code": code, "real": real}
+
+    wait = "self.forward_stream.wait_stream(self.schedule_stream)"
+    older = [row("a", "scheduler.py:10", wait, "necessary"),
+             row("b", "scheduler.py:10", wait, "redundant"),
+             row("a", "scheduler.py:20", "ev.record()", "necessary")]
+    newer = [row("a", "scheduler.py:14", wait, "redundant"),  # moved and changed
+             row("b", "scheduler.py:14", wait, "redundant"),  # moved, same verdict
+             row("c", "scheduler.py:30", "ev.wait()", "necessary")]  # only in the newer
+    (change,) = necessity_changes(older, newer)
+    assert (change.variant, change.older, change.newer) == (
+        "a", "necessary at scheduler.py:10", "redundant at scheduler.py:14")

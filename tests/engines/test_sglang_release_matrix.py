@@ -44,3 +44,17 @@ def test_release_drives_race_free(version: str, tmp_path: Path) -> None:
     for entry in document.get("not_applicable", []):
         assert entry["variant"] not in document["variants"]
         assert entry["reason"].strip(), entry
+
+
+@pytest.mark.slow
+def test_the_releases_page_is_what_the_tool_writes(tmp_path: Path) -> None:
+    """docs/sglang-releases.md is generated: regenerated from the releases' trees and the
+    committed loop reports, it comes out the same."""
+    root = Path(__file__).resolve().parents[2]
+    page = tmp_path / "page.md"
+    done = subprocess.run([sys.executable, str(root / "tools" / "sglang_releases_page.py"),
+                           "--out", str(page)], capture_output=True, text=True, timeout=900)
+    if done.returncode == 2:
+        pytest.skip(done.stderr.strip())
+    assert done.returncode == 0, done.stderr
+    assert page.read_text() == (root / "docs" / "sglang-releases.md").read_text()

@@ -114,3 +114,39 @@ def markdown(versions: list[str], changes: list[SyncChanges]) -> str:
                          f"`{identity.function}`, was {where}")
         lines.append("")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictChange:
+    """A site whose necessity verdict differs between two releases' loop reports, in one
+    variant that both ran."""
+
+    variant: str
+    function: str
+    code: str
+    older: str  # verdict and site in the older release: "necessary at sglang/...:123"
+    newer: str
+
+
+def necessity_changes(older_rows: list[dict], newer_rows: list[dict]) -> list[VerdictChange]:
+    """Rows of two loop reports (``reports/conformance/sglang-V-loop.json``'s ``rows``)
+    matched by variant, function and statement text, whose ``real`` verdict differs. A row
+    only one release has (a site added or removed, a variant one of them cannot run) is the
+    sync comparison's business, not a verdict change."""
+
+    def keyed(rows: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
+        table: dict[tuple[str, str, str], list[dict]] = {}
+        for row in rows:
+            key = (row["variant"], row["function"], " ".join(row["code"].split()))
+            table.setdefault(key, []).append(row)
+        return table
+
+    older, newer = keyed(older_rows), keyed(newer_rows)
+    changes = []
+    for key in sorted(set(older) & set(newer)):
+        for before, after in zip(older[key], newer[key], strict=False):
+            if before["real"] != after["real"]:
+                changes.append(VerdictChange(key[0], key[1], key[2],
+                                             f"{before['real']} at {before['site']}",
+                                             f"{after['real']} at {after['site']}"))
+    return changes
