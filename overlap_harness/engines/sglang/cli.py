@@ -40,6 +40,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
                         "each site's real verdict beside the model's removal of its "
                         "counterpart (reports/conformance holds the committed one)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="on a CUDA device: every site the loop report judged removed in "
+                        "turn, its race forced by delaying a stream, values compared with the "
+                        "serial answer (docs/sglang-loop.md: GPU mode)")
+    parser.add_argument("--gpu-report", type=Path, metavar="DIR", default=None,
+                        help="with --gpu: write sglang-VERSION-loop-gpu.json and .md in DIR")
+    parser.add_argument("--loop-json", type=Path, metavar="FILE", default=None,
+                        help="with --gpu: the loop report to check (default: "
+                        "reports/conformance/sglang-0.5.23-loop.json)")
+    parser.add_argument("--gpu-timeout", type=float, metavar="S", default=400.0,
+                        help="with --gpu: seconds one site's child may run (default 400)")
+    parser.add_argument("--gpu-deadline", type=float, metavar="S", default=float("inf"),
+                        help="with --gpu: start no site after S seconds and stop running ones "
+                        "(their rows are kept, marked not run); default: none")
     parser.set_defaults(func=run)
     return parser
 
@@ -48,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
+    if args.gpu:
+        from overlap_harness.engines.sglang.gpu_command import run as run_gpu
+
+        return run_gpu(args)
     if args.loop_report and not args.necessity:
         return fail(PROG, "--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ class LoopRun:
     seconds: float = 0.0
     watch: Any = None  # the recorder's Watch, for reports
     worker: Any = None  # the fake model worker (what it ran), for tests
+    requests: list[Any] = field(default_factory=list)  # SGLang's Req objects, in arrival order
+    scheduler: Any = None  # the driven scheduler (its pools hold the run's final values)
 
 
 class _Intake:
@@ -54,12 +57,15 @@ class _Intake:
         self.watch = watch
         self.iteration = -1
         self.counter = 0
+        self.requests: list[Any] = []
 
     def __call__(self, stop_at_pause: bool = False) -> list[Any]:
         self.iteration += 1
         self.watch.iteration(self.iteration)
         for prompt_len, max_new in self.variant.arrivals.get(self.iteration, ()):
-            self.scheduler._add_request_to_queue(self._request(prompt_len, max_new))
+            request = self._request(prompt_len, max_new)
+            self.requests.append(request)
+            self.scheduler._add_request_to_queue(request)
         if self.iteration + 1 >= self.variant.iterations:
             self.scheduler.gracefully_exit = True  # the loop stops before the next one
         return []
@@ -80,8 +86,13 @@ class _Intake:
         return req
 
 
-def run_variant(variant: Variant) -> LoopRun:
-    """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
+def run_variant(variant: Variant, device: Any = None) -> LoopRun:
+    """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``).
+
+    ``device`` None: under ``recorder.watch(mode="cpu")``. Otherwise the run is on a real
+    CUDA device and ``device`` gives its ``watch()`` (a context yielding what stands for the
+    recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
+    :mod:`.gpu_loop`."""
     kernels.declare()
     if variant.decode_graph_sizes:
         graph_kernels.declare()
@@ -97,7 +108,8 @@ def run_variant(variant: Variant) -> LoopRun:
         args = eagle_build.server_args(variant.eagle,
                                        chunked_prefill_size=variant.chunked_prefill_size,
                                        mixed_chunk=variant.mixed_chunk)
-    with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
+    watching = recorder.watch(mode="cpu") if device is None else device.watch()
+    with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
           eagle_build.selected(variant.eagle)):
         scheduler = scheduler_build.build_scheduler(
@@ -115,10 +127,11 @@ def run_variant(variant: Variant) -> LoopRun:
         torch.cuda.synchronize()
         with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
                                      lambda: intake.iteration),
-              torch.cuda.stream(scheduler.schedule_stream)):
+              torch.cuda.stream(scheduler.schedule_stream),
+              nullcontext() if device is None else device.forcing(scheduler)):
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,
                    scheduler.tp_worker.forwards,
                    [u.name for u in watch.unknown_ops], time.process_time() - started, watch,
-                   scheduler.tp_worker)
+                   scheduler.tp_worker, intake.requests, scheduler)

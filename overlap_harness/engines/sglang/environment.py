@@ -25,7 +25,7 @@ from pathlib import Path
 import msgspec
 
 from overlap_harness.engines.core.patching import attributes_set
-from overlap_harness.engines.sglang import torchvision_stub
+from overlap_harness.engines.sglang import sgl_kernel_stub, torchvision_stub
 from overlap_harness.model.errors import HarnessError
 
 SUPPORTED_VERSION = "0.5.23"
@@ -88,6 +88,7 @@ def load(source: str | None = None) -> SglangTree:
     if root is not None:
         sys.path.insert(0, str(root))
     torchvision_stub.install_if_missing()
+    sgl_kernel_stub.install_if_missing()  # a CUDA host without SGLang's compiled kernels
     started = time.perf_counter()
     try:
         for name in PATH_MODULES:

@@ -55,10 +55,13 @@ def _forward_accesses(tokens: torch.Tensor, worker: FakeModelWorker, batch: Any
 
 @declared(_forward_accesses, name="model_forward")
 def _model_forward(worker: FakeModelWorker, batch: Any) -> torch.Tensor:
-    """Values the sampler could have produced: a function of the KV the forward reads. Only
+    """Values the sampler could have produced: a function of the KV the forward reads (the
+    tokens of the request's slots) and its length. Only
     device work (no host read of device memory), as a real forward launches."""
     req_to_token = worker.req_to_token_pool.req_to_token
-    worker.kv_buffer[batch.out_cache_loc] = 1.0  # set_kv_buffer
+    # set_kv_buffer: each new slot holds a function of its token, so a read of a wrong slot,
+    # a stale token or an unwritten slot changes the sampled token (a GPU run compares them)
+    worker.kv_buffer[batch.out_cache_loc] = (batch.input_ids.to(torch.float32) + 1.0).view(-1, 1)
     sums = [worker.kv_buffer[req_to_token[row, :seq_len].to(torch.int64)].sum() + seq_len
             for row, seq_len in _rows_and_lengths(batch)]
     if not sums:

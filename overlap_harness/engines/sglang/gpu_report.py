@@ -1,0 +1,146 @@
+"""The GPU conformance report of SGLang's loop: ``sglang-VERSION-loop-gpu.{json,md}``.
+
+One row per (variant, removed site) of the loop report that the CPU mode judged (``race`` or
+``race_free``), plus one row per variant without a site (the unmodified loop): how many forced
+trials ran on the device, with which delays, how many left a value different from the serial
+answer, and the first such value. :func:`problems` checks a report against the loop report
+(the committed pair is checked in CI, which has no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: a necessary row without a wrong value says why in ``why``; these are the reasons used
+NO_WRONG_REASONS = {
+    "overwritten": "the corrupted value is overwritten before anything reads it",
+    "timing": "the race needs a timing the delay of its earlier side cannot make",
+    "not_run": "the row's trials did not run (error or budget): see error",
+}
+
+
+def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_version: str,
+             date: str, command: str, failures: list[str], seconds: float) -> dict[str, Any]:
+    """The report's JSON document (rows in site, then variant order; unmodified rows first)."""
+    rows = sorted(rows, key=lambda r: (r["site"] is not None, r["site"] or "", r["variant"]))
+    for row in rows:
+        row.setdefault("trials", 0)
+        row.setdefault("wrong_trials", 0)
+        row.setdefault("example_wrong", None)
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"]:
+            row["why"] = _why_no_wrong(row)
+    return {"sglang_version": version, "device": device, "torch": torch_version, "date": date,
+            "command": command, "seconds": round(seconds, 1), "child_failures": failures,
+            "summary": summary(rows), "rows": rows}
+
+
+def _why_no_wrong(row: dict[str, Any]) -> str:
+    """Why a necessary row shows no wrong value, from what its trials did (computed, never
+    hand-written): not run, or crashed, or every forced trial equal to the serial answer."""
+    if row.get("error") or not row["trials"]:
+        return f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
+    delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+    if row.get("crashed_trials"):
+        return (f"{row['crashed_trials']} of {row['trials']} forced trials crashed instead of "
+                f"finishing with a wrong value ({row.get('example_crash')}); the others equal "
+                f"the serial answer")
+    return (f"all {row['trials']} forced trials ({delays}) equal the serial answer: the delay "
+            "of the CPU race's earlier side did not make the value differ in output_ids or "
+            "req_to_token; which of the two (overwritten before use, or a timing the delay "
+            "cannot make) is not established")
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Counts: necessary rows with a wrong value, redundant rows all equal, and so on."""
+    def count(verdict: str | None, wrong: bool) -> int:
+        return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
+                   and not r.get("error") and bool(r["wrong_trials"]) == wrong)
+    return {"rows": len(rows),
+            "race_rows_wrong": count("race", True), "race_rows_all_equal": count("race", False),
+            "race_free_rows_all_equal": count("race_free", False),
+            "race_free_rows_wrong": count("race_free", True),
+            "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
+            "errors": sum(1 for r in rows if r.get("error"))}
+
+
+def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
+    """What in ``report`` disagrees with ``loop_report`` or with itself (empty: consistent)."""
+    real = {(r["variant"], r["site"]): r["real"] for r in loop_report["rows"]}
+    out = []
+    if report["sglang_version"] != loop_report["sglang_version"]:
+        out.append(f"version {report['sglang_version']} != {loop_report['sglang_version']}")
+    for row in report["rows"]:
+        where = f"{row['variant']} {row['site']}"
+        if row["site"] is not None and real.get((row["variant"], row["site"])) \
+                != row["cpu_verdict"]:
+            out.append(f"{where}: cpu_verdict {row['cpu_verdict']} but the loop report says "
+                       f"{real.get((row['variant'], row['site']))}")
+        if not 0 <= row["wrong_trials"] <= row["trials"]:
+            out.append(f"{where}: {row['wrong_trials']} wrong of {row['trials']} trials")
+        if bool(row["wrong_trials"]) != (row["example_wrong"] is not None):
+            out.append(f"{where}: wrong_trials and example_wrong disagree")
+        if row["trials"] and len(row.get("forced_delay", [])) != row["trials"]:
+            out.append(f"{where}: {row['trials']} trials but {len(row['forced_delay'])} delays")
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"] and not row.get("why"):
+            out.append(f"{where}: a necessary row without a wrong value says no why")
+    judged = {(v, s) for (v, s), verdict in real.items() if verdict in ("race", "race_free")}
+    present = {(r["variant"], r["site"]) for r in report["rows"] if r["site"] is not None}
+    variants = {r["variant"] for r in report["rows"]}
+    for key in sorted(judged - present, key=str):
+        if key[0] in variants:
+            out.append(f"{key[0]} {key[1]}: judged in the loop report, no row here")
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown page."""
+    s = report["summary"]
+    lines = [
+        f"# SGLang {report['sglang_version']}'s own overlap loop on a GPU, races forced",
+        "",
+        "Written by `overlap-harness sglang --gpu` (overlap_harness/engines/sglang/"
+        "gpu_table.py, gpu_loop.py, gpu_report.py; docs/sglang-loop.md: GPU mode).",
+        "",
+        f"Device: {report['device']}; torch {report['torch']}; {report['date']}; "
+        f"{report['seconds']} s wall.",
+        f"Command: `{report['command']}`",
+        "",
+        f"Necessary rows (CPU verdict race) with a wrong value: {s['race_rows_wrong']}, "
+        f"without: {s['race_rows_all_equal']}; redundant rows (race_free) bit-identical in "
+        f"every trial: {s['race_free_rows_all_equal']}, with a wrong value: "
+        f"{s['race_free_rows_wrong']}; unmodified loop bit-identical: "
+        f"{s['unmodified_all_equal']} variants, wrong: {s['unmodified_wrong']}; rows with an "
+        f"error: {s['errors']}.",
+        "",
+        "| variant | site | code | cpu_verdict | trials | forced_delay | wrong_trials | "
+        "example wrong value / why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+        note = row["example_wrong"] or row.get("why") or row.get("error") or ""
+        if row.get("error") and row["example_wrong"] is None:
+            note = f"error: {row['error']}"
+        code = f"`{row['code']}`" if row["code"] else "(unmodified loop)"
+        lines.append(f"| {row['variant']} | {row['site'] or '-'} | {code} | "
+                     f"{row['cpu_verdict'] or '-'} | {row['trials']} | {delays} | "
+                     f"{row['wrong_trials']} | {_cell(note)} |")
+    if report["child_failures"]:
+        lines += ["", "Child processes that failed: " + "; ".join(report["child_failures"])]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def write(report: dict[str, Any], folder: Path) -> list[Path]:
+    """``sglang-VERSION-loop-gpu.json`` and ``.md`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"sglang-{report['sglang_version']}-loop-gpu"
+    paths = [folder / f"{stem}.json", folder / f"{stem}.md"]
+    paths[0].write_text(json.dumps(report, indent=1) + "\n")
+    paths[1].write_text(markdown(report))
+    return paths

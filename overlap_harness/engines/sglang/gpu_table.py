@@ -1,0 +1,207 @@
+"""The necessity table checked on a GPU: each sync site removed, its race forced, values compared.
+
+Rows come from the loop report (``reports/conformance/sglang-VERSION-loop.json``): every
+(variant, site) whose CPU verdict is ``race`` or ``race_free``. For a ``race`` row the stream of
+the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu_loop`), one trial
+per (stream, delay); a ``race_free`` row and the unmodified loop (a row without a site, per
+variant) delay each stream the loop holds in turn. Each trial's values are compared with the
+serial answer of the unmodified loop.
+
+Each site runs in its own child process (the removal is never undone; CUDA does not survive a
+fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu_table SPEC OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+#: delays (GPU clock cycles of ``torch.cuda._sleep``) before each device op of a delayed stream
+RACE_CYCLES = (1 << 20, 1 << 23)
+SWEEP_CYCLES = (1 << 21,)
+
+_AGENT = re.compile(r" on (.+?) at ")
+
+
+def earlier_streams(race_examples: Sequence[str]) -> list[str]:
+    """The streams (attribute names) of the earlier side of each CPU race, in first-seen
+    order: ``'WAR x: op on self.forward_stream at f:1 / op on host at g:2'`` ->
+    ``['forward_stream']``. The host is never the earlier side to delay here."""
+    out: list[str] = []
+    for example in race_examples:
+        agents = _AGENT.findall(example)
+        if not agents:
+            continue
+        name = agents[0].removeprefix("self.")
+        if name != "host" and name not in out:
+            out.append(name)
+    return out
+
+
+def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None
+         ) -> dict[str | None, list[dict[str, Any]]]:
+    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant)."""
+    chosen = list(variants or loop_document["variants"])
+    by_site: dict[str | None, list[dict[str, Any]]] = {
+        None: [{"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
+               for v in chosen]}
+    for row in loop_document["rows"]:
+        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen:
+            continue
+        by_site.setdefault(row["site"], []).append({
+            "variant": row["variant"], "site": row["site"], "code": row["code"],
+            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"])})
+    return by_site
+
+
+def _find_site(key: str) -> Any:
+    from overlap_harness.engines.sglang.path_sites import path_sites
+
+    path, _, line = key.rpartition(":")
+    for site in path_sites():
+        if site.file.replace(os.sep, "/").endswith("/" + path) and site.line == int(line):
+            return site
+    raise LookupError(f"{key}: no sync site at that line in the loaded tree")
+
+
+def _forcings_of(row: dict[str, Any], streams: list[str]) -> list[Any]:
+    from overlap_harness.engines.sglang.gpu_loop import Forcing, forcings
+
+    if row["cpu_verdict"] == "race" and row["delay"]:
+        return forcings([[s] for s in row["delay"]], RACE_CYCLES)
+    return [Forcing()] * (row["site"] is None) + forcings([[s] for s in streams], SWEEP_CYCLES)
+
+
+def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In this process: the serial answers of the rows' variants, then ``site_key`` removed,
+    then each row's trials (see the module docstring)."""
+    from overlap_harness.engines.core.mutation import Coverage, remove_site
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
+
+    environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
+    serial: dict[str, Any] = {}
+    streams: dict[str, list[str]] = {}
+    failed: dict[str, str] = {}
+    for row in rows:
+        trial, values, seen = run_trial(row["variant"], Forcing(serial=True), None)
+        if values is None:
+            failed[row["variant"]] = f"serial run failed: {trial.error}"
+        serial[row["variant"]], streams[row["variant"]] = values, seen
+    coverage = Coverage()
+    site = None
+    if site_key is not None:
+        try:
+            site = _find_site(site_key)
+            remove_site(site, coverage)
+        except Exception as exc:  # the row says so; never dropped
+            return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
+    out = []
+    for row in rows:
+        if row["variant"] in failed:
+            out.append(dict(row, error=failed[row["variant"]], trials=0))
+            continue
+        before = coverage.reached.get(site.key, 0) if site else 0
+        trials = [run_trial(row["variant"], f, serial[row["variant"]])[0]
+                  for f in _forcings_of(row, streams[row["variant"]])]
+        reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
+            else None
+        out.append(_row(row, trials, reached))
+    return out
+
+
+def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[str, Any]:
+    wrong = [t for t in trials if t.wrong is not None]
+    crashed = [t for t in trials if t.error is not None]
+    return {
+        "variant": row["variant"], "site": row["site"], "code": row["code"],
+        "cpu_verdict": row["cpu_verdict"], "trials": len(trials),
+        "forced_delay": [t.forcing for t in trials],
+        "wrong_trials": len(wrong), "crashed_trials": len(crashed),
+        "example_wrong": f"{wrong[0].forcing}: {wrong[0].wrong}" if wrong else None,
+        "example_crash": f"{crashed[0].forcing}: {crashed[0].error}" if crashed else None,
+        "reached_per_trial": reached,
+        "seconds": round(sum(t.seconds for t in trials), 2),
+        "trial_details": [asdict(t) for t in trials],
+    }
+
+
+def _child(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    rows = run_site(spec["site"], spec["rows"])
+    Path(out_path).write_text(json.dumps(rows))
+
+
+def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, jobs: int,
+              timeout_s: float, deadline_s: float = float("inf"),
+              progress: Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
+    most rows first); the rows and the sites whose child failed (their rows kept, with the
+    failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
+    kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
+    lines) as they come."""
+    work = sorted(plan(loop_document, variants).items(), key=lambda item: -len(item[1]))
+    end = time.monotonic() + deadline_s
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        running: list[tuple[subprocess.Popen[bytes], str | None, list[dict[str, Any]], str,
+                            float]] = []
+        index = 0
+        while work or running:
+            if time.monotonic() > end:
+                for _, site, _, _, _ in running:
+                    failures.append(f"{site}: stopped at the deadline")
+                for child, *_ in running:
+                    child.kill()
+                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
+                            for _, _, site_rows, _, _ in running for r in site_rows)
+                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
+                            for _, site_rows in work for r in site_rows)
+                break
+            while work and len(running) < max(1, jobs):
+                site, site_rows = work.pop(0)
+                spec = Path(scratch, f"spec{index}.json")
+                out = str(Path(scratch, f"out{index}.json"))
+                index += 1
+                spec.write_text(json.dumps({"site": site, "rows": site_rows}))
+                child = subprocess.Popen([sys.executable, "-m", __name__, str(spec), out],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                running.append((child, site, site_rows, out, time.monotonic()))
+            time.sleep(0.2)
+            for entry in list(running):
+                child, site, site_rows, out, started = entry
+                late = time.monotonic() - started > timeout_s
+                if child.poll() is None and not late:
+                    continue
+                if late:
+                    child.kill()
+                running.remove(entry)
+                _, err = child.communicate()
+                if child.returncode == 0 and Path(out).is_file():
+                    done = json.loads(Path(out).read_text())
+                    rows.extend(done)
+                    if progress is not None:
+                        with progress.open("a") as lines:
+                            lines.writelines(json.dumps(r) + "\n" for r in done)
+                    print(f"  {site or 'unmodified'}: {len(done)} rows "
+                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                    continue
+                tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                why = "timed out" if late else f"exit {child.returncode}: {tail[0]}"
+                failures.append(f"{site}: {why}")
+                rows.extend(dict(r, error=f"child failed: {why}", trials=0) for r in site_rows)
+    return rows, failures
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,168 @@
+"""The committed GPU report of SGLang's loop, checked against the loop report (no GPU needed),
+and the pieces of the GPU mode that run without one: the forcing plan, the value comparison,
+the report's consistency check and the ``sgl_kernel`` stand-ins."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.core.strict import UnplannedUseError, modules_installed
+from overlap_harness.engines.sglang import gpu_report, gpu_table, sgl_kernel_stub
+from overlap_harness.engines.sglang.gpu_loop import first_difference
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "reports" / "conformance" / "sglang-0.5.23-loop-gpu.json"
+LOOP = ROOT / "reports" / "conformance" / "sglang-0.5.23-loop.json"
+
+
+@pytest.fixture(scope="module")
+def reports() -> tuple[dict, dict]:
+    return json.loads(GPU.read_text()), json.loads(LOOP.read_text())
+
+
+def test_every_row_carries_the_loop_reports_cpu_verdict(reports: tuple[dict, dict]) -> None:
+    gpu, loop = reports
+    real = {(r["variant"], r["site"]): r["real"] for r in loop["rows"]}
+    sited = [r for r in gpu["rows"] if r["site"] is not None]
+    assert sited
+    for row in sited:
+        assert real[(row["variant"], row["site"])] == row["cpu_verdict"], row
+    # every judged (variant, site) of the loop report has its row, none dropped
+    judged = {k for k, v in real.items() if v in ("race", "race_free")}
+    assert judged == {(r["variant"], r["site"]) for r in sited}
+    # and one unmodified row per variant
+    assert sorted(r["variant"] for r in gpu["rows"] if r["site"] is None) == sorted(
+        loop["variants"])
+
+
+def test_report_is_consistent_and_its_summary_recomputes(reports: tuple[dict, dict]) -> None:
+    gpu, loop = reports
+    assert gpu_report.problems(gpu, loop) == []
+    assert gpu_report.summary(gpu["rows"]) == gpu["summary"]
+    for key in ("device", "torch", "date", "command"):
+        assert gpu[key]
+    assert "H100" in gpu["device"] or "H200" in gpu["device"]
+
+
+def test_what_the_device_run_showed(reports: tuple[dict, dict]) -> None:
+    """The issue's aims, counted from the rows (independently of gpu_report.summary)."""
+    gpu, _ = reports
+    ok = [r for r in gpu["rows"] if not r.get("error") and r["trials"]]
+    necessary_wrong = [r for r in ok if r["cpu_verdict"] == "race" and r["wrong_trials"]]
+    redundant_equal = [r for r in ok if r["cpu_verdict"] == "race_free" and not r["wrong_trials"]]
+    assert len(necessary_wrong) >= 10
+    assert {r["variant"].split("_")[0] for r in necessary_wrong} >= {"non", "eagle"}
+    assert len(redundant_equal) >= 5
+    # no redundant row and no unmodified run ever differed from the serial answer
+    assert not [r for r in ok if r["cpu_verdict"] in ("race_free", None) and r["wrong_trials"]]
+    for row in necessary_wrong:
+        assert "serial" in row["example_wrong"]
+    # a necessary row without a wrong value is kept and says why
+    for row in gpu["rows"]:
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"]:
+            assert row["why"]
+
+
+def test_problems_finds_a_wrong_cpu_verdict_and_a_missing_why(
+        reports: tuple[dict, dict]) -> None:
+    gpu, loop = reports
+    broken = copy.deepcopy(gpu)
+    row = next(r for r in broken["rows"] if r["cpu_verdict"] == "race_free")
+    row["cpu_verdict"] = "race"
+    assert any("cpu_verdict race" in p for p in gpu_report.problems(broken, loop))
+    broken = copy.deepcopy(gpu)
+    row = next(r for r in broken["rows"] if r["cpu_verdict"] == "race" and not r["wrong_trials"])
+    del row["why"]
+    assert any("says no why" in p for p in gpu_report.problems(broken, loop))
+    broken = copy.deepcopy(gpu)
+    broken["rows"] = [r for r in broken["rows"] if r["site"] is None or r["wrong_trials"]]
+    assert any("no row here" in p for p in gpu_report.problems(broken, loop))
+
+
+def test_earlier_streams_are_the_first_agent_of_each_race() -> None:
+    examples = [
+        "WAR t@f.py:1: model_forward on self.forward_stream at w.py:1 / copy_ on "
+        "self.schedule_stream at m.py:2",
+        "RAW p@f.py:2: copy_ on self.copy_stream at u.py:3 / read on host at b.py:4",
+        "RAW p@f.py:2: copy_ on self.copy_stream at u.py:3 / read on host at b.py:5",
+        "RAW q: write on host at a.py:1 / read on plan_stream at b.py:2",
+    ]
+    assert gpu_table.earlier_streams(examples) == ["forward_stream", "copy_stream"]
+
+
+def test_plan_covers_every_judged_row_and_the_unmodified_loop(reports: tuple[dict, dict]
+                                                              ) -> None:
+    _, loop = reports
+    planned = gpu_table.plan(loop, ["non_spec_decode", "eagle_topk1"])
+    assert [r["variant"] for r in planned[None]] == ["non_spec_decode", "eagle_topk1"]
+    rows = [r for site, rs in planned.items() if site is not None for r in rs]
+    expected = [r for r in loop["rows"] if r["variant"] in ("non_spec_decode", "eagle_topk1")
+                and r["real"] in ("race", "race_free")]
+    assert len(rows) == len(expected)
+    assert all(r["delay"] for r in rows if r["cpu_verdict"] == "race")
+
+
+def test_first_difference_names_the_value_and_the_serial_one() -> None:
+    serial = {"r1.output_ids": [1, 2, 3], "req_to_token": [[0, 1], [2, 3]]}
+    assert first_difference(copy.deepcopy(serial), serial) is None
+    assert first_difference({"r1.output_ids": [1, 9, 3], "req_to_token": [[0, 1], [2, 3]]},
+                            serial) == "r1.output_ids[1] = 9 (serial 2)"
+    assert first_difference({"r1.output_ids": [1, 2, 3], "req_to_token": [[0, 1], [2, 7]]},
+                            serial) == "req_to_token[1][1] = 7 (serial 3)"
+    assert first_difference({"r1.output_ids": [1, 2], "req_to_token": [[0, 1], [2, 3]]},
+                            serial) == "r1.output_ids: 2 values (serial 3)"
+
+
+def test_sgl_kernel_stand_ins_are_strict() -> None:
+    modules = {m.__name__: m for m in sgl_kernel_stub.modules()}
+    with modules_installed(modules):
+        import sgl_kernel
+        from sgl_kernel.utils import is_arch_support_pdl
+
+        assert getattr(sgl_kernel, sgl_kernel_stub.MARKER)
+        assert is_arch_support_pdl() is False
+        with pytest.raises(UnplannedUseError, match=r"sgl_kernel\.silu_and_mul"):
+            sgl_kernel.silu_and_mul(None, None)
+        with pytest.raises(UnplannedUseError, match="flash_attn_varlen"):
+            sgl_kernel.flash_attn_varlen  # noqa: B018
+        # a submodule not listed is absent: SGLang takes its own fallback
+        with pytest.raises(ModuleNotFoundError):
+            import sgl_kernel.scalar_type
+
+
+def test_stand_ins_are_not_needed_without_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA host")
+    assert sgl_kernel_stub.needed() is False
+
+
+SIMULATED_CUDA_HOST = """
+import sys, torch
+torch.cuda.is_available = lambda: True
+torch.version.cuda = "13.0"
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.get_device_name = lambda *a, **k: "simulated"
+torch.cuda.device_count = lambda: 1
+from overlap_harness.engines.sglang import environment, sgl_kernel_stub
+assert sgl_kernel_stub.needed()
+environment.load(None)
+print("stand-in" if getattr(sys.modules["sgl_kernel"], sgl_kernel_stub.MARKER, False) else "real")
+"""
+
+
+@pytest.mark.slow
+def test_sglang_path_imports_with_cuda_selected_on_the_stand_ins() -> None:
+    """SGLang's path modules import as on a CUDA host (torch told it has CUDA): every
+    ``sgl_kernel`` name they import is a stand-in (the list was found this way)."""
+    done = subprocess.run([sys.executable, "-c", SIMULATED_CUDA_HOST], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "stand-in"

@@ -1,0 +1,41 @@
+#!/bin/bash
+# `overlap-harness sglang --gpu` on a lent GPU machine (Python 3.12, torch 2.11, no SGLang):
+# the run of reports/conformance/sglang-0.5.23-loop-gpu.{json,md} (docs/sglang-loop.md, GPU mode).
+#
+# Staged here, inside the checkout that travels, under a git-excluded folder H (default .gpu/h36):
+#   H/code      this repository without .venv/.git/docs/benchmarks/profiles/tests, and of reports/
+#               only the *.py files and conformance/sglang-0.5.23-loop.json
+#   H/sglang.tgz  SGLang 0.5.23's unpacked wheel tree without its cp311 Rust extensions (*.so),
+#               sglang/multimodal_gen, sglang/test, sglang/benchmark (11 MB):
+#               tar czf H/sglang.tgz --exclude='*.so' --exclude=sglang/multimodal_gen \
+#                 --exclude=sglang/test --exclude=sglang/benchmark --exclude=__pycache__ \
+#                 sglang sglang-0.5.23.dist-info        (in /work/releases/0.5.23)
+#   H/whl       cp312 wheels (pip download --no-deps --only-binary=:all: --python-version 3.12
+#               --platform manylinux...) of what the image lacks and SGLang's import needs, at the
+#               CPU venv's versions: annotated-types apache-tvm-ffi asttokens compressed-tensors
+#               decorator dill distro executing fastapi gguf ipython jedi jiter loguru
+#               matplotlib-inline msgspec openai opentelemetry-api orjson parso
+#               partial-json-parser pexpect prompt_toolkit ptyprocess pure_eval pybase64
+#               pydantic pydantic_core pyzmq setproctitle simpy sniffio stack_data starlette
+#               traitlets typing-inspection tzdata uvicorn watchfiles wcwidth xgrammar (18 MB)
+# Call: run(command="bash .gpu/h36/code/tools/sglang_gpu_run.sh", carry=[".gpu/h36"]).
+# STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both).
+export PYTHONUNBUFFERED=1
+H=${H:-$PWD/.gpu/h36}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$H"/whl/*.whl || exit 1
+mkdir -p /tmp/sg && tar xzf "$H/sglang.tgz" -C /tmp/sg || exit 1
+export PYTHONPATH=/tmp/sg:/tmp/site:$H/code
+nvidia-smi -L
+python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
+cd "$H/code" || exit 1
+STEP=${STEP:-all}
+if [ "$STEP" = all ] || [ "$STEP" = smoke ]; then
+  timeout 150 python3 -m overlap_harness sglang --variant non_spec_decode --variant graph_decode \
+    2>&1 | tail -8 | tee "$OUT/cpu_mode.log"
+fi
+if [ "$STEP" = all ] || [ "$STEP" = table ]; then
+  timeout "${TABLE_S:-520}" python3 -m overlap_harness sglang --gpu -j "${JOBS:-10}" \
+    --gpu-deadline "${DEADLINE:-440}" --gpu-report "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/table.log" | tail -40
+fi
