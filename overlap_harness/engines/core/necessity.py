@@ -51,7 +51,9 @@ def _one_site(planned: tuple[int, SyncSite, list[str]]
     position, site, variants = planned
     run: RunVariant = _STATE["run"]  # type: ignore[assignment]
     progress: Progress = _STATE["progress"]  # type: ignore[assignment]
-    total, done = len(_STATE["planned"]), _STATE["done"]  # type: ignore[arg-type]
+    planned_runs = [len(plan) for _, _, plan in _STATE["planned"]]  # type: ignore[attr-defined]
+    runs_done = sum(planned_runs[:_STATE["done"]])  # type: ignore[misc]  (finished in order)
+    total = len(planned_runs)
     coverage = Coverage()
     try:
         remove_site(site, coverage)
@@ -61,7 +63,7 @@ def _one_site(planned: tuple[int, SyncSite, list[str]]
     for number, variant in enumerate(variants):
         progress.step(f"site {position + 1}/{total} {_short(site.key)}, variant {variant} "
                       f"({number + 1}/{len(variants)})",
-                      (done + number / len(variants)) / total,  # type: ignore[operator]
+                      (runs_done + number) / sum(planned_runs),
                       major=number == 0)
         before = coverage.reached.get(site.key, 0)
         outcome = run(variant)
@@ -113,6 +115,7 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
     planned = [(position, mutable[index], plans[index])
                for position, index in enumerate(indices)]
     _STATE.update(planned=planned)
+    progress.phase()
     ran = dict(zip(indices, forked_map(_one_site, planned, jobs), strict=True))
     progress.done(f"{len(planned)} of {len(mutable)} sites run "
                   f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "

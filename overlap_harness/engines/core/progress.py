@@ -40,17 +40,24 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.show = _SHOW[0] if show is None else show
         self.redraw = self.show and self.stream.isatty()
-        self.started = time.perf_counter()
+        self.started = self.estimated_from = time.perf_counter()
+
+    def phase(self) -> None:
+        """From now on ``fraction`` counts a new phase: the estimate of what is left is made
+        from the time since (a first phase of another pace, such as the probed pass, does not
+        skew it)."""
+        self.estimated_from = time.perf_counter()
 
     def step(self, what: str, fraction: float, major: bool = True) -> None:
-        """Say that the run is at ``what``, ``fraction`` (0..1) of the way through; a step
-        that is not ``major`` shows on a terminal only."""
+        """Say that the run is at ``what``, ``fraction`` (0..1) of the way through (its
+        phase); a step that is not ``major`` shows on a terminal only."""
         if not self.show or (not major and not self.redraw):
             return
-        elapsed = time.perf_counter() - self.started
-        line = f"{self.label}: {what}, {duration(elapsed)}"
+        now = time.perf_counter()
+        line = f"{self.label}: {what}, {duration(now - self.started)}"
         if fraction > 0:
-            line += f", about {duration(elapsed * (1 - fraction) / fraction)} left"
+            left = (now - self.estimated_from) * (1 - fraction) / fraction
+            line += f", about {duration(left)} left"
         self._write(line)
 
     def done(self, what: str) -> None:
