@@ -102,10 +102,10 @@ def _would_emit(logger: logging.Logger, record: logging.LogRecord) -> bool:
 
 
 @contextmanager
-def captured(stage: str) -> Iterator[EngineOutput]:
+def captured(stage: str, summary: bool = True) -> Iterator[EngineOutput]:
     """Collect the engines' warnings, log records and prints inside the block; at its end
-    print one summary line (named ``stage``, e.g. ``sglang import``) or, with
-    :func:`show_engine_output`, what they said. See the module doc."""
+    print one summary line (named ``stage``, e.g. ``sglang import``; none without
+    ``summary``) or, with :func:`show_engine_output`, what they said. See the module doc."""
     output = EngineOutput()
     real_out, real_err = sys.stdout, sys.stderr
     fake_out = _Stream(output, False, real_out)
@@ -135,7 +135,7 @@ def captured(stage: str) -> Iterator[EngineOutput]:
             _give_streams_back({fake_out: real_out, fake_err: real_err})
             if _SHOW[0]:
                 real_err.write(output.text())
-            elif (line := output.summary(stage)) is not None:
+            elif summary and (line := output.summary(stage)) is not None:
                 print(line, file=real_err)
 
 

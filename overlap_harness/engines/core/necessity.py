@@ -13,7 +13,9 @@ children sharing the variants) finds which sites each variant's intact run reach
 child runs only the variants that reach it, and a site no variant reaches needs no child: its
 rows are "not reached" as they would be after the run (a removal never reached leaves the
 run as it was). Progress lines (:mod:`overlap_harness.engines.core.progress`) say which site
-and variant the children are at, with the time so far and an estimate of what is left.
+and variant the children are at, with the time so far and an estimate of what is left; the
+engine's own log lines in the children are held back (shown with ``--verbose``,
+:mod:`overlap_harness.engines.core.engine_output`), so they do not bury the progress.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.mutation import Coverage, remove_site
 from overlap_harness.engines.core.progress import Progress
 from overlap_harness.engines.core.reach import reached_by_variant
@@ -66,7 +69,8 @@ def _one_site(planned: tuple[int, SyncSite, list[str]]
                       (runs_done + number) / sum(planned_runs),
                       major=number == 0)
         before = coverage.reached.get(site.key, 0)
-        outcome = run(variant)
+        with captured(f"{variant} run", summary=False):  # the engine's own log lines
+            outcome = run(variant)
         coverage.reached[f"{variant}:{site.key}"] = coverage.reached.get(site.key, 0) - before
         outcomes.append(outcome)
     return outcomes, dict(coverage.reached), None
@@ -80,7 +84,9 @@ def _short(key: str) -> str:
 def _reach(variants: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     progress: Progress = _STATE["progress"]  # type: ignore[assignment]
     progress.step(f"which sites the intact runs reach ({', '.join(variants)})", 0.0)
-    return reached_by_variant(_STATE["sites"], variants, _STATE["run"])  # type: ignore[arg-type]
+    with captured("probed runs", summary=False):  # the engine's own log lines
+        return reached_by_variant(_STATE["sites"], variants,
+                                  _STATE["run"])  # type: ignore[arg-type]
 
 
 def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int
