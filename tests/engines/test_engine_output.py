@@ -75,3 +75,24 @@ def test_an_engine_that_says_nothing_gets_no_line(capsys: pytest.CaptureFixture[
     with engine_output.captured("quiet import"):
         pass
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("flags, shown, progress_on", [
+    ([], False, True), (["-v"], True, True), (["--quiet", "--verbose"], True, False),
+    (["-q"], False, False)])
+def test_the_engine_commands_take_quiet_and_verbose(flags: list[str], shown: bool,
+                                                    progress_on: bool) -> None:
+    import argparse
+
+    from overlap_harness.engines.core import progress
+    from overlap_harness.engines.core.command import add_engine_options, apply_output_options
+
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser, "sglang", "tree", "folder")
+    try:
+        apply_output_options(parser.parse_args(flags))
+        assert (engine_output._SHOW[0], progress._SHOW[0]) == (shown, progress_on)
+        assert progress.Progress("necessity").show == progress_on
+    finally:
+        engine_output.show_engine_output(False)
+        progress.show_progress(True)
