@@ -96,3 +96,22 @@ def test_the_engine_commands_take_quiet_and_verbose(flags: list[str], shown: boo
     finally:
         engine_output.show_engine_output(False)
         progress.show_progress(True)
+
+
+def test_runs_hold_their_output_back_for_one_line_at_the_end(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+    import warnings
+
+    registered: list[object] = []
+    monkeypatch.setattr(engine_output.atexit, "register", registered.append)
+    monkeypatch.setattr(engine_output, "_HELD", [])
+    for run in ("first", "second"):
+        with engine_output.captured(f"{run} run", summary=False):
+            warnings.warn(f"{run}: Model Runner V2 requires Triton", stacklevel=1)
+            logging.getLogger("chatty_runs").warning("%s: retracting", run)
+    assert capsys.readouterr() == ("", "")
+    assert registered == [engine_output._say_held]  # once, however many blocks
+    engine_output._say_held()
+    assert capsys.readouterr().err == ("engine runs: 4 engine warnings hidden "
+                                       "(--verbose shows them)\n")

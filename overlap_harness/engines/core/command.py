@@ -71,11 +71,13 @@ def run_variants(names: Sequence[str], run_outcome: Callable[[str], Any],
     """Run each variant, printing its verdict (``progress`` says how far it got) and its first
     races; returns the outcomes, and the message of the first variant that cannot be driven
     (the runs stop there)."""
+    from overlap_harness.engines.core.engine_output import captured
     from overlap_harness.engines.core.report import describe
 
     outcomes: dict[str, Any] = {}
     for name in names:
-        outcome = run_outcome(name)
+        with captured(f"{name} run", summary=False):  # the engine's log lines: one line at exit
+            outcome = run_outcome(name)
         if outcome.error is not None:
             return outcomes, f"variant {name} cannot be driven on this tree: {outcome.error}"
         outcomes[name] = outcome

@@ -14,6 +14,7 @@ What is not caught: output written by C code straight to the file descriptors.
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import sys
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _SHOW = [False]  # --verbose: print what the engines said instead of the summary
+_HELD: list[EngineOutput] = []  # what blocks without their own summary held back, this process
 
 
 def show_engine_output(show: bool) -> None:
@@ -104,8 +106,10 @@ def _would_emit(logger: logging.Logger, record: logging.LogRecord) -> bool:
 @contextmanager
 def captured(stage: str, summary: bool = True) -> Iterator[EngineOutput]:
     """Collect the engines' warnings, log records and prints inside the block; at its end
-    print one summary line (named ``stage``, e.g. ``sglang import``; none without
-    ``summary``) or, with :func:`show_engine_output`, what they said. See the module doc."""
+    print one summary line (named ``stage``, e.g. ``sglang import``) or, with
+    :func:`show_engine_output`, what they said. Without ``summary`` the blocks of a process
+    are summed up together in one line when it ends (``engine runs: ...``). See the module
+    doc."""
     output = EngineOutput()
     real_out, real_err = sys.stdout, sys.stderr
     fake_out = _Stream(output, False, real_out)
@@ -137,6 +141,22 @@ def captured(stage: str, summary: bool = True) -> Iterator[EngineOutput]:
                 real_err.write(output.text())
             elif summary and (line := output.summary(stage)) is not None:
                 print(line, file=real_err)
+            elif output.said:
+                _hold(output)
+
+
+def _hold(output: EngineOutput) -> None:
+    """Keep ``output`` for the one line said when this process ends (a forked child ends
+    with ``os._exit`` and says nothing)."""
+    if not _HELD:
+        atexit.register(_say_held)
+    _HELD.append(output)
+
+
+def _say_held() -> None:
+    held = EngineOutput([said for output in _HELD for said in output.said])
+    if (line := held.summary("engine runs")) is not None:
+        print(line, file=sys.stderr)
 
 
 def _give_streams_back(replaced: dict[_Stream, object]) -> None:
