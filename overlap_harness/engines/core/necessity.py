@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.mutation import Coverage, remove_site
 from overlap_harness.engines.core.progress import Progress
-from overlap_harness.engines.core.reach import reached_by_variant
+from overlap_harness.engines.core.reach import probe_key, reached_by_variant
 from overlap_harness.engines.core.results import (
     NecessityRow,
     VariantOutcome,
@@ -102,9 +102,9 @@ def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int
     for share_probed, share_reached in forked_map(_reach, shares, jobs):
         probed |= share_probed
         reached.update(share_reached)
-    return [[v for v in variants
-             if site.key not in probed or v not in reached or site.key in reached[v]]
-            for site in mutable]
+    keys = [probe_key(site) for site in mutable]
+    return [[v for v in variants if key not in probed or v not in reached or key in reached[v]]
+            for key in keys]
 
 
 def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],

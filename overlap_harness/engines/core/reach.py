@@ -22,9 +22,15 @@ from overlap_harness.engines.core.mutation import REACHED_HOOK, Coverage, Mutati
 from overlap_harness.engines.core.sites import SyncSite
 
 
+def probe_key(site: SyncSite) -> str:
+    """The site's name in the probed pass: its whole path and line (``SyncSite.key`` names
+    the file only, and two files of one name may hold a site on the same line)."""
+    return f"{site.file}:{site.line}"
+
+
 def _insert_probes(function: ast.AST, sites: Sequence[SyncSite]) -> set[str]:
-    """Put ``REACHED_HOOK(key)`` before each site's statement in ``function``; the keys of
-    the sites whose statement was found."""
+    """Put ``REACHED_HOOK(key)`` before each site's statement in ``function``; the
+    :func:`probe_key` of the sites whose statement was found."""
     by_line = {site.line: site for site in sites}
     placed: set[str] = set()
     for node in ast.walk(function):
@@ -37,13 +43,13 @@ def _insert_probes(function: ast.AST, sites: Sequence[SyncSite]) -> set[str]:
                 statement = block[index]
                 site = by_line.get(getattr(statement, "lineno", -1))
                 if isinstance(statement, ast.stmt) and site is not None \
-                        and site.key not in placed:
+                        and probe_key(site) not in placed:
                     hook = ast.Expr(ast.Call(ast.Name(REACHED_HOOK, ast.Load()),
-                                             [ast.Constant(site.key)], []))
+                                             [ast.Constant(probe_key(site))], []))
                     ast.copy_location(hook, statement)
                     ast.fix_missing_locations(hook)
                     block.insert(index, hook)
-                    placed.add(site.key)
+                    placed.add(probe_key(site))
                     index += 1
                 index += 1
     return placed
@@ -51,8 +57,9 @@ def _insert_probes(function: ast.AST, sites: Sequence[SyncSite]) -> set[str]:
 
 def probe_sites(sites: Sequence[SyncSite], coverage: Coverage) -> set[str]:
     """Recompile each function holding ``sites`` with a count before each site (see the
-    module doc); the keys of the sites now counted. Sites in one outermost function (nested
-    functions included) are probed in one recompilation. Meant for a forked child."""
+    module doc); the :func:`probe_key` of the sites now counted. Sites in one outermost
+    function (nested functions included) are probed in one recompilation. Meant for a
+    forked child."""
     groups: dict[tuple[str, tuple[str, ...], str], list[SyncSite]] = defaultdict(list)
     for file, in_file in _by_file(sites).items():
         try:
@@ -85,10 +92,10 @@ def _by_file(sites: Sequence[SyncSite]) -> dict[str, list[SyncSite]]:
 
 def reached_by_variant(sites: Sequence[SyncSite], variants: Sequence[str],
                        run: Callable[[str], Any]) -> tuple[set[str], dict[str, set[str]]]:
-    """The keys of the sites probed, and per variant those its intact run reaches (a probed
-    site in no variant's set is reached by none); a variant whose probed run crashes is left
-    out (its reach is unknown). Run this in a forked child: the probes stay. Nothing is run
-    when no site could be probed."""
+    """The :func:`probe_key` of the sites probed, and per variant those its intact run
+    reaches (a probed site in no variant's set is reached by none); a variant whose probed
+    run crashes is left out (its reach is unknown). Run this in a forked child: the probes
+    stay. Nothing is run when no site could be probed."""
     coverage = Coverage()
     probed = probe_sites(sites, coverage)
     reached: dict[str, set[str]] = {}
