@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
+from overlap_harness.recorder.compile_guard import skipped_by_dynamo
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.elements import (
     element_ids,
@@ -141,6 +142,14 @@ class RecordingDispatchMode(TorchDispatchMode):
         self.resizes: Any = None  # recorder.storages.StorageResizes: storages an op moved
         self.live = True  # False once the watch ended (a thread it started may still run)
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would wrap the hook in ``torch._disable_dynamo``, which imports
+        ``torch._dynamo`` on the first op; :func:`skipped_by_dynamo` keeps Dynamo out instead
+        (recorder/compile_guard.py)."""
+        return False
+
+    @skipped_by_dynamo
     @untraced
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:

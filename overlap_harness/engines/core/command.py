@@ -34,6 +34,21 @@ def add_engine_options(parser: argparse.ArgumentParser, engine: str, source_help
     parser.add_argument("--out", type=Path, metavar="DIR", default=None, help=out_help)
     parser.add_argument("-j", "--jobs", type=count(1), default=1, metavar="N",
                         help="forked children at a time for --necessity (default 1)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines for --necessity")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the engine's own warnings as it prints them "
+                        "(default: one line saying how many were hidden)")
+
+
+def apply_output_options(args: argparse.Namespace) -> None:
+    """Take ``--quiet`` and ``--verbose`` in: the engine's own output shown or summed up
+    (:mod:`overlap_harness.engines.core.engine_output`), progress lines on or off
+    (:mod:`overlap_harness.engines.core.progress`)."""
+    from overlap_harness.engines.core import engine_output, progress
+
+    engine_output.show_engine_output(args.verbose)
+    progress.show_progress(not args.quiet)
 
 
 def fail(command: str, message: str) -> int:
@@ -56,11 +71,13 @@ def run_variants(names: Sequence[str], run_outcome: Callable[[str], Any],
     """Run each variant, printing its verdict (``progress`` says how far it got) and its first
     races; returns the outcomes, and the message of the first variant that cannot be driven
     (the runs stop there)."""
+    from overlap_harness.engines.core.engine_output import captured
     from overlap_harness.engines.core.report import describe
 
     outcomes: dict[str, Any] = {}
     for name in names:
-        outcome = run_outcome(name)
+        with captured(f"{name} run", summary=False):  # the engine's log lines: one line at exit
+            outcome = run_outcome(name)
         if outcome.error is not None:
             return outcomes, f"variant {name} cannot be driven on this tree: {outcome.error}"
         outcomes[name] = outcome

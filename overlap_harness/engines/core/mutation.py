@@ -24,17 +24,18 @@ import ast
 import inspect
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from overlap_harness.engines.core.sites import SiteKind, SyncSite
 from overlap_harness.model.errors import HarnessError
 
 REACHED_HOOK = "__overlap_harness_site_reached__"
 _TEMP_CLASS = "__overlap_harness_mutated_class__"
+T = TypeVar("T")
 
 
 class MutationError(HarnessError):
@@ -103,11 +104,18 @@ def _remove_statement(function: ast.AST, site: SyncSite) -> None:
 
 def remove_site(site: SyncSite, coverage: Coverage) -> None:
     """Recompile the function holding ``site`` without it, and bind it where the old one was."""
+    recompile(site, coverage, lambda function: _remove_statement(function, site))
+
+
+def recompile(site: SyncSite, coverage: Coverage, edit: Callable[[ast.AST], T]) -> T:
+    """Recompile the function holding ``site`` from its file after ``edit`` changed its tree
+    (its calls of the reached hook count into ``coverage``), and bind it where the old one
+    was; returns what ``edit`` returned."""
     module = _module_of(site.file)
     with open(site.file) as source:
         tree = ast.parse(source.read(), site.file)
     classes, function = _find(tree, site)
-    _remove_statement(function, site)
+    edited = edit(function)
     module.__dict__[REACHED_HOOK] = coverage
     if classes:
         holder = ast.ClassDef(_TEMP_CLASS, [], [], [function], [])  # name mangling as in
@@ -127,6 +135,7 @@ def remove_site(site: SyncSite, coverage: Coverage) -> None:
     else:
         new = namespace[function.name]
         _rebind(old, new)
+    return edited
 
 
 def _resolve(module: types.ModuleType, classes: list[str], name: str) -> Any:

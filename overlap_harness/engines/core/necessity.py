@@ -7,6 +7,15 @@ a time. Per site and variant the verdict is necessary (races the intact code doe
 listed with both lines), redundant (the site ran and nothing new raced), not reached (the
 variant never ran the site's line) or error (the mutated run crashed, before the site's line
 or after it).
+
+Before the sites, one probed pass (:mod:`overlap_harness.engines.core.reach`, ``jobs``
+children sharing the variants) finds which sites each variant's intact run reaches; a site's
+child runs only the variants that reach it, and a site no variant reaches needs no child: its
+rows are "not reached" as they would be after the run (a removal never reached leaves the
+run as it was). Progress lines (:mod:`overlap_harness.engines.core.progress`) say which site
+and variant the children are at, with the time so far and an estimate of what is left; the
+engine's own log lines in the children are held back (shown with ``--verbose``,
+:mod:`overlap_harness.engines.core.engine_output`), so they do not bury the progress.
 """
 
 from __future__ import annotations
@@ -18,7 +27,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.mutation import Coverage, remove_site
+from overlap_harness.engines.core.progress import Progress
+from overlap_harness.engines.core.reach import probe_key, reached_by_variant
 from overlap_harness.engines.core.results import (
     NecessityRow,
     VariantOutcome,
@@ -37,35 +49,92 @@ T = TypeVar("T")
 _STATE: dict[str, object] = {}  # what forked children inherit: the run function, variants
 
 
-def _one_site(site: SyncSite) -> tuple[list[VariantOutcome], dict[str, int], str | None]:
+def _one_site(planned: tuple[int, SyncSite, list[str]]
+              ) -> tuple[list[VariantOutcome], dict[str, int], str | None]:
+    position, site, variants = planned
     run: RunVariant = _STATE["run"]  # type: ignore[assignment]
-    variants: Sequence[str] = _STATE["variants"]  # type: ignore[assignment]
+    progress: Progress = _STATE["progress"]  # type: ignore[assignment]
+    planned_runs = [len(plan) for _, _, plan in _STATE["planned"]]  # type: ignore[attr-defined]
+    runs_done = sum(planned_runs[:_STATE["done"]])  # type: ignore[misc]  (finished in order)
+    total = len(planned_runs)
     coverage = Coverage()
     try:
         remove_site(site, coverage)
     except Exception as exc:  # the site's function cannot be recompiled here
         return [], {}, f"{type(exc).__name__}: {exc}"
     outcomes = []
-    for variant in variants:
+    for number, variant in enumerate(variants):
+        progress.step(f"site {position + 1}/{total} {_short(site.key)}, variant {variant} "
+                      f"({number + 1}/{len(variants)})",
+                      (runs_done + number) / sum(planned_runs),
+                      major=number == 0)
         before = coverage.reached.get(site.key, 0)
-        outcome = run(variant)
+        with captured(f"{variant} run", summary=False):  # the engine's own log lines
+            outcome = run(variant)
         coverage.reached[f"{variant}:{site.key}"] = coverage.reached.get(site.key, 0) - before
         outcomes.append(outcome)
     return outcomes, dict(coverage.reached), None
 
 
+def _short(key: str) -> str:
+    """``scheduler.py:1402`` for ``.../sglang/srt/managers/scheduler.py:1402``."""
+    return os.path.basename(key)
+
+
+def _reach(variants: list[str]) -> tuple[set[str], dict[str, set[str]]]:
+    progress: Progress = _STATE["progress"]  # type: ignore[assignment]
+    progress.step(f"which sites the intact runs reach ({', '.join(variants)})", 0.0)
+    with captured("probed runs", summary=False):  # the engine's own log lines
+        return reached_by_variant(_STATE["sites"], variants,
+                                  _STATE["run"])  # type: ignore[arg-type]
+
+
+def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int
+           ) -> list[list[str]]:
+    """Per site, the variants to run with it removed: those whose intact run reaches it
+    (every variant for a site that could not be probed, a variant whose probed run crashed,
+    or with one site only)."""
+    if len(mutable) < 2:  # the probed pass would cost as much as it saves
+        return [list(variants) for _ in mutable]
+    shares = [list(variants[i::max(1, jobs)]) for i in range(min(max(1, jobs), len(variants)))]
+    probed: set[str] = set()
+    reached: dict[str, set[str]] = {}
+    for share_probed, share_reached in forked_map(_reach, shares, jobs):
+        probed |= share_probed
+        reached.update(share_reached)
+    keys = [probe_key(site) for site in mutable]
+    return [[v for v in variants if key not in probed or v not in reached or key in reached[v]]
+            for key in keys]
+
+
 def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
                     baseline: dict[str, VariantOutcome], run: RunVariant,
-                    jobs: int = 1) -> list[NecessityRow]:
-    """One row per mutable site and variant (see the module docstring)."""
-    _STATE.update(run=run, variants=list(variants))
+                    jobs: int = 1, skip_unreached: bool = True) -> list[NecessityRow]:
+    """One row per mutable site and variant (see the module docstring); with
+    ``skip_unreached`` False every site runs every variant (no probed pass)."""
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
-    results = forked_map(_one_site, mutable, jobs)
+    progress = Progress("necessity")
+    _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
+    plans = (_plans(mutable, variants, jobs) if skip_unreached
+             else [list(variants) for _ in mutable])
+    indices = [index for index, plan in enumerate(plans) if plan]  # the sites to run
+    planned = [(position, mutable[index], plans[index])
+               for position, index in enumerate(indices)]
+    _STATE.update(planned=planned)
+    progress.phase()
+    ran = dict(zip(indices, forked_map(_one_site, planned, jobs), strict=True))
+    progress.done(f"{len(planned)} of {len(mutable)} sites run "
+                  f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "
+                  "variant runs; the others never reached)")
     rows = []
-    for site, (outcomes, reached, error) in zip(mutable, results, strict=True):
-        for index, variant in enumerate(variants):
+    for index, (site, plan) in enumerate(zip(mutable, plans, strict=True)):
+        outcomes, reached, error = ran.get(index, ([], {}, None))
+        for variant in variants:
+            if variant not in plan:  # never reached: the mutated run is the intact run
+                rows.append(_row(site, variant, baseline[variant], baseline[variant], 0, None))
+                continue
             rows.append(_row(site, variant, baseline[variant],
-                             outcomes[index] if outcomes else None,
+                             outcomes[plan.index(variant)] if outcomes else None,
                              reached.get(f"{variant}:{site.key}", 0), error))
     return rows
 
@@ -118,6 +187,7 @@ def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) ->
     while pending or running:
         while pending and len(running) < max(1, jobs):
             index, item = pending.pop(0)
+            _STATE["done"] = len(results)  # what a child's progress line counts as done
             read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: run, answer, exit without cleanup of the parent's state

@@ -15,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from overlap_harness.engines.core.necessity import MUTABLE_KINDS, RunVariant, necessity_table
-from overlap_harness.engines.core.results import VariantOutcome
-from overlap_harness.engines.core.sites import SyncSite
+if TYPE_CHECKING:  # the runtime imports are deferred: they import torch (the recorder), and
+    # this plugin is loaded into every pytest session of an environment with the package
+    from overlap_harness.engines.core.necessity import RunVariant
+    from overlap_harness.engines.core.results import VariantOutcome
+    from overlap_harness.engines.core.sites import SyncSite
 
 
 @dataclass
@@ -71,6 +73,8 @@ class EngineCollector(pytest.Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[pytest.Item]:
+        from overlap_harness.engines.core.necessity import MUTABLE_KINDS
+
         engine = loaded(self.engine, self.config)
         for variant in self.engine.variants(self.config):
             yield VariantItem.from_parent(self, name=variant, engine=self.engine,
@@ -108,6 +112,8 @@ class SiteItem(pytest.Item):
         self.engine, self.variant, self.site = engine, variant, site
 
     def runtest(self) -> None:
+        from overlap_harness.engines.core.necessity import necessity_table
+
         engine = _LOADED[self.engine.name]
         baseline = {self.variant: engine.intact(self.variant)}
         [row] = necessity_table([self.site], [self.variant], baseline, engine.run, jobs=1)

@@ -15,6 +15,7 @@ from typing import Any
 
 from overlap_harness.engines.core.command import (
     add_engine_options,
+    apply_output_options,
     fail,
     run_variants,
     timed_necessity,
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, "--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")
     # every output is checked (folders made) before the minutes of import and runs
+    apply_output_options(args)  # --quiet, --verbose
     prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report},
                     files={"--json": args.json})
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.sglang import sgl_kernel_stub, torchvision_stub
 from overlap_harness.model.errors import HarnessError
@@ -91,8 +92,9 @@ def load(source: str | None = None) -> SglangTree:
     sgl_kernel_stub.install_if_missing()  # a CUDA host without SGLang's compiled kernels
     started = time.perf_counter()
     try:
-        for name in PATH_MODULES:
-            importlib.import_module(name)
+        with captured("sglang import"):  # the engine's own warnings, summed up in one line
+            for name in PATH_MODULES:
+                importlib.import_module(name)
     except ImportError as exc:
         raise SglangTreeError(f"import {name} failed: {exc} (docs/sglang-loop.md: install)"
                               ) from None

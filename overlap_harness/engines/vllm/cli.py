@@ -16,6 +16,7 @@ from typing import Any
 
 from overlap_harness.engines.core.command import (
     add_engine_options,
+    apply_output_options,
     fail,
     run_variants,
     timed_necessity,
@@ -44,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    apply_output_options(args)  # --quiet, --verbose
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     from overlap_harness.engines.vllm import environment  # deferred: imports torch
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.model.errors import HarnessError
 
@@ -79,8 +80,9 @@ def import_vllm() -> VllmInfo:
         return _IMPORTED[0]
     start = time.perf_counter()
     try:
-        for name in DRIVEN_MODULES:
-            importlib.import_module(name)
+        with captured("vllm import"):  # the engine's own warnings, summed up in one line
+            for name in DRIVEN_MODULES:
+                importlib.import_module(name)
     except Exception as exc:  # any import failure: the caller skips or exits 2 with it
         raise VllmUnavailable(f"cannot import {name}: {type(exc).__name__}: {exc}") from exc
     import vllm
