@@ -21,6 +21,7 @@ from overlap_harness.engines.core.command import (
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -40,12 +41,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="with --necessity: write sglang-VERSION-loop.json and .md in DIR, "
                         "each site's real verdict beside the model's removal of its "
                         "counterpart (reports/conformance holds the committed one)")
+    add_pr_options(parser, "sglang")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    if args.base is not None:  # a pull request's view: both trees, each in a child
+        from overlap_harness.engines.core.pr_view.view import run as run_pr_view
+
+        return run_pr_view(args, "sglang", PROG)
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.loop_report and not args.necessity:

@@ -22,6 +22,7 @@ from overlap_harness.engines.core.command import (
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness vllm"
@@ -38,12 +39,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "or a site-packages); default: the installed vllm",
         out_help="write vllm.json (and vllm.md with --necessity), and per variant the "
         "timeline plot of one iteration, Perfetto and SARIF")
+    add_pr_options(parser, "vllm")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    if args.base is not None:  # a pull request's view: both trees, each in a child
+        from overlap_harness.engines.core.pr_view.view import run as run_pr_view
+
+        return run_pr_view(args, "vllm", PROG)
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     from overlap_harness.engines.vllm import environment  # deferred: imports torch
 
