@@ -161,8 +161,11 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
     result: dict[str, Any] = {"version": side.version, "root": str(tree.root),
                               "variants": names, "races": [], "errors": {}, "outcomes": {}}
     outcomes = {}
+    from overlap_harness.recorder.iterations import PAUSED_TRACER_TYPES
+
     with keeper.installed():
         measure.start()
+        PAUSED_TRACER_TYPES.add(type(sys.gettrace()))  # coverage.py's: the user's files only
         try:
             for name in names:
                 measure.switch_context(name)
