@@ -312,12 +312,6 @@ class IterationMarks:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: types of other trace functions that :func:`untraced` also switches off around the
-#: recorder's own work (a line-coverage tool that measures only the user's files, e.g. the
-#: pull-request view's coverage.py tracer: it has no line of the recorder to see, and on
-#: Python 3.11 it would slow every frame of that work); a debugger's is never listed
-PAUSED_TRACER_TYPES: set[type] = set()
-
 
 def untraced(method: F) -> F:
     """Run ``method`` (the recorder's own per-op work) with the loop tracer off (Python
@@ -328,7 +322,7 @@ def untraced(method: F) -> F:
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
         tracer = sys.gettrace()
-        if type(tracer) is not _GlobalTracer and type(tracer) not in PAUSED_TRACER_TYPES:
+        if type(tracer) is not _GlobalTracer:
             return method(*args, **kwargs)
         sys.settrace(None)
         try:

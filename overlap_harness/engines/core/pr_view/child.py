@@ -87,7 +87,9 @@ class _Describer:
     def where(self, filename: str, line: int | None) -> dict[str, Any]:
         """``{file, line, function, code}`` of one line (file relative when in the tree)."""
         path = os.path.abspath(filename)
-        functions = self._functions.setdefault(path, enclosing_functions(path))
+        functions = self._functions.get(path)
+        if functions is None:
+            functions = self._functions[path] = enclosing_functions(path)
         inner = [name for first, last, name in functions
                  if line is not None and first <= line <= last]
         code = linecache.getline(path, line).strip() if line else ""
@@ -161,11 +163,9 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
     result: dict[str, Any] = {"version": side.version, "root": str(tree.root),
                               "variants": names, "races": [], "errors": {}, "outcomes": {}}
     outcomes = {}
-    from overlap_harness.recorder.iterations import PAUSED_TRACER_TYPES
-
+    ran_races: list[tuple[str, list[Any], Any]] = []
     with keeper.installed():
         measure.start()
-        PAUSED_TRACER_TYPES.add(type(sys.gettrace()))  # coverage.py's: the user's files only
         try:
             for name in names:
                 measure.switch_context(name)
@@ -175,13 +175,15 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
                 except Exception as exc:  # this variant cannot be driven; the others go on
                     result["errors"][name] = format_error(exc)
                     continue
-                result["races"] += _races(name, races, watch, describer)
+                ran_races.append((name, races, watch))
                 outcomes[name] = VariantOutcome(name, [race_record(r, name) for r in races],
                                                 seconds=time.process_time() - ran)
                 print(f"  [{tree.root.name}] {name}: {len(races)} races "
                       f"({time.process_time() - ran:.2f} CPU s)", flush=True)
         finally:
             measure.stop()
+    for name, races, watch in ran_races:  # described once coverage is off
+        result["races"] += _races(name, races, watch, describer)
     data = measure.get_data()
     covered: dict[str, dict[str, list[str]]] = {}
     for measured in data.measured_files():
