@@ -10,7 +10,9 @@ attributes the loop may touch; anything else raises with its name.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import sys
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,7 +72,9 @@ def publish(args: Any) -> Any:
 
     # what an earlier variant stamped goes first (EAGLE's one-rank groups contradict the
     # tensor parallel 2 a DP variant publishes: SGLang's publish validates the topology)
-    get_parallel().clear_stamp()
+    parallel = get_parallel()
+    if hasattr(parallel, "clear_stamp"):  # releases whose publish validates the topology
+        parallel.clear_stamp()
     with _previous_run_overrides_dropped_quietly():
         set_global_server_args_for_scheduler(args)
     _single_rank()
@@ -102,8 +106,11 @@ def _single_rank() -> None:
     """This process's place in every parallel group: rank 0 of one (no groups are built)."""
     from sglang.srt.runtime_context import get_parallel
 
-    get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
-                                        moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
+    parallel = get_parallel()
+    if not hasattr(parallel, "override_permanently"):
+        return  # ranks are the Scheduler's constructor arguments in this release
+    parallel.override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
+                                  moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
 
 
 def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
@@ -155,6 +162,8 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     self._prev_step = self._prev_prefill_end_ts = self._pause_started_at = None
     self._pause_intervals = deque(maxlen=8)
 
+    _parallel_state(self, args)
+    _ipc_channels(self, args)
     _plumbing(self)
     self.is_generation = True
     self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
@@ -233,12 +242,22 @@ _CONFIGURED = {
 
 
 def _configure(scheduler: Any) -> None:
-    """The plain configuration fields, read from SGLang's published configuration."""
+    """The plain configuration fields, read from SGLang's published configuration (or the
+    server arguments, where the release has no such configuration field)."""
     from sglang.srt import runtime_context
 
+    args = scheduler.server_args
     for attribute, (namespace, key) in _CONFIGURED.items():
-        bag = getattr(runtime_context, f"get_{namespace}")()
-        setattr(scheduler, attribute, getattr(bag, key))
+        # a release without the namespace's field reads the server argument (older
+        # releases), or has no such option at all (then its scheduler has no such field)
+        getter = getattr(runtime_context, f"get_{namespace}", None)
+        try:
+            value = getattr(getter(), key)
+        except (AttributeError, TypeError):
+            if not hasattr(args, key):
+                continue
+            value = getattr(args, key)
+        setattr(scheduler, attribute, value)
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     scheduler.enable_hicache_storage = False
@@ -281,3 +300,60 @@ def _plumbing(scheduler: Any) -> None:
     scheduler.idle_sleeper = None  # SGLang's value without --sleep-on-idle
     scheduler.grammar_manager = StrictStub("grammar_manager", has_waiting_grammars=_false,
                                            grammar_queue=[])
+
+
+def _parallel_state(scheduler: Any, args: Any) -> None:
+    """Where the release keeps this rank's place in its constructor's ``ParallelState``
+    (``self.ps``, a release feature: later releases read ``runtime_context.get_parallel()``),
+    the one its ``Scheduler.__init__`` builds for rank 0 of every group: ranks 0 (``dp_rank``
+    None), sizes from the server arguments, the attention-DP split by SGLang's own
+    ``compute_dp_attention_world_info``."""
+    module = sys.modules[type(scheduler).__module__]
+    state_class = getattr(module, "ParallelState", None)
+    if state_class is None:
+        return
+    fields = inspect.signature(state_class).parameters
+    attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size = (
+        module.compute_dp_attention_world_info(args.enable_dp_attention, 0, args.tp_size,
+                                               args.dp_size, args.attn_cp_size))
+    values = {"tp_size": args.tp_size, "pp_size": args.pp_size, "dp_size": args.dp_size,
+              "attn_tp_rank": attn_tp_rank, "attn_tp_size": attn_tp_size,
+              "attn_dp_rank": attn_dp_rank, "attn_dp_size": attn_dp_size,
+              "attn_cp_size": args.attn_cp_size, "moe_ep_size": args.ep_size,
+              "moe_dp_size": args.moe_dp_size, "dcp_size": getattr(args, "dcp_size", 1),
+              "dp_rank": None}
+    scheduler.ps = state_class(**{name: values.get(name, 0) for name in fields})
+
+
+def _ipc_channels(scheduler: Any, args: Any) -> None:
+    """The release's own IPC wiring (``init_ipc_channels`` with SGLang's ``PortArgs``) over
+    strict sockets (:func:`sockets_faked`): what a release's loop reads of it
+    (``ipc_channels``, ``recv_from_tokenizer``) is SGLang's own object."""
+    if not hasattr(scheduler, "init_ipc_channels"):
+        return
+    from sglang.srt.server_args import PortArgs
+
+    with sockets_faked():
+        scheduler.init_ipc_channels(PortArgs.init_new(args))
+
+
+@contextmanager
+def sockets_faked() -> Iterator[None]:
+    """ZMQ socket creation (``get_zmq_socket``, in every loaded SGLang module that imported
+    it) answered by a strict socket: sends are dropped (the outputs go to the tokenizer
+    process, which is not there), anything else raises with its name."""
+    from overlap_harness.engines.core.patching import attributes_set
+
+    changes = [(module, "get_zmq_socket", _strict_socket)
+               for name, module in list(sys.modules.items())
+               if name.startswith("sglang.") and module is not None
+               and "get_zmq_socket" in vars(module)]
+    with attributes_set(changes):
+        yield
+
+
+def _strict_socket(context: Any, socket_type: Any, endpoint: str, bind: bool,
+                   *args: Any, **kwargs: Any) -> StrictStub:
+    """A socket for ``endpoint`` that takes sends and nothing else."""
+    return StrictStub(f"zmq socket {endpoint}", send_pyobj=_noop, send=_noop,
+                      send_multipart=_noop)
