@@ -219,7 +219,7 @@ class DPRankModelWorker(FakeModelWorker):
         publishes when the gathered vote let it replay."""
         mode = batch.forward_mode
         replays = (self.captures_decode_graphs and mode.is_decode_or_idle()
-                   and bool(batch.can_run_decode_cuda_graph))
+                   and bool(_graph_vote(batch)))
         result = super().forward_batch_generation(batch, **kwargs)
         if replays:
             event = torch.cuda.Event()
@@ -228,3 +228,14 @@ class DPRankModelWorker(FakeModelWorker):
         self.launched.append((mode.name, batch.batch_size(), replays))
         result.can_run_cuda_graph = replays
         return result
+
+
+def _graph_vote(batch: Any) -> Any:
+    """The gathered vote for a decode-graph replay, under the name the release's
+    ``ScheduleBatch`` gives it (``can_run_decode_cuda_graph``; 0.5.17:
+    ``can_run_dp_cuda_graph``)."""
+    for name in ("can_run_decode_cuda_graph", "can_run_dp_cuda_graph"):
+        if hasattr(batch, name):
+            return getattr(batch, name)
+    raise AttributeError("ScheduleBatch has neither can_run_decode_cuda_graph nor "
+                         "can_run_dp_cuda_graph (the DP ranks' gathered graph vote)")

@@ -129,8 +129,25 @@ def _single_rank(args: Any) -> None:
             attn_dp_size=args.dp_size if args.enable_dp_attention else 1,
             moe_ep_size=args.ep_size, moe_dp_size=args.moe_dp_size,
             dcp_size=args.dcp_size, dcp_enabled=False))
+    widths = {}
+    if not hasattr(parallel, "override_permanently") and not hasattr(parallel,
+                                                                     "stamp_derived_widths"):
+        # releases whose context reads the widths from the live groups only (0.5.17): the
+        # attention split SGLang's own compute_dp_attention_world_info gives for rank 0
+        from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+
+        _, attn_tp_size, _, attn_dp_size = compute_dp_attention_world_info(
+            args.enable_dp_attention, 0, args.tp_size, args.dp_size, args.attn_cp_size)
+        moe_tp_size = args.tp_size // args.ep_size // args.moe_dp_size
+        widths = {"attn_tp_size": attn_tp_size, "attn_dp_size": attn_dp_size,
+                  "attn_cp_size": args.attn_cp_size, "tp_size": args.tp_size,
+                  "pp_size": args.pp_size, "world_size": args.tp_size * args.pp_size,
+                  "moe_ep_size": args.ep_size, "moe_dp_size": args.moe_dp_size,
+                  "moe_tp_size": moe_tp_size, "dcp_enabled": False, "dcp_size": 1,
+                  "attn_dcp_size": 1, "world_rank": 0, "moe_dp_rank": 0, "moe_tp_rank": 0,
+                  "dcp_rank": 0, "attn_dcp_rank": 0}
     override_for_run(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0, moe_ep_rank=0,
-                     attn_dp_rank=0, dp_rank=None)
+                     attn_dp_rank=0, dp_rank=None, **widths)
 
 
 #: the parallel-context overrides held for one variant's run, in releases whose context
