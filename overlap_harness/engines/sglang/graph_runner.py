@@ -178,6 +178,7 @@ class GraphModelRunner(ReadDoneEventNames):
     weights."""
 
     is_draft_worker = False
+    attn_dcp_size = 1  # no decode context parallelism (0.5.21's ForwardBatch reads it here)
     device = "cuda"
     gpu_id = 0
     lora_manager = None

@@ -115,10 +115,13 @@ def _previous_run_overrides_dropped_quietly() -> Iterator[None]:
 
 def _single_rank(args: Any) -> None:
     """This process's place in every parallel group: rank 0 (no groups are built), forced in
-    SGLang's parallel context for the run (:func:`override_for_run`). A release whose context
-    answers widths only from the group build's stamp (0.5.19) is stamped with SGLang's own
-    ``derive_parallel_widths`` of the configured sizes."""
+    SGLang's parallel context for the run (:func:`override_for_run`), and the widths the
+    configured sizes imply wherever the release's context cannot answer them without live
+    groups (SGLang's own ``compute_dp_attention_world_info`` for the attention split). A
+    release whose context answers widths from the group build's stamp (0.5.19) is stamped
+    with SGLang's own ``derive_parallel_widths``."""
     from sglang.srt import runtime_context
+    from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
 
     parallel = runtime_context.get_parallel()
     if not hasattr(parallel, "override_permanently") and hasattr(parallel,
@@ -129,25 +132,50 @@ def _single_rank(args: Any) -> None:
             attn_dp_size=args.dp_size if args.enable_dp_attention else 1,
             moe_ep_size=args.ep_size, moe_dp_size=args.moe_dp_size,
             dcp_size=args.dcp_size, dcp_enabled=False))
-    widths = {}
-    if not hasattr(parallel, "override_permanently") and not hasattr(parallel,
-                                                                     "stamp_derived_widths"):
-        # releases whose context reads the widths from the live groups only (0.5.17): the
-        # attention split SGLang's own compute_dp_attention_world_info gives for rank 0
-        from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
-
-        _, attn_tp_size, _, attn_dp_size = compute_dp_attention_world_info(
-            args.enable_dp_attention, 0, args.tp_size, args.dp_size, args.attn_cp_size)
-        moe_tp_size = args.tp_size // args.ep_size // args.moe_dp_size
-        widths = {"attn_tp_size": attn_tp_size, "attn_dp_size": attn_dp_size,
-                  "attn_cp_size": args.attn_cp_size, "tp_size": args.tp_size,
-                  "pp_size": args.pp_size, "world_size": args.tp_size * args.pp_size,
-                  "moe_ep_size": args.ep_size, "moe_dp_size": args.moe_dp_size,
-                  "moe_tp_size": moe_tp_size, "dcp_enabled": False, "dcp_size": 1,
-                  "attn_dcp_size": 1, "world_rank": 0, "moe_dp_rank": 0, "moe_tp_rank": 0,
-                  "dcp_rank": 0, "attn_dcp_rank": 0}
     override_for_run(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0, moe_ep_rank=0,
-                     attn_dp_rank=0, dp_rank=None, **widths)
+                     attn_dp_rank=0, dp_rank=None, world_rank=0, moe_dp_rank=0,
+                     moe_tp_rank=0, dcp_rank=0, attn_dcp_rank=0)
+    known = _parallel_fields(runtime_context)
+    if all(_answers(parallel, name) for name in _WIDTHS if known is None or name in known):
+        return
+    # the split as releases whose context needs it compute it (their signature)
+    _, attn_tp_size, _, attn_dp_size = compute_dp_attention_world_info(
+        args.enable_dp_attention, 0, args.tp_size, args.dp_size, args.attn_cp_size)
+    widths = {"attn_tp_size": attn_tp_size, "attn_dp_size": attn_dp_size,
+              "attn_cp_size": args.attn_cp_size, "tp_size": args.tp_size,
+              "pp_size": args.pp_size, "world_size": args.tp_size * args.pp_size,
+              "moe_ep_size": args.ep_size, "moe_dp_size": args.moe_dp_size,
+              "moe_tp_size": args.tp_size // args.ep_size // args.moe_dp_size,
+              "dcp_enabled": False, "dcp_size": 1, "attn_dcp_size": 1}
+    unanswered = {name: value for name, value in widths.items()
+                  if not _answers(parallel, name)}
+    if unanswered:
+        override_for_run(**unanswered)
+
+
+#: the widths a parallel context may answer only from live groups
+_WIDTHS = ("attn_tp_size", "attn_dp_size", "attn_cp_size", "tp_size", "pp_size",
+           "world_size", "moe_ep_size", "moe_dp_size", "moe_tp_size", "dcp_enabled",
+           "dcp_size", "attn_dcp_size")
+
+
+def _parallel_fields(runtime_context: Any) -> frozenset[str] | None:
+    """The fields the release's parallel context knows (a frozenset, or a function giving
+    it in later releases); None when the release does not say."""
+    fields = getattr(runtime_context, "_PARALLEL_FIELDS", None)
+    if fields is None and callable(getattr(runtime_context, "_parallel_fields", None)):
+        fields = runtime_context._parallel_fields()
+    return frozenset(fields) if fields is not None else None
+
+
+def _answers(parallel: Any, name: str) -> bool:
+    """Whether the parallel context answers ``name`` now (a width read from a live group
+    fails without one)."""
+    try:
+        getattr(parallel, name)
+    except (AssertionError, AttributeError, RuntimeError, ValueError):
+        return False
+    return True
 
 
 #: the parallel-context overrides held for one variant's run, in releases whose context
@@ -156,19 +184,24 @@ _PROCESS_OVERRIDES = ExitStack()
 
 
 def override_for_run(**values: Any) -> None:
-    """Force parallel-context ``values`` (ranks, groups) until the next variant publishes:
-    SGLang's ``override_permanently`` where the release has it, else its scoped
-    ``override()`` entered here and left at the next :func:`publish`."""
+    """Force parallel-context ``values`` (ranks, widths, groups) until the next variant
+    publishes: SGLang's ``override_permanently`` where the release has it, and its scoped
+    ``override()``, entered here and left at the next :func:`publish`, for what the context
+    still does not answer with the value (older releases keep ranks only there). A field
+    the release's context does not have is one its code does not read."""
     from sglang.srt import runtime_context
 
     parallel = runtime_context.get_parallel()
+    known = _parallel_fields(runtime_context)
     if hasattr(parallel, "override_permanently"):
-        parallel.override_permanently(**values)
-        return
-    # a field the release's context does not have is one its code does not read
-    known = getattr(runtime_context, "_PARALLEL_FIELDS", values)
-    _PROCESS_OVERRIDES.enter_context(parallel.override(
-        **{name: value for name, value in values.items() if name in known}))
+        parallel.override_permanently(**{name: value for name, value in values.items()
+                                         if known is None or name in known})
+    scoped = {name: value for name, value in values.items()
+              if (known is None or name in known)
+              and (not _answers(parallel, name) or (getattr(parallel, name) is not value
+                   and getattr(parallel, name) != value))}
+    if scoped:
+        _PROCESS_OVERRIDES.enter_context(parallel.override(**scoped))
 
 
 def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
