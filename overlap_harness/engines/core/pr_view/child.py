@@ -37,6 +37,7 @@ class EngineSide:
     run: Callable[[str], tuple[list[Any], Any]]
     necessity: Callable[[Sequence[str], dict[str, Any], int], list[Any]]
     run_outcome: Callable[[str], Any]
+    not_applicable: Callable[[str], str | None] = lambda name: None  # why it cannot apply
 
 
 def _sglang(source: str) -> EngineSide:
@@ -46,6 +47,7 @@ def _sglang(source: str) -> EngineSide:
     from overlap_harness.engines.core.necessity import necessity_table
     from overlap_harness.engines.sglang.driver import run_variant
     from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
+    from overlap_harness.engines.sglang.release_features import not_applicable_reason
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     def run(name: str) -> tuple[list[Any], Any]:
@@ -55,7 +57,7 @@ def _sglang(source: str) -> EngineSide:
     return EngineSide(tree.version, list(VARIANTS), run,
                       lambda names, base, jobs: necessity_table(path_sites(), names, base,
                                                                 run_outcome, jobs),
-                      run_outcome)
+                      run_outcome, lambda name: not_applicable_reason(VARIANTS[name]))
 
 
 def _vllm(source: str) -> EngineSide:
@@ -161,13 +163,17 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
     measure = coverage.Coverage(data_file=None, include=sorted(files) or ["<nothing>"],
                                 branch=False, config_file=False)
     result: dict[str, Any] = {"version": side.version, "root": str(tree.root),
-                              "variants": names, "races": [], "errors": {}, "outcomes": {}}
+                              "variants": names, "races": [], "errors": {},
+                              "not_applicable": {}}
     outcomes = {}
     ran_races: list[tuple[str, list[Any], Any]] = []
     with keeper.installed():
         measure.start()
         try:
             for name in names:
+                if (reason := side.not_applicable(name)) is not None:
+                    result["not_applicable"][name] = reason
+                    continue
                 measure.switch_context(name)
                 ran = time.process_time()
                 try:

@@ -63,6 +63,8 @@ def text(document: dict[str, Any]) -> list[str]:
             f"{u['file']}:{u['line']} `{u['code']}`" + (" (removed)" if u.get("removed")
                                                          else "")
             for u in document["unreached"]))
+    for name, reason in document.get("not_applicable", {}).items():
+        lines.append(f"variant {name} not applicable to HEAD: {reason}")
     for name, error in document["errors"].items():
         lines.append(f"variant {name} cannot be driven: {error}")
     return lines

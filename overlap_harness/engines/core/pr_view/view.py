@@ -97,7 +97,8 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
     """The document of the difference between the two children's results."""
     head_cov, base_cov = Coverage(head, ours["covered"]), Coverage(base, theirs["covered"])
     views = change_views(hunks, head_cov, base_cov)
-    both = set(ours["variants"]) - set(ours["errors"]) - set(theirs["errors"])
+    both = set(ours["variants"]) - set(ours["errors"]) - set(theirs["errors"]) \
+        - set(ours["not_applicable"]) - set(theirs["not_applicable"])
     new_groups = group_races(ours["races"], both)
     old_groups = group_races(theirs["races"], both)
     attributor = Attributor(views, head)
@@ -131,7 +132,9 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
         "races": races, "races_fixed": fixed,
         "unreached": unreached_lines(views, head_cov, base_cov, text_of["head"],
                                      text_of["base"]),
-        "errors": ours["errors"], "base_errors": theirs["errors"]}
+        "errors": ours["errors"], "base_errors": theirs["errors"],
+        "not_applicable": ours["not_applicable"],
+        "base_not_applicable": theirs["not_applicable"]}
     if "necessity" in ours:
         document["necessity_changed"] = _necessity_changed(ours, theirs, ours["root"],
                                                            theirs["root"])
