@@ -12,6 +12,7 @@ table. A variant that cannot be driven is kept as its error; the others still ru
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import linecache
 import os
@@ -40,42 +41,12 @@ class EngineSide:
     not_applicable: Callable[[str], str | None] = lambda name: None  # why it cannot apply
 
 
-def _sglang(source: str) -> EngineSide:
-    from overlap_harness.engines.sglang import environment
-
-    tree = environment.load(source)
-    from overlap_harness.engines.core.necessity import necessity_table
-    from overlap_harness.engines.sglang.driver import run_variant
-    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
-    from overlap_harness.engines.sglang.release_features import not_applicable_reason
-    from overlap_harness.engines.sglang.variants import VARIANTS
-
-    def run(name: str) -> tuple[list[Any], Any]:
-        loop = run_variant(VARIANTS[name])
-        return loop.races, loop.watch
-
-    return EngineSide(tree.version, list(VARIANTS), run,
-                      lambda names, base, jobs: necessity_table(path_sites(), names, base,
-                                                                run_outcome, jobs),
-                      run_outcome, lambda name: not_applicable_reason(VARIANTS[name]))
-
-
-def _vllm(source: str) -> EngineSide:
-    from overlap_harness.engines.vllm import environment
-
-    info = environment.load(source)
-    from overlap_harness.engines.vllm import necessity
-
-    runs = necessity.variant_runs()
-
-    def run(name: str) -> tuple[list[Any], Any]:
-        watcher = runs[name]()
-        return watcher.races, watcher
-
-    return EngineSide(info.version, list(runs), run, necessity.table, necessity.run_outcome)
-
-
-ENGINES: dict[str, Callable[[str], EngineSide]] = {"sglang": _sglang, "vllm": _vllm}
+def engine_side(engine: str, source: str) -> EngineSide:
+    """The engine imported from ``source`` as the child needs it: the adapter's
+    ``overlap_harness.engines.ENGINE.pr_side.side`` (found by name: the core imports no
+    adapter)."""
+    module = importlib.import_module(f"overlap_harness.engines.{engine}.pr_side")
+    return module.side(source)
 
 
 class _Describer:
@@ -150,7 +121,7 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
 
     started = time.process_time()
     tree = engine_tree(engine, source)
-    side = ENGINES[engine](source)
+    side = engine_side(engine, source)
     names = list(variants) or side.variants
     unknown = [n for n in names if n not in side.variants]
     if unknown:
@@ -211,7 +182,7 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
 def main(argv: Sequence[str] | None = None) -> int:
     """The child's command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="overlap_harness.engines.core.pr_view.child")
-    parser.add_argument("engine", choices=sorted(ENGINES))
+    parser.add_argument("engine", choices=("sglang", "vllm"))
     parser.add_argument("source")
     parser.add_argument("result", type=Path)
     parser.add_argument("--variant", action="append", default=[])
