@@ -168,3 +168,18 @@ def test_the_workflow_runs_a_command_the_parser_takes() -> None:
     uploads = [s for s in steps if s.get("uses", "").startswith(
         "github/codeql-action/upload-sarif")]
     assert [u["with"]["sarif_file"] for u in uploads] == [str(args.sarif)]
+
+
+def test_necessity_changes_are_matched_by_function_and_code() -> None:
+    from overlap_harness.engines.core.pr_view.view import _necessity_changed
+
+    def row(root: str, line: int, code: str, verdict: str) -> dict:
+        return {"site": f"{root}/sglang/a.py:{line}", "function": "F.step", "code": code,
+                "variant": "v", "verdict": verdict}
+    head = {"necessity": [row("/h", 12, "s.wait_stream(o)", "redundant"),
+                          row("/h", 20, "ev.record()", "necessary")]}
+    base = {"necessity": [row("/b", 10, "s.wait_stream(o)", "necessary"),
+                          row("/b", 18, "ev.record()", "necessary")]}
+    changed = _necessity_changed(head, base, "/h", "/b")
+    assert [(c["file"], c["line"], c["base"], c["head"]) for c in changed] == [
+        ("sglang/a.py", 12, "necessary", "redundant")]
