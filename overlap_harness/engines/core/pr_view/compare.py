@@ -127,7 +127,14 @@ class ChangeView:
 
 
 def _codes(code: dict[int, str], lines: dict[int, str]) -> str:
-    return "; ".join(code.get(n, "") for n in sorted(lines))[:100]
+    """The text of ``lines``: a statement's continuation lines joined to it, statements
+    separated by ``;``."""
+    text = ""
+    for piece in (code.get(n, "") for n in sorted(lines)):
+        joined = not text or text.endswith(("(", "[", "{", ",")) or piece.startswith(
+            (")", "]", "}"))
+        text += ("" if joined else "; ") + piece
+    return text[:100]
 
 
 def change_views(hunks: Sequence[Hunk], head: Coverage, base: Coverage) -> list[ChangeView]:
