@@ -181,3 +181,33 @@ def test_an_edit_that_restores_a_sync_lists_the_base_races_as_fixed(tmp_path: Pa
     assert document["races_fixed"] and all(VARIANT in r["variants"]
                                            for r in document["races_fixed"])
     assert "races fixed" in output
+
+
+def test_a_removed_plan_stream_wait_names_it_and_the_calls_stand_ins_play(
+        tmp_path: Path) -> None:
+    """The EAGLE v2 verify's plan-stream wait (a statement over three lines) replaced by
+    ``pass``: every new race names it, and a side in the harness's stand-in code names the
+    SGLang call it stands in for."""
+    head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
+    relative = "sglang/srt/speculative/eagle_worker_v2.py"
+    first = -1
+
+    def replace(lines: list[str]) -> None:
+        nonlocal first
+        first = _index(lines, "self.plan_stream.wait_stream(")
+        assert lines[first + 2].strip() == ")"
+        indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+        lines[first:first + 3] = [f"{indent}pass\n"]
+    _edit(head, relative, replace)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
+                           str(head), "--base", str(base), "--variant", "eagle_topk1",
+                           "--json", str(tmp_path / "pr.json")], capture_output=True,
+                          text=True, env=env, timeout=900, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    document = json.loads((tmp_path / "pr.json").read_text())
+    assert {r["change"] for r in document["races"]} == {f"{relative}:{first + 1}"}
+    stand_ins = [s for r in document["races"] for s in (r["first"], r["second"])
+                 if not s["in_tree"]]
+    assert stand_ins and all(s["stands_in_for"]["file"].startswith("sglang/")
+                             and s["stands_in_for"]["code"] for s in stand_ins)
