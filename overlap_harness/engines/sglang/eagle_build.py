@@ -189,7 +189,17 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         token_to_kv_pool_allocator=allocator, lora_manager=None, topk=config.topk,
         num_steps=config.num_steps,
         prefill_attention_backend_str="flashinfer", ngram_embedding_manager=_ngram_manager(pool),
+        # the one-rank group older releases' EAGLE worker reads of the draft runner
+        tp_group=StrictStub("draft_tp_group", world_size=1, rank_in_group=0,
+                            is_first_rank=True, is_last_rank=True),
         **_translator(pool, allocator, is_draft_worker=True))
+    # what older releases' ForwardBatch.init_new reads of a runner: its server arguments
+    # and the scheduler's ParallelState (later releases read the published configuration)
+    for runner in (draft_runner, target.model_runner):
+        runner.server_args = scheduler.server_args
+        runner.dcp_size = runner.attn_dcp_size = 1  # no decode context parallelism
+        if hasattr(scheduler, "ps"):
+            runner.ps = scheduler.ps
     draft_tp_worker = StrictStub("draft_tp_worker", model_runner=draft_runner,
                                  alloc_memory_pool=_noop)
 

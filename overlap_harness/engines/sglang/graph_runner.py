@@ -370,9 +370,15 @@ class DecodeGraphs:
         config = publish_decode_graphs(batch_sizes)
         if getattr(server_args, "cuda_graph_config", None) is None:
             # releases whose runner reads the option from its server arguments (0.5.17), not
-            # the published configuration: the runner's own copy holds it
-            server_args = copy.copy(server_args)
-            server_args.cuda_graph_config = config
+            # the published configuration: the runner's own copy holds it; later releases'
+            # resolved arguments refuse the assignment (they read the published one)
+            runner_args = copy.copy(server_args)
+            try:
+                runner_args.cuda_graph_config = config
+            except AttributeError:
+                pass
+            else:
+                server_args = runner_args
         fake = worker.model_runner
         self.model_runner = GraphModelRunner(
             worker.req_to_token_pool, fake.token_to_kv_pool_allocator, worker.kv_buffer,
