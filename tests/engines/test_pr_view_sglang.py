@@ -209,5 +209,6 @@ def test_a_removed_plan_stream_wait_names_it_and_the_calls_stand_ins_play(
     assert {r["change"] for r in document["races"]} == {f"{relative}:{first + 1}"}
     stand_ins = [s for r in document["races"] for s in (r["first"], r["second"])
                  if not s["in_tree"]]
-    assert stand_ins and all(s["stands_in_for"]["file"].startswith("sglang/")
+    assert stand_ins and all(s["file"].startswith("overlap_harness/engines/")
+                             and s["stands_in_for"]["file"].startswith("sglang/")
                              and s["stands_in_for"]["code"] for s in stand_ins)
