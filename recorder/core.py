@@ -46,6 +46,10 @@ from overlap_harness.recorder.sites import user_site
 
 NODE_SPACING_NS = 1000  # the drawn timeline: one node per microsecond, in issue order
 STREAM_OP_NS = 800  # how long a stream op is drawn
+#: called as ``observer(recording, op)`` with each new node, on the issuing thread inside the
+#: call that issued it (so the caller's stack is the op's stack): a tool that wants more than
+#: the innermost user site (the pull-request view keeps each op's call stack) appends one
+NODE_OBSERVERS: list[Callable[[Recording, OpId], None]] = []
 CAPTURED = OpId(-1)  # what a node issued into a CUDA graph capture returns: it ran nowhere
 
 
@@ -214,6 +218,8 @@ class Recording:
         self.timeline.append(OpRecord(op, name, agent_name, kind, start, start, end,
                                       iteration=self.iteration, source=source))
         self.marks.note(op)
+        for observe in NODE_OBSERVERS:
+            observe(self, op)
         return NodeInfo(op, name, agent, agent_name, kind, self.iteration, source, None, None,
                         None)
 

@@ -160,10 +160,11 @@ def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOut
 
 def format_error(exc: BaseException) -> str:
     """The message of a crash and the innermost frame outside this package (the engine's
-    line that made the unplanned call), on one line."""
+    line that made the unplanned call, and its function), on one line."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if f"{os.sep}engines{os.sep}core{os.sep}" not in f.filename]
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    where = (f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+             if frames else "")
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -17,11 +17,13 @@ from overlap_harness.engines.core.command import (
     add_engine_options,
     apply_output_options,
     fail,
+    fail_all,
     run_variants,
     timed_necessity,
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -55,12 +57,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-deadline", type=float, metavar="S", default=float("inf"),
                         help="with --gpu: start no site after S seconds and stop running ones "
                         "(their rows are kept, marked not run); default: none")
+    add_pr_options(parser, "sglang")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    if args.base is not None:  # a pull request's view: both trees, each in a child
+        from overlap_harness.engines.core.pr_view.view import run as run_pr_view
+
+        return run_pr_view(args, "sglang", PROG)
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.gpu:
@@ -85,13 +92,21 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, list(VARIANTS))) is not None:
         return fail(PROG, message)
     print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")
-    outcomes, error = run_variants(names, run_outcome,
-                                   lambda outcome: f"{outcome.iterations} iterations")
-    if error is not None:
-        return fail(PROG, error)
+    not_applicable = _not_applicable(names)
+    outcomes, errors = run_variants([n for n in names if n not in not_applicable],
+                                    run_outcome,
+                                    lambda outcome: f"{outcome.iterations} iterations")
+    names = list(outcomes)  # the variants that ran
     document: dict[str, Any] = {
         "source": str(tree.package_dir), "sglang_version": tree.version,
-        "variants": names, "races": [r for o in outcomes.values() for r in o.races]}
+        "variants": names,
+        "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
+        "races": [r for o in outcomes.values() for r in o.races]}
+    if errors:  # what did run is still written, then the tree is reported undrivable
+        document["errors"] = errors
+        write_document(document, ([args.json] if args.json else [])
+                       + ([args.out / "sglang-loop.json"] if args.out else []))
+        return fail_all(PROG, errors)
     if args.necessity:
         from overlap_harness.engines.core.necessity import necessity_table
 
@@ -119,3 +134,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
+
+def _not_applicable(names: list[str]) -> dict[str, str]:
+    """The variants of ``names`` the loaded release cannot run, each with the reason (the
+    feature it lacks: :mod:`.release_features`), printed as they are found."""
+    from overlap_harness.engines.sglang.release_features import not_applicable_reason
+    from overlap_harness.engines.sglang.variants import VARIANTS
+
+    reasons = {}
+    for name in names:
+        if (reason := not_applicable_reason(VARIANTS[name])) is not None:
+            reasons[name] = reason
+            print(f"  {name}: not applicable ({reason})")
+    return reasons

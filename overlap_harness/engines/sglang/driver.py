@@ -86,6 +86,19 @@ class _Intake:
         return req
 
 
+def _intake_installed(scheduler: Any, intake: _Intake) -> None:
+    """The variant's arrivals where the release's loop takes its input: ``ingest_requests``
+    (receive and dispatch in one step), or, in releases without it, the request receiver's
+    ``recv_requests`` (its empty list then dispatched by the release's own
+    ``process_input_requests``)."""
+    from overlap_harness.engines.core.strict import StrictStub
+
+    if hasattr(scheduler, "ingest_requests"):
+        scheduler.ingest_requests = intake
+    else:
+        scheduler.request_receiver = StrictStub("request_receiver", recv_requests=intake)
+
+
 def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``).
 
@@ -121,12 +134,12 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
         intake = _Intake(scheduler, variant, watch)
-        scheduler.ingest_requests = intake
+        _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
         with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
-                                     lambda: intake.iteration),
+                                     lambda: intake.iteration, scheduler),
               torch.cuda.stream(scheduler.schedule_stream),
               nullcontext() if device is None else device.forcing(scheduler)):
             scheduler.event_loop_overlap()

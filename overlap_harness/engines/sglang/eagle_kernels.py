@@ -10,6 +10,7 @@ declared call, not recorded one by one).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -132,6 +133,26 @@ def _assign_draft_cache_locs_accesses(out: Any, req_pool_indices: torch.Tensor,
     for row, start in draft_windows(req_pool_indices, seq_lens):
         acc += reads(req_to_token[row, start:start + topk * num_cols])
     return acc
+
+
+def _raw_assign_arguments(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                          seq_lens: torch.Tensor, out_cache_loc: torch.Tensor, pool_len: int,
+                          topk: int, num_cols: int, positions: torch.Tensor | None = None,
+                          mrope: torch.Tensor | None = None, **launch: Any) -> tuple:
+    """The wrapper's arguments from a raw launch of the Triton kernel
+    (``kernel[(bs,)](..., pool_len, topk, num_cols, positions=, mrope=, BS=, ...)``: older
+    releases launch it themselves); the launch's grid and constexpr flags follow from them."""
+    return req_pool_indices, req_to_token, seq_lens, out_cache_loc, topk, num_cols, \
+        positions, mrope
+
+
+def _raw_assign_draft_cache_locs(*args: Any, **kwargs: Any) -> None:
+    _assign_draft_cache_locs(*_raw_assign_arguments(*args, **kwargs))
+
+
+def _raw_assign_draft_cache_locs_accesses(out: Any, *args: Any, **kwargs: Any
+                                          ) -> list[DeclaredAccess]:
+    return _assign_draft_cache_locs_accesses(out, *_raw_assign_arguments(*args, **kwargs))
 
 
 # -- kernels.ops.speculative.eagle.build_chain_tree ---------------------------------------
@@ -364,4 +385,10 @@ def declare() -> None:
             ("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
              _verify_greedy_accesses, _verify_greedy, "verify_tree_greedy")):
         recorder.declare_kernel(target, accesses, cpu_impl=impl, name=name)
+    # releases that launch the Triton kernel itself in the EAGLE path (no wrapper function)
+    raw = getattr(importlib.import_module(common), "assign_draft_cache_locs_contiguous", None)
+    if raw is not None and hasattr(raw, "run"):
+        recorder.declare_kernel(raw, _raw_assign_draft_cache_locs_accesses,
+                                cpu_impl=_raw_assign_draft_cache_locs,
+                                name="assign_draft_cache_locs_contiguous")
     eagle_tree_kernels.declare()

@@ -49,9 +49,8 @@ def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
     """The verify tree of each lane: node positions (``seq_len + depth``), retrieve index,
     first child and next sibling (children linked last first), and the FULL_MASK rows (a
     node sees the root and its ancestors)."""
-    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
-
-    if tree_mask_mode != TreeMaskMode.FULL_MASK:
+    # the mode by its name: the enum lives in spec_tree, or in eagle_utils (0.5.17)
+    if getattr(tree_mask_mode, "name", None) != "FULL_MASK":
         raise NotImplementedError(f"build_tree: mask mode {tree_mask_mode} is not planned")
     width = num_verify_tokens
     lengths = peek(seq_lens)
@@ -164,9 +163,35 @@ def _fill_accept_accesses(out: Any, accept_index: torch.Tensor, out_cache_loc: t
     return reads(accept_index) + reads(out_cache_loc) + writes(accept_out_cache_loc)
 
 
+#: sgl_kernel's CUDA tree builder, as older releases' eagle_utils names it (imported only on
+#: a CUDA host, so absent here)
+SGL_TREE_BUILDER = "sgl_build_tree_kernel_efficient"
+
+
+def _cuda_only_tree_builder_named() -> None:
+    """Where the release's ``build_tree_kernel_efficient`` calls sgl_kernel's CUDA tree
+    builder by a name its CPU import never bound (0.5.17), bind that name to a strict
+    stand-in, so that the declaration below replaces it inside a watch (CPU mode computes
+    the declared implementation) and a call outside one fails loudly."""
+    import importlib
+
+    from overlap_harness.engines.core.strict import unplanned
+
+    module = importlib.import_module("sglang.srt.speculative.eagle_utils")
+    caller = getattr(module, "build_tree_kernel_efficient", None)
+    if (caller is not None and SGL_TREE_BUILDER in caller.__code__.co_names
+            and not hasattr(module, SGL_TREE_BUILDER)):
+        setattr(module, SGL_TREE_BUILDER,
+                unplanned(f"sgl_kernel.build_tree_kernel_efficient (as {SGL_TREE_BUILDER}: "
+                          "a CUDA kernel, run only as declared)"))
+
+
 def declare() -> None:
     """Register the declarations (idempotent)."""
+    _cuda_only_tree_builder_named()
     for target, accesses, impl, name in (
+            (f"sglang.srt.speculative.eagle_utils:{SGL_TREE_BUILDER}",
+             _build_tree_accesses, _build_tree, "sgl_build_tree_kernel_efficient"),
             ("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient_func",
              _build_tree_accesses, _build_tree, "sgl_build_tree_kernel_efficient"),
             ("sglang.kernels.ops.speculative.cache_locs:assign_extend_cache_locs_uniform_func",

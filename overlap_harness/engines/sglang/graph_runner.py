@@ -30,6 +30,7 @@ What is the harness's (the model is not loaded, and these need weights, NCCL or 
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang.worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
@@ -171,11 +173,12 @@ class _GraphModel:
         return LogitsProcessorOutput(next_token_logits=forward_batch.next_token_logits_buffer)
 
 
-class GraphModelRunner:
+class GraphModelRunner(ReadDoneEventNames):
     """The model-runner fields SGLang's decode graph runner reads, for one rank and no
     weights."""
 
     is_draft_worker = False
+    attn_dcp_size = 1  # no decode context parallelism (0.5.21's ForwardBatch reads it here)
     device = "cuda"
     gpu_id = 0
     lora_manager = None
@@ -208,7 +211,8 @@ class GraphModelRunner:
         self.model = _GraphModel(self)
         self.capture_head_hooks: list[Any] = []
         self.capture_tail_hooks: list[Any] = []
-        self.kv_index_translator = _translator(req_to_token_pool, allocator)
+        if (translator := _translator(req_to_token_pool, allocator)) is not None:
+            self.kv_index_translator = translator
 
     def decode_num_tokens_per_req(self, num_draft_tokens: int | None = None) -> int:
         return 1
@@ -230,7 +234,12 @@ class GraphModelRunner:
 
 
 def _translator(req_to_token_pool: Any, allocator: Any) -> Any:
-    """SGLang's ``KVIndexTranslator`` for a plain (untranslated) pool of page size 1."""
+    """SGLang's ``KVIndexTranslator`` for a plain (untranslated) pool of page size 1; None in
+    a release without it (its runners have no translator)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is None:
+        return None
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
     return KVIndexTranslator(req_to_token=req_to_token_pool.req_to_token,
@@ -281,29 +290,34 @@ def graph_platform() -> Iterator[None]:
     external read-done event, the one-rank ``graph_capture``, no memory probe, no garbage
     collection tuning, a fresh shared-buffer pool, a silent progress bar."""
     runner_module = sys.modules[RUNNER_MODULE]
-    event_module = sys.modules[READ_EVENT_MODULE]
     buffers_module = sys.modules[INPUT_BUFFERS_MODULE]
     # SGLang's process-wide pool of shared static buffers: empty for this run, so that the
     # buffers are allocated inside this run's watch (a previous run's are unknown to it)
-    with attributes_set([(buffers_module, "_forward_input_buffer_pool", {}),
-                         (event_module, "is_cuda", lambda: True),
-                         (runner_module, "graph_capture", _one_rank_capture),
-                         (runner_module, "get_available_gpu_memory", _no_gpu_memory),
-                         (runner_module, "freeze_gc", _no_gc_tuning),
-                         (runner_module, "tqdm", _QUIET_TQDM)]):
+    patches = [(buffers_module, "_forward_input_buffer_pool", {}),
+               (runner_module, "graph_capture", _one_rank_capture),
+               (runner_module, "get_available_gpu_memory", _no_gpu_memory),
+               (runner_module, "freeze_gc", _no_gc_tuning),
+               (runner_module, "tqdm", _QUIET_TQDM)]
+    # the external read-done event's CUDA check, in releases that have that module (0.5.17
+    # records a plain event in the runner itself)
+    if (event_module := sys.modules.get(READ_EVENT_MODULE)) is not None:
+        patches.append((event_module, "is_cuda", lambda: True))
+    with attributes_set(patches):
         yield
 
 
-def publish_decode_graphs(batch_sizes: tuple[int, ...]) -> None:
+def publish_decode_graphs(batch_sizes: tuple[int, ...]) -> Any:
     """Decode CUDA graphs on in the published configuration (what ``--cuda-graph-config``
     gives; the CPU resolution turns them off): the FULL backend for ``batch_sizes``, prefill
-    graphs off. SGLang's ``get_batch_sizes_to_capture`` then clamps the list to the pool."""
+    graphs off. SGLang's ``get_batch_sizes_to_capture`` then clamps the list to the pool.
+    Returns the config."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context
 
     config = CudaGraphConfig(decode=PhaseConfig(backend=Backend.FULL, bs=list(batch_sizes)),
                              prefill=PhaseConfig(backend=Backend.DISABLED))
     get_context().override("harness.graph_decode", cuda_graph_config=config)
+    return config
 
 
 def build_runner(model_runner: GraphModelRunner) -> Any:
@@ -320,10 +334,12 @@ def build_runner(model_runner: GraphModelRunner) -> Any:
     # for the process; the platform resolved here is the CPU, whose Stream is not CUDA's)
     capture_stream = torch.cuda.Stream()
     capture_stream.name = "graph_capture_stream"
-    set_stream(pool._CAPTURE_STREAM_NAME, capture_stream)
+    if hasattr(pool, "_CAPTURE_STREAM_NAME"):  # older releases: graph_capture's own stream
+        set_stream(pool._CAPTURE_STREAM_NAME, capture_stream)
     pool.set_global_graph_memory_pool(None)
     # the capture's barrier between warm-up forwards: one rank has no one to wait for
     one_rank = StrictStub("tp_group", barrier=_no_barrier, world_size=1, rank_in_group=0)
+    model_runner.tp_group = one_rank  # where older releases' graph backends read it
     with get_parallel().override(tp_group=one_rank):
         return DecodeCudaGraphRunner(model_runner)
 
@@ -350,12 +366,25 @@ class DecodeGraphs:
     ``ForwardBatch.init_new`` and replayed by the runner's ``execute``, then sampled."""
 
     def __init__(self, worker: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
-                 post_replay: bool = False) -> None:
-        publish_decode_graphs(batch_sizes)
+                 post_replay: bool = False, parallel_state: Any = None) -> None:
+        config = publish_decode_graphs(batch_sizes)
+        if getattr(server_args, "cuda_graph_config", None) is None:
+            # releases whose runner reads the option from its server arguments (0.5.17), not
+            # the published configuration: the runner's own copy holds it; later releases'
+            # resolved arguments refuse the assignment (they read the published one)
+            runner_args = copy.copy(server_args)
+            try:
+                runner_args.cuda_graph_config = config
+            except AttributeError:
+                pass
+            else:
+                server_args = runner_args
         fake = worker.model_runner
         self.model_runner = GraphModelRunner(
             worker.req_to_token_pool, fake.token_to_kv_pool_allocator, worker.kv_buffer,
             fake.ngram_embedding_manager, server_args, post_replay=post_replay)
+        if parallel_state is not None:  # releases whose runners keep the scheduler's
+            self.model_runner.ps = parallel_state
         with graph_platform():
             self.runner = build_runner(self.model_runner)
         self.replays = 0
@@ -379,6 +408,7 @@ def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
     """Give the scheduler's fake worker SGLang's decode graph runner (captured now, at
     startup, as ``ModelRunner.init_device_graphs`` does before the loop starts)."""
     worker = scheduler.model_worker
-    graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay)
+    graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay,
+                          parallel_state=getattr(scheduler, "ps", None))
     worker.decode_graphs = graphs
     return graphs

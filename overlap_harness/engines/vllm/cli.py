@@ -18,11 +18,13 @@ from overlap_harness.engines.core.command import (
     add_engine_options,
     apply_output_options,
     fail,
+    fail_all,
     run_variants,
     timed_necessity,
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness vllm"
@@ -39,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "or a site-packages); default: the installed vllm",
         out_help="write vllm.json (and vllm.md with --necessity), and per variant the "
         "timeline plot of one iteration, Perfetto and SARIF")
+    add_pr_options(parser, "vllm")
     parser.set_defaults(func=run)
     return parser
 
@@ -46,6 +49,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     apply_output_options(args)  # --quiet, --verbose
+    if args.base is not None:  # a pull request's view: both trees, each in a child
+        from overlap_harness.engines.core.pr_view.view import run as run_pr_view
+
+        return run_pr_view(args, "vllm", PROG)
     prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     from overlap_harness.engines.vllm import environment  # deferred: imports torch
 
@@ -60,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, known)) is not None:
         return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
-    outcomes, error = run_variants(names, necessity.run_outcome,
-                                   lambda outcome: f"{outcome.ops} ops")
-    if error is not None:
-        return fail(PROG, error)
+    outcomes, errors = run_variants(names, necessity.run_outcome,
+                                    lambda outcome: f"{outcome.ops} ops")
+    if errors:
+        return fail_all(PROG, errors)
     document: dict[str, Any] = {
         "source": info.location, "vllm_version": info.version, "variants": names,
         "races": [r for o in outcomes.values() for r in o.races]}

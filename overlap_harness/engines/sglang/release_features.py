@@ -1,0 +1,108 @@
+"""Which SGLang features a variant needs, and whether the loaded release has them.
+
+A variant drives one path of SGLang's overlap loop; an older release may not have that path
+yet (0.5.17 has no ``SharedReadEnds``, the attention backend's declaration of where its
+shared reads end; 0.5.18 has no late-bound EAGLE tails for mixed chunked prefill). Such a
+variant is not applicable to the release, with the reason: the feature, and the SGLang
+module and name that carry it and that the release lacks. Everything is found by looking
+at the loaded release (a module present, a name defined), never by its version string.
+Which features a variant needs follows from its configuration (EAGLE, decode graphs,
+attention DP, ...), so a new variant is checked without being listed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+from overlap_harness.engines.sglang.variants import Variant
+
+SCHEDULER = "sglang.srt.managers.scheduler"
+OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """A release feature: what it is, in words, and the SGLang name that carries it
+    (``module`` and a dotted ``name`` inside it; None: the module itself)."""
+
+    what: str
+    module: str
+    name: str | None = None
+
+    def where(self) -> str:
+        """``module:name`` (the module alone when no name)."""
+        return self.module if self.name is None else f"{self.module}:{self.name}"
+
+
+OVERLAP_LOOP = Feature("the overlap event loop", SCHEDULER, "Scheduler.event_loop_overlap")
+EAGLE_V2 = Feature("the EAGLE v2 worker (speculative decoding v2 under the overlap loop)",
+                   "sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2")
+SEQ_LENS_D2H = Feature("FutureMap's D2H stream for host sequence lengths", OVERLAP_UTILS,
+                       "FutureMap.resolve_seq_lens_cpu")
+MIXED_SPEC_TAILS = Feature("mixed chunked prefill beside EAGLE decodes (FutureMap's "
+                           "late-bound spec tails)", OVERLAP_UTILS,
+                           "FutureMap.resolve_mixed_spec_tails")
+DECODE_GRAPHS = Feature("the decode CUDA-graph runner",
+                        "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+                        "DecodeCudaGraphRunner")
+POST_REPLAY_READS = Feature("attention backends whose shared reads end after the graph "
+                            "replay (SharedReadEnds.POST_REPLAY)",
+                            "sglang.srt.layers.attention.base_attn_backend",
+                            "SharedReadEnds.POST_REPLAY")
+DP_ATTENTION_SYNC = Feature("attention data parallelism's MLP sync between ranks",
+                            "sglang.srt.managers.scheduler_components.dp_attn",
+                            "MLPSyncBatchInfo")
+HIP_BRANCHES = Feature("the overlap loop's HIP branches", SCHEDULER, "_is_hip")
+RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
+                       "TEST_RETRACT")
+
+
+def required_features(variant: Variant) -> list[Feature]:
+    """The release features ``variant`` drives, from its configuration."""
+    features = [OVERLAP_LOOP]
+    if variant.hip:
+        features.append(HIP_BRANCHES)
+    if variant.retract_every is not None:
+        features.append(RETRACT_HOOK)
+    if variant.decode_graph_sizes:
+        features.append(DECODE_GRAPHS)
+        if variant.graph_reads_end_post_replay:
+            features.append(POST_REPLAY_READS)
+    if variant.dp_peer is not None:
+        features.append(DP_ATTENTION_SYNC)
+    if variant.eagle is not None:
+        features.append(EAGLE_V2)
+        if variant.eagle.needs_cpu_seq_lens:
+            features.append(SEQ_LENS_D2H)
+        if variant.mixed_chunk:
+            features.append(MIXED_SPEC_TAILS)
+    return features
+
+
+def lacks(feature: Feature) -> str | None:
+    """Why the loaded release lacks ``feature`` (None when it has it): the module or the
+    name that is not there."""
+    if importlib.util.find_spec(feature.module) is None:
+        return f"no module {feature.module}"
+    value: object = importlib.import_module(feature.module)
+    if feature.name is None:
+        return None
+    walked = feature.module
+    for part in feature.name.split("."):
+        if not hasattr(value, part):
+            return f"{walked} has no {part}"
+        value = getattr(value, part)
+        walked = f"{walked}.{part}" if walked != feature.module else f"{walked}:{part}"
+    return None
+
+
+def not_applicable_reason(variant: Variant) -> str | None:
+    """Why ``variant`` does not apply to the loaded release (None: it applies): each
+    feature it needs that the release lacks, what it is and what is missing."""
+    missing = [f"{feature.what}: {why}" for feature in required_features(variant)
+               if (why := lacks(feature)) is not None]
+    if not missing:
+        return None
+    return "the release lacks " + "; ".join(missing)

@@ -1,0 +1,190 @@
+"""SGLang releases other than the installed one: stub modules, variants a release cannot run,
+a variant that cannot be driven beside others that can, and an older release's own tree.
+
+Runs are child processes of ``overlap-harness sglang`` (as a user runs it) on trees that
+mirror a real SGLang package with symlinks, except the one file a test edits (a real copy).
+The verdicts, the not-applicable reasons and the error messages are the command's.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.core.strict import StrictName, UnplannedUseError, strict_module
+from overlap_harness.engines.sglang import torchvision_stub
+
+ROOT = Path(__file__).resolve().parents[2]
+#: unzipped release wheels (each folder holds sglang/); the slow tests skip without them
+RELEASES = Path(os.environ.get("OVERLAP_HARNESS_SGLANG_RELEASES", "/work/releases"))
+FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"
+
+
+def test_an_open_stub_module_answers_any_name_that_fails_when_used():
+    module = strict_module("fakevision.io", "stand-in", {"known": 1}, open_names=True)
+    assert module.known == 1
+    name = module.decode_jpeg  # what `from fakevision.io import decode_jpeg` takes
+    assert isinstance(name, StrictName)
+    assert isinstance(name.ImageReadMode.RGB, StrictName)  # a default argument's value
+    with pytest.raises(UnplannedUseError, match=r"fakevision\.io\.decode_jpeg called"):
+        name(b"bytes")
+    with pytest.raises(UnplannedUseError, match="tested for truth"):
+        bool(name)
+    with pytest.raises(UnplannedUseError, match="iterated"):
+        list(name)
+    with pytest.raises(AttributeError):
+        getattr(module, "__wrapped__")  # noqa: B009 (protocol probes stay plain misses)
+
+
+def test_a_closed_stub_module_still_refuses_unknown_names():
+    module = strict_module("fakevision.io", "stand-in", {})
+    with pytest.raises(UnplannedUseError, match="not in the stub module"):
+        getattr(module, "decode_jpeg")  # noqa: B009
+
+
+def test_the_torchvision_stub_answers_names_older_releases_import():
+    modules = {m.__name__: m for m in torchvision_stub._modules()}
+    decode = modules["torchvision.io"].decode_jpeg
+    normalize = modules["torchvision.transforms"].Normalize
+    assert modules["torchvision.transforms"].InterpolationMode.BICUBIC.value == "bicubic"
+    with pytest.raises(UnplannedUseError, match=r"torchvision\.io\.decode_jpeg called"):
+        decode(None)
+    with pytest.raises(UnplannedUseError, match=r"torchvision\.transforms\.Normalize called"):
+        normalize(mean=0, std=1)
+
+
+def _installed_package() -> Path:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
+    return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+
+
+def _mirror(source: Path, target: Path, relative: Path, edit: Callable[[str], str]) -> None:
+    """``target`` mirrors the folder ``source`` with symlinks, except the file ``relative``:
+    a real copy, its text passed through ``edit``."""
+    target.mkdir()
+    head = relative.parts[0]
+    for entry in source.iterdir():
+        if entry.name == head and len(relative.parts) > 1:
+            _mirror(entry, target / head, Path(*relative.parts[1:]), edit)
+        elif entry.name == head:
+            (target / head).write_text(edit(entry.read_text()))
+        elif entry.name != "__pycache__":
+            (target / entry.name).symlink_to(entry)
+
+
+def _tree(tmp_path: Path, package: Path, relative: str, edit: Callable[[str], str],
+          name: str = "tree") -> Path:
+    tree = tmp_path / name
+    tree.mkdir()
+    _mirror(package, tree / "sglang", Path(relative), edit)
+    return tree
+
+
+def _command(tree: Path, *variants: str, json_path: Path) -> tuple[int, str, dict]:
+    args = [word for v in variants for word in ("--variant", v)]
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
+                           str(tree), *args, "--json", str(json_path)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900,
+                          check=False)
+    output = done.stdout + done.stderr
+    if done.returncode == 2 and "overlap-harness sglang: import " in output:
+        pytest.skip(output.strip().splitlines()[-1])
+    document = json.loads(json_path.read_text()) if json_path.exists() else {}
+    return done.returncode, output, document
+
+
+def _renamed(old: str, new: str) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        assert old in text, f"{old} is not in the file any more"
+        return text.replace(old, new)
+    return edit
+
+
+def test_a_tree_lacking_a_feature_lists_its_variant_not_applicable(tmp_path):
+    """FutureMap without its late-bound spec tails (as releases before 0.5.19): the EAGLE
+    mixed-chunk variant is not applicable, named with the missing name; the other runs."""
+    tree = _tree(tmp_path, _installed_package(), "srt/managers/overlap_utils.py",
+                 _renamed("resolve_mixed_spec_tails", "resolve_mixed_tails_elsewhere"))
+    status, output, document = _command(tree, "eagle_mixed", "idle_iteration",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["idle_iteration"]
+    [entry] = document["not_applicable"]
+    assert entry["variant"] == "eagle_mixed"
+    assert "overlap_utils:FutureMap has no resolve_mixed_spec_tails" in entry["reason"]
+    assert "eagle_mixed: not applicable" in output
+
+
+def test_a_variant_that_cannot_be_driven_keeps_the_others_results(tmp_path):
+    """Retraction calls what the driver did not plan: that variant is reported (exit 2, the
+    line and function named), the one before it still ran and is in the JSON."""
+    package = _installed_package()
+    old = "old_available_tokens = self.token_to_kv_pool_allocator.available_size()"
+    tree = _tree(tmp_path, package, "srt/managers/scheduler.py",
+                 _renamed(old, "old_available_tokens = self.profiler_manager.start_profile()"))
+    status, output, document = _command(tree, "retracted_request", "idle_iteration",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 2, output
+    scheduler = tree / "sglang/srt/managers/scheduler.py"
+    line = next(i for i, text in enumerate(scheduler.read_text().splitlines(), 1)
+                if "start_profile()" in text)
+    assert output.strip().splitlines()[-1] == (
+        "overlap-harness sglang: variant retracted_request cannot be driven on this tree: "
+        "UnplannedUseError: profiler_manager.start_profile: not planned by the driver "
+        f"(strict stub) at {scheduler}:{line} in update_running_batch")
+    assert "  idle_iteration: race-free" in output
+    assert document["variants"] == ["idle_iteration"]
+    assert document["races"] == []
+    assert len(document["errors"]) == 1 and "retracted_request" in document["errors"][0]
+
+
+def _older_release() -> Path:
+    """The oldest unzipped release found beside this one, else skip."""
+    found = sorted((p for p in RELEASES.glob("0.*") if (p / "sglang/__init__.py").is_file()),
+                   key=lambda p: tuple(int(x) for x in p.name.split(".") if x.isdigit()))
+    if not found:
+        pytest.skip(f"no unzipped SGLang release under {RELEASES}")
+    return found[0] / "sglang"
+
+
+def _without_run_batch_entry_wait(text: str) -> str:
+    """run_batch's first forward-stream wait on the schedule stream made ``pass`` (every
+    line keeps its number)."""
+    run_batch = next(node for node in ast.walk(ast.parse(text))
+                     if isinstance(node, ast.FunctionDef) and node.name == "run_batch")
+    lines = text.splitlines(keepends=True)
+    index = next(i for i in range(run_batch.lineno - 1, run_batch.end_lineno or 0)
+                 if lines[i].strip() == FORWARD_WAIT)
+    indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+    lines[index] = f"{indent}pass\n"
+    return "".join(lines)
+
+
+@pytest.mark.slow
+def test_an_older_release_without_the_forward_entry_wait_races_at_its_lines(tmp_path):
+    package = _older_release()
+    tree = _tree(tmp_path, package, "srt/managers/scheduler.py", _without_run_batch_entry_wait)
+    status, output, document = _command(tree, "non_spec_decode",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    sides = [side for r in document["races"] for side in (r["first"], r["second"])]
+    assert any(s["file"].startswith(str(tree / "sglang") + os.sep) for s in sides), output
+
+
+@pytest.mark.slow
+def test_the_same_older_release_unmodified_is_race_free(tmp_path):
+    package = _older_release()
+    tree = _tree(tmp_path, package, "srt/managers/scheduler.py", lambda text: text)
+    status, output, document = _command(tree, "non_spec_decode",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["non_spec_decode"] and document["races"] == []
