@@ -83,6 +83,18 @@ def _stub_vllm(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(vllm_environment, "load", work_reached)
 
 
+def _stub_sglang_gpu(mp: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.sglang import gpu_command
+
+    mp.setattr(gpu_command, "run", work_reached)
+
+
+def _stub_pr_view(mp: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.core.pr_view import view
+
+    mp.setattr(view, "run", work_reached)
+
+
 def _stub_measure(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(calibrate_cmd, "measure_profile", work_reached)
 
@@ -121,10 +133,16 @@ CASES = [
     Case("calibrate", "--report-out", ("calibrate", "--compare", "{tmp}/r.json", "--profile",
                                        "{tmp}/p.json", "--report-out", "{path}"), "folder",
          _stub_compare),
+    Case("sglang", "--gpu-report", ("sglang", "--gpu", "--gpu-report", "{path}"), "folder",
+         _stub_sglang_gpu),
+    Case("sglang", "--sarif", ("sglang", "--base", "{tmp}", "--sarif", "{path}"), "file",
+         _stub_pr_view),
+    Case("vllm", "--sarif", ("vllm", "--base", "{tmp}", "--sarif", "{path}"), "file",
+         _stub_pr_view),
     Case("vllm", "--out", ("vllm", "--out", "{path}"), "folder", _stub_vllm),
     Case("vllm", "--json", ("vllm", "--json", "{path}"), "file", _stub_vllm),
 ]
-INPUT_OPTIONS = {"--profile"}  # options with a FILE metavar that name what a command reads
+INPUT_OPTIONS = {"--profile", "--loop-json"}  # options with a FILE metavar that name what a command reads
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -137,7 +155,8 @@ def test_every_output_option_of_every_command_is_a_case() -> None:
     """A new command or output option (a FILE or DIR, or any --out) needs its case above."""
     found = {(name, option) for name, parser in _subparsers().items()
              for action in parser._actions for option in action.option_strings[-1:]
-             if (action.metavar in ("FILE", "DIR") or action.dest.endswith("out"))
+             if (action.metavar in ("FILE", "DIR") or action.dest == "out"
+                 or action.dest.endswith("_out"))
              and option not in INPUT_OPTIONS}
     assert found == {(c.command, c.option) for c in CASES}
 

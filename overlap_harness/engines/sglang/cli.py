@@ -64,6 +64,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
+    apply_output_options(args)  # --quiet, --verbose
+    if args.sarif and args.base is None:
+        return fail(PROG, "--sarif needs --base (it locates a pull request's races at its "
+                    "changed lines; --out writes each variant's SARIF)")
+    if args.gpu_report and not args.gpu:
+        return fail(PROG, "--gpu-report needs --gpu")
+    # every output is checked (folders made) before the minutes of import and runs
+    prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report,
+                             "--gpu-report": args.gpu_report},
+                    files={"--json": args.json, "--sarif": args.sarif})
     if args.base is not None:  # a pull request's view: both trees, each in a child
         from overlap_harness.engines.core.pr_view.view import run as run_pr_view
 
@@ -77,10 +87,6 @@ def run(args: argparse.Namespace) -> int:
     if args.loop_report and not args.necessity:
         return fail(PROG, "--loop-report needs --necessity (the report is the necessity table "
                      "beside the model)")
-    # every output is checked (folders made) before the minutes of import and runs
-    apply_output_options(args)  # --quiet, --verbose
-    prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report},
-                    files={"--json": args.json})
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:

@@ -49,11 +49,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Load the tree, run the variants (and the table), report, return the exit status."""
     apply_output_options(args)  # --quiet, --verbose
+    if args.sarif and args.base is None:
+        return fail(PROG, "--sarif needs --base (it locates a pull request's races at its "
+                    "changed lines; --out writes each variant's SARIF)")
+    prepare_outputs(files={"--json": args.json, "--sarif": args.sarif},
+                    folders={"--out": args.out})
     if args.base is not None:  # a pull request's view: both trees, each in a child
         from overlap_harness.engines.core.pr_view.view import run as run_pr_view
 
         return run_pr_view(args, "vllm", PROG)
-    prepare_outputs(files={"--json": args.json}, folders={"--out": args.out})
     from overlap_harness.engines.vllm import environment  # deferred: imports torch
 
     try:
