@@ -142,7 +142,8 @@ CASES = [
     Case("vllm", "--out", ("vllm", "--out", "{path}"), "folder", _stub_vllm),
     Case("vllm", "--json", ("vllm", "--json", "{path}"), "file", _stub_vllm),
 ]
-INPUT_OPTIONS = {"--profile", "--loop-json"}  # options with a FILE metavar that name what a command reads
+# options with a FILE metavar that name what a command reads
+INPUT_OPTIONS = {"--profile", "--loop-json"}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

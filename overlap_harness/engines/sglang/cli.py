@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.cli_options import seconds
 from overlap_harness.engines.core.command import (
     add_engine_options,
     apply_output_options,
@@ -52,9 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--loop-json", type=Path, metavar="FILE", default=None,
                         help="with --gpu: the loop report to check (default: "
                         "reports/conformance/sglang-0.5.23-loop.json)")
-    parser.add_argument("--gpu-timeout", type=float, metavar="S", default=400.0,
+    parser.add_argument("--gpu-timeout", type=seconds, metavar="S", default=400.0,
                         help="with --gpu: seconds one site's child may run (default 400)")
-    parser.add_argument("--gpu-deadline", type=float, metavar="S", default=float("inf"),
+    parser.add_argument("--gpu-deadline", type=seconds, metavar="S", default=float("inf"),
                         help="with --gpu: start no site after S seconds and stop running ones "
                         "(their rows are kept, marked not run); default: none")
     add_pr_options(parser, "sglang")
