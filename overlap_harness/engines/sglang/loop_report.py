@@ -71,6 +71,8 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
     ("scheduler.py", "copy_stream.wait_stream(self.forward_stream)",
      ("copy_stream.forward_wait",)),
     ("common.py", "tensor.record_stream(", ("d2h_result.record_stream",)),
+    # the same D2H keep-alive where older releases keep the helper (managers/utils.py, 0.5.20)
+    ("utils.py", "_async_d2h", ".record_stream(", ("d2h_result.record_stream",)),
     # an event never recorded: its synchronize() returns at once, as with no host sync
     ("utils.py", "self.copy_done.record()", ("copy_done.host_sync",)),
     # the decode CUDA graph runner's read-done event: recorded inside the graph (its
