@@ -23,8 +23,6 @@ from overlap_harness.engines.core.strict import StrictName, UnplannedUseError, s
 from overlap_harness.engines.sglang import torchvision_stub
 
 ROOT = Path(__file__).resolve().parents[2]
-#: unzipped release wheels (each folder holds sglang/); the slow tests skip without them
-RELEASES = Path(os.environ.get("OVERLAP_HARNESS_SGLANG_RELEASES", "/work/releases"))
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"
 
 
@@ -148,12 +146,14 @@ def test_a_variant_that_cannot_be_driven_keeps_the_others_results(tmp_path):
 
 
 def _older_release() -> Path:
-    """The oldest unzipped release found beside this one, else skip."""
-    found = sorted((p for p in RELEASES.glob("0.*") if (p / "sglang/__init__.py").is_file()),
-                   key=lambda p: tuple(int(x) for x in p.name.split(".") if x.isdigit()))
-    if not found:
-        pytest.skip(f"no unzipped SGLang release under {RELEASES}")
-    return found[0] / "sglang"
+    """The oldest supported release's package, fetched into the user's cache (skips with
+    the reason when it cannot be fetched)."""
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(releases.SUPPORTED[0]) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _without_run_batch_entry_wait(text: str) -> str:
