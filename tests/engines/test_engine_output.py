@@ -111,7 +111,7 @@ def test_runs_hold_their_output_back_for_one_line_at_the_end(
             warnings.warn(f"{run}: Model Runner V2 requires Triton", stacklevel=1)
             logging.getLogger("chatty_runs").warning("%s: retracting", run)
     assert capsys.readouterr() == ("", "")
-    assert registered == [engine_output._say_held]  # once, however many blocks
-    engine_output._say_held()
+    assert registered == [engine_output.say_held]  # once, however many blocks
+    engine_output.say_held()
     assert capsys.readouterr().err == ("engine runs: 4 engine warnings hidden "
                                        "(--verbose shows them)\n")

@@ -53,7 +53,10 @@ def apply_output_options(args: argparse.Namespace) -> None:
 
 def fail(command: str, message: str) -> int:
     """Print ``command: message`` on stderr; the exit status of bad input or an undrivable
-    tree (2)."""
+    tree (2). The engines' held output is summed up first, so the failure is the last line."""
+    from overlap_harness.engines.core.engine_output import say_held
+
+    say_held()
     print(f"{command}: {message}", file=sys.stderr)
     return 2
 

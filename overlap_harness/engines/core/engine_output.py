@@ -149,12 +149,15 @@ def _hold(output: EngineOutput) -> None:
     """Keep ``output`` for the one line said when this process ends (a forked child ends
     with ``os._exit`` and says nothing)."""
     if not _HELD:
-        atexit.register(_say_held)
+        atexit.register(say_held)
     _HELD.append(output)
 
 
-def _say_held() -> None:
+def say_held() -> None:
+    """Say the one line for the engine output held so far, now (a command's failure line is
+    then its last), and forget it."""
     held = EngineOutput([said for output in _HELD for said in output.said])
+    _HELD.clear()
     if (line := held.summary("engine runs")) is not None:
         print(line, file=sys.stderr)
 
