@@ -22,6 +22,7 @@ from overlap_harness.engines.sglang import (
     eagle_kernels,
     environment,
     graph_kernels,
+    grammar_build,
     graph_runner,
     kernels,
     scheduler_build,
@@ -77,6 +78,8 @@ class _Intake:
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
         req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
+        if self.variant.grammar:
+            grammar_build.constrain(req)
         return req
 
 

@@ -35,6 +35,7 @@ class Variant:
     # iteration (absent iterations: the peer is idle); None: no DP
     dp_peer: dict[int, PeerStep] | None = None
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
+    grammar: bool = False  # every request grammar-constrained (grammar_build.py)
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -97,4 +98,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # tree drafting: 4 candidates per step, 3 steps, the best 6 tree nodes verified
     Variant("eagle_topk4", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
             eagle=EagleConfig(topk=4, num_draft_tokens=6)),
+    # eagle_topk1's requests grammar-constrained: the verify's grammar barrier advances the
+    # previous batch's FSM on the host (advance_grammar_fsm), the verify tree is copied to
+    # the host behind an event (GrammarTree), the bitmask staged and applied before sampling
+    Variant("grammar_eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(), grammar=True),
 )}
