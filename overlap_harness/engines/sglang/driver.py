@@ -20,9 +20,10 @@ from overlap_harness.engines.sglang import (
     dp_rank,
     eagle_build,
     eagle_kernels,
+    embedding_build,
     environment,
-    graph_kernels,
     grammar_build,
+    graph_kernels,
     graph_runner,
     kernels,
     scheduler_build,
@@ -83,6 +84,13 @@ class _Intake:
         return req
 
 
+def _worker_class(variant: Variant) -> type | None:
+    """The fake worker a variant needs beside the default one (None: the default)."""
+    if variant.dp_peer is not None:
+        return dp_rank.DPRankModelWorker
+    return embedding_build.FakeEmbeddingWorker if variant.embedding else None
+
+
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
     kernels.declare()
@@ -102,12 +110,13 @@ def run_variant(variant: Variant) -> LoopRun:
                                        mixed_chunk=variant.mixed_chunk)
     with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
-          eagle_build.selected(variant.eagle)):
+          eagle_build.selected(variant.eagle, hip=variant.hip)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
-            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None,
-            spec_workers=eagle_build.workers(variant.eagle))
+            worker_class=_worker_class(variant), spec_workers=eagle_build.workers(variant.eagle))
+        if variant.embedding:
+            embedding_build.make_embedding_scheduler(scheduler)
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
