@@ -17,6 +17,7 @@ import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
+    delay_sample,
     dp_rank,
     eagle_build,
     eagle_kernels,
@@ -88,6 +89,8 @@ def _worker_class(variant: Variant) -> type | None:
     """The fake worker a variant needs beside the default one (None: the default)."""
     if variant.dp_peer is not None:
         return dp_rank.DPRankModelWorker
+    if variant.delay_sample:
+        return delay_sample.DelaySampleWorker
     return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 
 
@@ -110,7 +113,8 @@ def run_variant(variant: Variant) -> LoopRun:
                                        mixed_chunk=variant.mixed_chunk)
     with (recorder.watch(mode="cpu") as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
-          eagle_build.selected(variant.eagle, hip=variant.hip)):
+          eagle_build.selected(variant.eagle, hip=variant.hip),
+          delay_sample.enabled(variant.delay_sample)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,

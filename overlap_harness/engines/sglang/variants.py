@@ -37,6 +37,7 @@ class Variant:
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
     grammar: bool = False  # every request grammar-constrained (grammar_build.py)
     embedding: bool = False  # an embedding model (is_generation False: embedding_build.py)
+    delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (delay_sample.py)
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -116,4 +117,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("eagle_mixed_hip", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
             chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig(),
             hip=True),
+    # non_spec_decode's requests with SGLANG_ENABLE_DELAY_SAMPLE: each non-prefill-only
+    # forward leaves its sampling to the scheduler (launch_batch_sample_if_needed)
+    Variant("delay_sample", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, delay_sample=True),
 )}
