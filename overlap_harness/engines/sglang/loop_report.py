@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.engines.sglang import site_configs
 from overlap_harness.runner import run_spec
 from overlap_harness.scenarios.expand import expand
 from overlap_harness.scenarios.loader import load_scenario
@@ -59,6 +60,13 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
     # an idle batch's wait (an attention-DP rank), apart from prefill's and decode's
     ("batch_result_processor.py", "process_batch_result_idle", "copy_done.synchronize()",
      ("copy_done.idle_host_sync",)),
+    # the grammar barrier's host wait (spec v2, grammar_eagle_topk1) and the delayed
+    # sampler's forward entry (delay_sample): the model has neither path, so their labels
+    # match nothing it runs (not_modelled) rather than the generic host wait / forward entry
+    ("batch_result_processor.py", "advance_grammar_fsm", "copy_done.synchronize()",
+     ("copy_done.grammar_host_sync",)),
+    ("scheduler.py", "launch_batch_sample_if_needed",
+     "forward_stream.wait_stream(self.schedule_stream)", ("delay_sample.forward_entry",)),
     ("scheduler.py", "forward_stream.wait_stream(self.schedule_stream)", ("forward_entry",)),
     ("scheduler.py", "schedule_stream.wait_event(ev)", ("war_barrier.read_done_wait",)),
     ("scheduler.py", "schedule_stream.wait_stream(self.forward_stream)",
@@ -97,8 +105,13 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
 _VERIFY_RECORD_STREAM = ("not modelled: record_stream_for_v2_verify / record_stream_each mark "
                          "the verify's inputs used on the forward stream; the model has no "
                          "allocator reuse of them, so a counterpart could not race")
+_GRAMMAR_TREE = ("not modelled: GrammarTree's host copy of the verify tree (its event and "
+                 "the host wait in resolve) has no counterpart in the model, which has no "
+                 "grammar")
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
     ("spec_utils.py", "record_stream", _VERIFY_RECORD_STREAM),
+    ("spec_utils.py", "done.record()", _GRAMMAR_TREE),
+    ("spec_utils.py", "self._done.synchronize()", _GRAMMAR_TREE),
     ("eagle_worker_common.py", "record_stream_each(", _VERIFY_RECORD_STREAM),
 )
 
@@ -222,8 +235,12 @@ def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     (``overlap-harness sglang --necessity``'s JSON); returns both paths."""
     rows = build_rows(document["necessity"])
     version = document["sglang_version"]
+    sites = site_configs.per_site(rows)
     report = {"sglang_version": version, "variants": document["variants"],
-              "summary": summarize(rows), "rows": rows}
+              "summary": summarize(rows), "sites": sites,
+              "unreached_sites": site_configs.unreached_sites(sites,
+                                                              Path(document["source"])),
+              "rows": rows}
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"sglang-{version}-loop.json"
     json_path.write_text(json.dumps(report, indent=1) + "\n")
@@ -253,8 +270,5 @@ def markdown(report: dict[str, Any]) -> str:
         code = row["code"].replace("|", "\\|")[:70]
         lines.append(f"| {row['variant']} | {row['site']} | `{code}` | {row['real']} | "
                      f"{row['races']} | {row['model']} | {row['explanation']} |")
-    unreached = sorted({r["site"] for r in report["rows"]}
-                       - {r["site"] for r in report["rows"] if r["real"] != "not_reached"})
-    lines += ["", f"Sites no variant reaches ({len(unreached)}): "
-              + ", ".join(f"`{s}`" for s in unreached) + ".", ""]
+    lines += ["", *site_configs.markdown(report["sites"], report["unreached_sites"])]
     return "\n".join(lines)
