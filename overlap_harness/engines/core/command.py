@@ -52,23 +52,34 @@ def unknown_variants(names: Sequence[str], known: Sequence[str]) -> str | None:
 
 
 def run_variants(names: Sequence[str], run_outcome: Callable[[str], Any],
-                 progress: Callable[[Any], str]) -> tuple[dict[str, Any], str | None]:
+                 progress: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
     """Run each variant, printing its verdict (``progress`` says how far it got) and its first
-    races; returns the outcomes, and the message of the first variant that cannot be driven
-    (the runs stop there)."""
+    races; returns the outcomes of the variants that ran, and one message per variant that
+    cannot be driven. A variant that cannot be driven never stops the others: its message is
+    printed where its verdict would be, and the runs go on."""
     from overlap_harness.engines.core.report import describe
 
     outcomes: dict[str, Any] = {}
+    errors: list[str] = []
     for name in names:
         outcome = run_outcome(name)
         if outcome.error is not None:
-            return outcomes, f"variant {name} cannot be driven on this tree: {outcome.error}"
+            errors.append(f"variant {name} cannot be driven on this tree: {outcome.error}")
+            print(f"  {name}: cannot be driven ({outcome.error})")
+            continue
         outcomes[name] = outcome
         verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
         print(f"  {name}: {verdict} ({progress(outcome)}, {outcome.seconds:.2f} CPU s)")
         for race in outcome.races[:5]:
             print(f"    {describe(race)}")
-    return outcomes, None
+    return outcomes, errors
+
+
+def fail_all(command: str, errors: Sequence[str]) -> int:
+    """Print each message as :func:`fail` does; the exit status of an undrivable tree (2)."""
+    for message in errors:
+        fail(command, message)
+    return 2
 
 
 def timed_necessity(site_count: int, rows_of: Callable[[], list[Any]]) -> list[dict[str, Any]]:

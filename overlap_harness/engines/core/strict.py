@@ -66,20 +66,68 @@ def unplanned(qualified_name: str) -> Any:
     return refuse
 
 
+class StrictName:
+    """A stand-in for a name a stub module was asked for at import (``from stub import f``,
+    a default argument ``stub.Mode.X``): it can be held, named and its attributes taken (each
+    another stand-in), but calling it, testing it, iterating or comparing it raises
+    :class:`UnplannedUseError` with its full name: the code that really uses it fails loudly."""
+
+    __slots__ = ("_qualified_name",)
+
+    def __init__(self, qualified_name: str) -> None:
+        object.__setattr__(self, "_qualified_name", qualified_name)
+
+    def _refuse(self, what: str) -> UnplannedUseError:
+        return UnplannedUseError(f"{object.__getattribute__(self, '_qualified_name')} {what}: "
+                                 "a stand-in from a stub module (the real package is not "
+                                 "installed), not planned by the driver")
+
+    def __getattr__(self, name: str) -> StrictName:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return StrictName(f"{object.__getattribute__(self, '_qualified_name')}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse("called")
+
+    def __bool__(self) -> bool:
+        raise self._refuse("tested for truth")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise self._refuse("iterated")
+
+    def __eq__(self, other: object) -> bool:
+        raise self._refuse("compared")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"StrictName({object.__getattribute__(self, '_qualified_name')!r})"
+
+
 class StrictModule(types.ModuleType):
-    """A module with exactly the names given; any other name raises with the module's name."""
+    """A module with exactly the names given; any other name raises with the module's name,
+    or, in an open module (``open_names``), is answered by a :class:`StrictName` that fails
+    when used (a release may import any name of the module it never calls)."""
+
+    _open_names = False
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
+        if self._open_names:
+            return StrictName(f"{self.__name__}.{name}")
         raise UnplannedUseError(f"{self.__name__}.{name}: not in the stub module "
                                 "(only the names touched at import are provided)")
 
 
-def strict_module(name: str, doc: str, names: Mapping[str, Any]) -> StrictModule:
-    """A :class:`StrictModule` ``name`` holding ``names``, documented with ``doc``."""
+def strict_module(name: str, doc: str, names: Mapping[str, Any], *,
+                  open_names: bool = False) -> StrictModule:
+    """A :class:`StrictModule` ``name`` holding ``names``, documented with ``doc``; with
+    ``open_names`` any other name is a :class:`StrictName` stand-in."""
     module = StrictModule(name, doc)
     module.__path__ = []  # a package, so submodule stubs can sit under it
+    module._open_names = open_names
     for key, value in names.items():
         setattr(module, key, value)
     return module

@@ -94,6 +94,19 @@ def _worker_class(variant: Variant) -> type | None:
     return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 
 
+def _intake_installed(scheduler: Any, intake: _Intake) -> None:
+    """The variant's arrivals where the release's loop takes its input: ``ingest_requests``
+    (receive and dispatch in one step), or, in releases without it, the request receiver's
+    ``recv_requests`` (its empty list then dispatched by the release's own
+    ``process_input_requests``)."""
+    from overlap_harness.engines.core.strict import StrictStub
+
+    if hasattr(scheduler, "ingest_requests"):
+        scheduler.ingest_requests = intake
+    else:
+        scheduler.request_receiver = StrictStub("request_receiver", recv_requests=intake)
+
+
 def run_variant(variant: Variant) -> LoopRun:
     """One run of ``variant`` on the real loop; SGLang must be loaded (``environment.load``)."""
     kernels.declare()
@@ -125,7 +138,7 @@ def run_variant(variant: Variant) -> LoopRun:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
         intake = _Intake(scheduler, variant, watch)
-        scheduler.ingest_requests = intake
+        _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()

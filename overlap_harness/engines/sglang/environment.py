@@ -90,8 +90,9 @@ def load(source: str | None = None) -> SglangTree:
     torchvision_stub.install_if_missing()
     started = time.perf_counter()
     try:
-        for name in PATH_MODULES:
-            importlib.import_module(name)
+        with _configs_registered_beside_transformers():
+            for name in PATH_MODULES:
+                importlib.import_module(name)
     except ImportError as exc:
         raise SglangTreeError(f"import {name} failed: {exc} (docs/sglang-loop.md: install)"
                               ) from None
@@ -100,6 +101,27 @@ def load(source: str | None = None) -> SglangTree:
     if root is not None and package.parent != root:
         raise SglangTreeError(f"{source}: sglang was imported from {package}, not this tree")
     return SglangTree(package, _version(package), elapsed)
+
+
+@contextmanager
+def _configs_registered_beside_transformers() -> Iterator[None]:
+    """``AutoConfig.register`` for the block: a model type that transformers itself already
+    defines is registered over it (``exist_ok``) instead of raising. An older release
+    registers its own config class for a model type that a newer transformers has since
+    added (0.5.17's ``qwen3_asr``); the overlap loop never loads such a model, and the
+    release's module must still import beside the transformers installed here."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        yield
+        return
+    register = AutoConfig.register
+
+    def register_beside(model_type: str, config: type, exist_ok: bool = False) -> None:
+        register(model_type, config, exist_ok=True)
+
+    with attributes_set([(AutoConfig, "register", staticmethod(register_beside))]):
+        yield
 
 
 def _already_loaded(module: types.ModuleType, root: Path | None) -> SglangTree:
@@ -141,9 +163,11 @@ def cuda_selected(*, hip: bool = False) -> Iterator[None]:
             if hasattr(module, flag):
                 changes.append((module, flag, value))
     changes.append((current_platform, "is_pin_memory_available", _pinned_available))
-    # the CUDA platform launches Triton kernels (the prefill's req_to_token writer among them)
-    changes.append((current_platform, "capabilities",
-                    msgspec.structs.replace(current_platform.capabilities, supports_triton=True)))
+    # the CUDA platform launches Triton kernels (the prefill's req_to_token writer among
+    # them); a release whose platform has no capabilities record chooses them by _is_cuda
+    if hasattr(current_platform, "capabilities"):
+        changes.append((current_platform, "capabilities", msgspec.structs.replace(
+            current_platform.capabilities, supports_triton=True)))
     with attributes_set(changes):
         yield
 

@@ -42,6 +42,7 @@ import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang.worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
@@ -171,7 +172,7 @@ class _GraphModel:
         return LogitsProcessorOutput(next_token_logits=forward_batch.next_token_logits_buffer)
 
 
-class GraphModelRunner:
+class GraphModelRunner(ReadDoneEventNames):
     """The model-runner fields SGLang's decode graph runner reads, for one rank and no
     weights."""
 

@@ -10,8 +10,9 @@ attributes the loop may touch; anything else raises with its name.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections import deque
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.core.strict import StrictStub, unplanned
+from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import checkpoint
 
 DEVICE = "cuda"  # faked on the CPU by the recorder
 
@@ -70,7 +72,9 @@ def publish(args: Any) -> Any:
 
     # what an earlier variant stamped goes first (EAGLE's one-rank groups contradict the
     # tensor parallel 2 a DP variant publishes: SGLang's publish validates the topology)
-    get_parallel().clear_stamp()
+    parallel = get_parallel()
+    if hasattr(parallel, "clear_stamp"):  # releases whose publish validates the topology
+        parallel.clear_stamp()
     with _previous_run_overrides_dropped_quietly():
         set_global_server_args_for_scheduler(args)
     _single_rank()
@@ -102,8 +106,11 @@ def _single_rank() -> None:
     """This process's place in every parallel group: rank 0 of one (no groups are built)."""
     from sglang.srt.runtime_context import get_parallel
 
-    get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
-                                        moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
+    parallel = get_parallel()
+    if not hasattr(parallel, "override_permanently"):
+        return  # ranks are the Scheduler's constructor arguments in this release
+    parallel.override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
+                                  moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
 
 
 def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
@@ -137,24 +144,15 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     from overlap_harness.engines.sglang.worker import FakeModelWorker
 
     # named ``self`` so the recorder names the streams as SGLang's own code names them
-    self = Scheduler.__new__(Scheduler)
-    self.server_args = args
-    _configure(self)
+    self = constructor_prelude(Scheduler, args)
     self.device = DEVICE
-    self.page_size = 1
-    self.enable_overlap = True
-    self.forward_ct = 0
-    self.processed_tokens_counter = 0
     self.is_initializing = False
     self._sched_idled = False
     self._war_barrier_enabled = True  # run_event_loop's value on CUDA
     self.enable_fpm = False  # forward-pass metrics off (a server option)
-    # the step counters init_load_inquirer starts
-    self.total_prefill_uncached_tokens = self.total_prefill_busy_us = 0
-    self.decode_moment_totals = [0.0] * 6
-    self._prev_step = self._prev_prefill_end_ts = self._pause_started_at = None
-    self._pause_intervals = deque(maxlen=8)
 
+    _process_groups(self)
+    _ipc_channels(self, args)
     _plumbing(self)
     self.is_generation = True
     self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
@@ -164,20 +162,21 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
         self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
         graph_runner=graph_runner)
     self.draft_worker = None
+    self.external_corpus_manager = None  # what maybe_init_draft_worker leaves without ngram
     if spec_workers is not None:
         spec_workers(self, sizes)
-    self.model_config = _model_config()
+    self.model_config = checkpoint.model_config(args)
     _worker_info(self, sizes)
     self.schedule_stream = torch.cuda.Stream()
     self.forward_stream = torch.cuda.Stream()
-    self.init_running_status()
-    self.init_chunked_prefill()
-    self.init_schedule_policy()
-    self.init_diffusion_llm()
-    self.maybe_init_dynamic_chunk_sizer()
-    self.init_lora_drainer()
-    self.maybe_init_ngram_embedding()
-    self.maybe_init_scripted_scheduler_hook()
+    _own_init(self, "init_running_status")
+    _own_init(self, "init_chunked_prefill")
+    _own_init(self, "init_schedule_policy")
+    _own_init(self, "init_diffusion_llm")
+    _own_init(self, "maybe_init_dynamic_chunk_sizer")
+    _own_init(self, "init_lora_drainer")
+    _own_init(self, "maybe_init_ngram_embedding")
+    _own_init(self, "maybe_init_scripted_scheduler_hook")
     self.is_hybrid_swa = self.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
     self.sliding_window_size = self.swa_tokens_per_layer = None
     self.full_tokens_per_layer = sizes.kv_tokens
@@ -185,65 +184,73 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     self.disable_radix_cache = not radix_cache
     self.hisparse_coordinator = self.decode_offload_manager = None
     self.enable_overlap_mlx = False
-    self.require_mlp_sync = require_mlp_sync()  # as Scheduler.__init__ sets it
+    # as Scheduler.__init__ sets it (older releases pass the server arguments)
+    self.require_mlp_sync = (require_mlp_sync(args) if inspect.signature(
+        require_mlp_sync).parameters else require_mlp_sync())
     self.weight_updater = StrictStub("weight_updater", offload_tags=set())
     self.truncation_align_size = None  # no DSA or mamba model: what their init methods leave
-    self.init_overlap()
-    self.init_metrics_collector()
-    self.init_metrics_reporter()
-    self.init_pool_stats_observer()
-    self.scheduler_stage_metrics = self.metrics_reporter.scheduler_stage_metrics
-    self.init_dp_attn_adapter()
-    self.init_batch_result_processor()
-    self.init_invariant_checker()
+    # what init_disaggregation leaves without prefill-decode disaggregation (the step itself
+    # reads the checkpoint's config for the transfer buffers of the other modes)
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    self.disaggregation_mode = DisaggregationMode.NULL
+    _own_init(self, "init_overlap")
+    _own_init(self, "init_metrics_collector")
+    _own_init(self, "init_metrics_reporter")
+    _own_init(self, "init_pool_stats_observer")
+    if hasattr(self.metrics_reporter, "scheduler_stage_metrics"):
+        self.scheduler_stage_metrics = self.metrics_reporter.scheduler_stage_metrics
+    _own_init(self, "init_dp_attn_adapter")
+    _own_init(self, "init_batch_result_processor")
+    _own_init(self, "init_invariant_checker")
+    _own_init(self, "init_load_inquirer")  # the step counters and SGLang's load inquirer
     return self
 
 
-def _model_config() -> StrictStub:
-    """The ``ModelConfig`` fields the loop reads (the real one loads a checkpoint's config)."""
-    from sglang.srt.model_loader.utils import ModelImpl
+class _PreludeDone(Exception):
+    """Raised by the first boundary step of ``Scheduler.__init__``; carries the scheduler."""
 
-    return StrictStub("model_config", _resolved_model_impl=ModelImpl.SGLANG,
-                      is_multimodal=False, vocab_size=1000, context_len=64,
-                      num_key_value_heads=1, is_encoder_decoder=False,
-                      self_opened_think_start_ids=None)
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__("Scheduler.__init__ stopped at init_model_config")
+        self.scheduler = scheduler
 
 
-#: scheduler attribute <- (configuration namespace, key), as ``Scheduler.__init__`` reads them
-_CONFIGURED = {
-    "schedule_policy": ("schedule", "schedule_policy"),
-    "enable_priority_scheduling": ("schedule", "enable_priority_scheduling"),
-    "abort_on_priority_when_disabled": ("schedule", "abort_on_priority_when_disabled"),
-    "schedule_low_priority_values_first": ("schedule", "schedule_low_priority_values_first"),
-    "priority_scheduling_preemption_threshold": (
-        "schedule", "priority_scheduling_preemption_threshold"),
-    "enable_lora": ("lora", "enable_lora"),
-    "enable_lora_overlap_loading": ("lora", "enable_lora_overlap_loading"),
-    "enable_pdmux": ("disagg", "enable_pdmux"),
-    "skip_tokenizer_init": ("serving", "skip_tokenizer_init"),
-    "stream_interval": ("serving", "stream_interval"),
-    "enable_hierarchical_cache": ("memory", "enable_hierarchical_cache"),
-    "enable_lmcache": ("memory", "enable_lmcache"),
-    "enable_session_radix_cache": ("memory", "enable_session_radix_cache"),
-    "enable_hisparse": ("memory", "enable_hisparse"),
-    "enable_unified_memory": ("memory", "enable_unified_memory"),
-    "enable_unified_cache_external_linker": ("memory", "enable_unified_cache_external_linker"),
-    "attn_dp_enabled": ("parallel", "attn_dp_enabled"),
-}
+def constructor_prelude(scheduler_class: type, args: Any) -> Any:
+    """A ``Scheduler`` that ran its own ``__init__`` up to ``init_model_config``, the first
+    step that reaches a boundary (the checkpoint's config; then process groups, sockets,
+    tokenizer, weights): every release's ``__init__`` starts by parsing its configuration
+    into plain fields (its rank arguments into a ``ParallelState`` where it takes them).
+    The constructor's parameters are given by name, read from its signature: the server and
+    port arguments, and 0 (``dp_rank``: None) for the ranks and GPU id older releases take."""
+    from sglang.srt.server_args import PortArgs
 
+    values = {"server_args": args, "port_args": PortArgs.init_new(args), "dp_rank": None,
+              "moe_dp_rank": 0, "gpu_id": 0, **dict.fromkeys(
+                  ("tp_rank", "moe_ep_rank", "pp_rank", "attn_cp_rank"), 0)}
+    arguments = {}
+    for name, parameter in inspect.signature(scheduler_class.__init__).parameters.items():
+        if name == "self" or parameter.default is not inspect.Parameter.empty:
+            continue
+        if name not in values:
+            raise TypeError(f"Scheduler.__init__ takes {name!r}, which the driver does not "
+                            "know how to give (a changed constructor of the release)")
+        arguments[name] = values[name]
 
-def _configure(scheduler: Any) -> None:
-    """The plain configuration fields, read from SGLang's published configuration."""
-    from sglang.srt import runtime_context
+    def stop(scheduler: Any) -> None:
+        raise _PreludeDone(scheduler)
 
-    for attribute, (namespace, key) in _CONFIGURED.items():
-        bag = getattr(runtime_context, f"get_{namespace}")()
-        setattr(scheduler, attribute, getattr(bag, key))
-    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from overlap_harness.engines.core.patching import attributes_set
 
-    scheduler.enable_hicache_storage = False
-    scheduler.disaggregation_mode = DisaggregationMode.NULL
-    scheduler.enable_decode_hicache = False
+    with attributes_set([(scheduler_class, "init_model_config", stop)]):
+        try:
+            scheduler_class(**arguments)
+        except _PreludeDone as done:
+            scheduler = done.scheduler
+        else:
+            raise TypeError("Scheduler.__init__ never called init_model_config (a changed "
+                            "constructor of the release)")
+    scheduler.port_args = arguments["port_args"]
+    return scheduler
 
 
 def _worker_info(scheduler: Any, sizes: PoolSizes) -> None:
@@ -270,9 +277,6 @@ def _plumbing(scheduler: Any) -> None:
     # idle batches (attention DP) stream their empty output through the generation path
     scheduler.output_streamer = StrictStub("output_streamer", stream_output=_noop,
                                            _stream_output_generation=_noop)
-    # get_loads is handed to the load publisher as a provider, never called by it here
-    scheduler.load_inquirer = StrictStub("load_inquirer", _get_num_pending_tokens=_zero,
-                                          get_loads=unplanned("load_inquirer.get_loads"))
     scheduler.profiler_manager = StrictStub("profiler_manager",
                                             _profile_batch_predicate=_noop)
     scheduler.load_snapshot_writer = None  # SGLang's value with load snapshots off
@@ -281,3 +285,79 @@ def _plumbing(scheduler: Any) -> None:
     scheduler.idle_sleeper = None  # SGLang's value without --sleep-on-idle
     scheduler.grammar_manager = StrictStub("grammar_manager", has_waiting_grammars=_false,
                                            grammar_queue=[])
+
+
+def _ipc_channels(scheduler: Any, args: Any) -> None:
+    """The release's own IPC wiring (``init_ipc_channels`` with SGLang's ``PortArgs``) over
+    strict sockets (:func:`sockets_faked`): what a release's loop reads of it
+    (``ipc_channels``, ``recv_from_tokenizer``) is SGLang's own object."""
+    if not hasattr(scheduler, "init_ipc_channels"):
+        return
+    with sockets_faked():
+        scheduler.init_ipc_channels(scheduler.port_args)
+
+
+@contextmanager
+def sockets_faked() -> Iterator[None]:
+    """ZMQ socket creation (``get_zmq_socket``, in every loaded SGLang module that imported
+    it) answered by a strict socket: sends are dropped (the outputs go to the tokenizer
+    process, which is not there), anything else raises with its name."""
+    from overlap_harness.engines.core.patching import attributes_set
+
+    changes = [(module, "get_zmq_socket", _strict_socket)
+               for name, module in list(sys.modules.items())
+               if name.startswith("sglang.") and module is not None
+               and "get_zmq_socket" in vars(module)]
+    with attributes_set(changes):
+        yield
+
+
+def _strict_socket(context: Any, socket_type: Any, endpoint: str, bind: bool,
+                   *args: Any, **kwargs: Any) -> StrictStub:
+    """A socket for ``endpoint`` that takes sends and nothing else."""
+    return StrictStub(f"zmq socket {endpoint}", send_pyobj=_noop, send=_noop,
+                      send_multipart=_noop)
+
+
+def _own_init(scheduler: Any, name: str) -> None:
+    """Call the release's own ``Scheduler.<name>`` as its ``__init__`` does; a release without
+    that step (a component it does not have yet) skips it. The rank arguments older releases
+    take (``tp_rank``, ``pp_rank``, ``dp_rank``) are this rank's: 0, 0 and None."""
+    method = getattr(scheduler, name, None)
+    if method is None:
+        return
+    arguments = {}
+    for parameter in inspect.signature(method).parameters.values():
+        if parameter.default is not inspect.Parameter.empty:
+            continue
+        if parameter.name not in _RANK_ARGUMENTS:
+            raise TypeError(f"Scheduler.{name} takes {parameter.name!r}, which the driver "
+                            "does not know how to give (a changed init step of the release)")
+        arguments[parameter.name] = _RANK_ARGUMENTS[parameter.name]
+    method(**arguments)
+
+
+#: the rank arguments some releases' init steps take, for rank 0 of every group
+_RANK_ARGUMENTS: dict[str, int | None] = {"tp_rank": 0, "pp_rank": 0, "dp_rank": None,
+                                          "moe_ep_rank": 0, "attn_cp_rank": 0}
+
+
+#: the process groups a release's ``init_model_worker`` keeps on the scheduler (from SGLang's
+#: ``get_tp_group()`` and friends), and the CPU groups taken from them
+_GROUPS = ("tp_group", "attn_tp_group", "attn_cp_group", "pp_group", "world_group",
+           "dp_tp_group")
+
+
+def _process_groups(scheduler: Any) -> None:
+    """Where the release keeps its process groups on the scheduler (its scheduler module
+    imports SGLang's ``get_tp_group``: a release feature; later releases read them from
+    ``runtime_context.get_parallel()``), one-rank strict groups: this process is rank 0 of
+    each, and no collective runs on them."""
+    if not hasattr(sys.modules[type(scheduler).__module__], "get_tp_group"):
+        return
+    for name in _GROUPS:
+        cpu_group = StrictStub(name.replace("_group", "_cpu_group"))
+        setattr(scheduler, name, StrictStub(name, cpu_group=cpu_group, world_size=1,
+                                            rank_in_group=0, rank=0, is_first_rank=True,
+                                            is_last_rank=True))
+        setattr(scheduler, name.replace("_group", "_cpu_group"), cpu_group)

@@ -3,10 +3,13 @@
 torchvision has no wheel that installs beside the CPU torch this project pins, and SGLang's
 scheduler imports it only through multimodal processors and configs that the overlap loop never
 runs. Those modules import ``torchvision.transforms`` (and ``.functional``, ``.v2``,
-``.v2.functional``) and ``torchvision.io`` and, at import, read only ``InterpolationMode``.
-Everything else raises :class:`~overlap_harness.engines.core.strict.UnplannedUseError` with
-its name, so a code path that really needs torchvision fails loudly instead of running on a
-stand-in. Installed only when the real torchvision is not importable.
+``.v2.functional``) and ``torchvision.io``, and import names from them (``decode_jpeg``,
+``Normalize``: which ones differs between releases). ``InterpolationMode`` is given (its
+members are read at import as default arguments); any other name is answered by a
+:class:`~overlap_harness.engines.core.strict.StrictName` that raises
+:class:`~overlap_harness.engines.core.strict.UnplannedUseError` with its name when called,
+tested or iterated, so a code path that really needs torchvision fails loudly instead of
+running on a stand-in. Installed only when the real torchvision is not importable.
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ class InterpolationMode(enum.Enum):
 def _modules() -> list[StrictModule]:
     doc = "Strict stand-in (overlap_harness.engines.sglang.torchvision_stub): not torchvision."
     functional = strict_module("torchvision.transforms.functional", doc,
-                               {"InterpolationMode": InterpolationMode})
-    v2_functional = strict_module("torchvision.transforms.v2.functional", doc, {})
-    v2 = strict_module("torchvision.transforms.v2", doc, {"functional": v2_functional})
+                               {"InterpolationMode": InterpolationMode}, open_names=True)
+    v2_functional = strict_module("torchvision.transforms.v2.functional", doc, {},
+                                  open_names=True)
+    v2 = strict_module("torchvision.transforms.v2", doc, {"functional": v2_functional},
+                       open_names=True)
     transforms = strict_module("torchvision.transforms", doc,
                                {"InterpolationMode": InterpolationMode,
-                                "functional": functional, "v2": v2})
-    io = strict_module("torchvision.io", doc, {})
-    root = strict_module("torchvision", doc, {"transforms": transforms, "io": io})
+                                "functional": functional, "v2": v2}, open_names=True)
+    io = strict_module("torchvision.io", doc, {}, open_names=True)
+    root = strict_module("torchvision", doc, {"transforms": transforms, "io": io},
+                         open_names=True)
     return [root, transforms, functional, v2, v2_functional, io]
 
 

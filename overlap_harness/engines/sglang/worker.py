@@ -19,6 +19,7 @@ none), as SGLang's runners do.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -66,7 +67,25 @@ def _model_forward(worker: FakeModelWorker, batch: Any) -> torch.Tensor:
     return torch.stack(sums).to(torch.int64) % VOCAB
 
 
-class FakeRunner:
+class ReadDoneEventNames:
+    """The runner's read-done event under both names releases give it: the WAR barrier of
+    0.5.17's loop reads ``war_fastpath_read_done_event`` (of the worker's
+    ``war_fastpath_runner``), later releases ``shared_read_done_event`` (of its
+    ``last_shared_read_runner``). One event; each release's code reads the name it has."""
+
+    shared_read_done_event: torch.cuda.Event | None
+
+    @property
+    def war_fastpath_read_done_event(self) -> torch.cuda.Event | None:
+        """The read-done event under its older name."""
+        return self.shared_read_done_event
+
+    @war_fastpath_read_done_event.setter
+    def war_fastpath_read_done_event(self, event: torch.cuda.Event | None) -> None:
+        self.shared_read_done_event = event
+
+
+class FakeRunner(ReadDoneEventNames):
     """The model runner fields the scheduler reads: its attention backend (SGLang asks it
     for ``extend_attention_block_m`` and whether CPU sequence lengths are needed) and the
     ``shared_read_done_event`` of the last forward."""
@@ -109,6 +128,11 @@ class FakeModelWorker:
             return self.decode_graphs.model_runner
         return self.model_runner
 
+    @property
+    def war_fastpath_runner(self) -> FakeRunner:
+        """:attr:`last_shared_read_runner` under its older name (:class:`ReadDoneEventNames`)."""
+        return self.last_shared_read_runner
+
     def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
         """One forward of ``batch`` on the current stream; SGLang's ``GenerationBatchResult``."""
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -144,8 +168,15 @@ def _ngram_manager(req_to_token_pool: Any) -> Any:
         NgramEmbeddingManager,
     )
 
+    arguments: dict[str, Any] = {}
+    if "server_args" in inspect.signature(NgramEmbeddingManager.from_model).parameters:
+        # releases that read the option from the server arguments (later: the model config)
+        from sglang.srt.server_args import get_global_server_args
+
+        arguments["server_args"] = get_global_server_args()
     return NgramEmbeddingManager.from_model(
         model=StrictStub("model"),
         model_config=StrictStub("model_config", use_engram=False, ngram_embedding_n=0,
                                 use_ngram_embedding=False),
-        req_to_token_pool=req_to_token_pool, max_running_requests=1, device="cuda")
+        req_to_token_pool=req_to_token_pool, max_running_requests=1, device="cuda",
+        **arguments)

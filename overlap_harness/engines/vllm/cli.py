@@ -17,6 +17,7 @@ from typing import Any
 from overlap_harness.engines.core.command import (
     add_engine_options,
     fail,
+    fail_all,
     run_variants,
     timed_necessity,
     unknown_variants,
@@ -58,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, known)) is not None:
         return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
-    outcomes, error = run_variants(names, necessity.run_outcome,
-                                   lambda outcome: f"{outcome.ops} ops")
-    if error is not None:
-        return fail(PROG, error)
+    outcomes, errors = run_variants(names, necessity.run_outcome,
+                                    lambda outcome: f"{outcome.ops} ops")
+    if errors:
+        return fail_all(PROG, errors)
     document: dict[str, Any] = {
         "source": info.location, "vllm_version": info.version, "variants": names,
         "races": [r for o in outcomes.values() for r in o.races]}
