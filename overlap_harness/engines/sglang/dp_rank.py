@@ -25,6 +25,7 @@ replay's rows point at ``ReqToTokenPool``'s padding row 0, which no request is g
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -82,12 +83,17 @@ def peer_row(step: PeerStep) -> torch.Tensor:
     mode = {"idle": ForwardMode.IDLE, "decode": ForwardMode.DECODE,
             "extend": ForwardMode.EXTEND}[step.mode]
     requests = step.tokens if step.mode == "decode" else int(step.mode == "extend")
-    info = MLPSyncBatchInfo(
-        num_dp_ranks=DP_RANKS, tp_size=1, cp_size=1, num_tokens=step.tokens,
-        num_tokens_for_logprob=requests, can_run_decode_cuda_graph=step.mode != "extend",
-        can_run_draft_cuda_graph=True, can_run_prefill_cuda_graph=step.mode == "idle",
-        is_extend_in_batch=step.mode == "extend", local_can_run_tbo=False,
-        local_forward_mode=mode.value)
+    fields = {"num_dp_ranks": DP_RANKS, "dp_size": DP_RANKS, "tp_size": 1, "cp_size": 1,
+              "num_tokens": step.tokens, "num_tokens_for_logprob": requests,
+              "can_run_decode_cuda_graph": step.mode != "extend",
+              "can_run_draft_cuda_graph": True,
+              "can_run_prefill_cuda_graph": step.mode == "idle",
+              "is_extend_in_batch": step.mode == "extend", "local_can_run_tbo": False,
+              "local_forward_mode": mode.value}
+    # the fields the release's row has (older releases: dp_size, no draft-graph vote); a
+    # required one not known here fails in the constructor, naming it
+    parameters = inspect.signature(MLPSyncBatchInfo).parameters
+    info = MLPSyncBatchInfo(**{k: v for k, v in fields.items() if k in parameters})
     return info._get_local_tensor(device="cpu")
 
 
@@ -155,26 +161,42 @@ def _collective_bindings() -> list[tuple[Any, str, Any]]:
 
 
 @contextmanager
-def _peer_installed(group: ScriptedPeerGroup) -> Iterator[ScriptedPeerGroup]:
+def _peer_installed(group: ScriptedPeerGroup, scheduler: Any) -> Iterator[ScriptedPeerGroup]:
     from sglang.srt.runtime_context import get_parallel
 
     dp_attn = sys.modules[DP_ATTN_MODULE]
     tp_group = StrictStub("tp_group", cpu_group=group, world_size=DP_RANKS,
                           active_ranks_cpu=torch.ones(DP_RANKS, dtype=torch.int32))
     patches = _collective_bindings()
+    # the sync rows' gather, where the release calls it: SGLang's all_gather_single helper,
+    # or (older releases) torch.distributed's all_gather_into_tensor itself
     patches += [(dist, "get_world_size", group.get_world_size),
-                (dp_attn, "all_gather_single", group.all_gather_single)]
+                (dist, "all_gather_into_tensor", group.all_gather_single)]
+    if hasattr(dp_attn, "all_gather_single"):
+        patches.append((dp_attn, "all_gather_single", group.all_gather_single))
+    # where the release reads the group: its parallel context (below), or (older releases)
+    # parallel_state's get_tp_group and the group the scheduler and its DP adapter keep
+    if hasattr(dp_attn, "get_tp_group"):
+        patches.append((dp_attn, "get_tp_group", lambda: tp_group))
+    keeps_group = scheduler is not None and "tp_group" in vars(scheduler)
+    if keeps_group:
+        patches.append((scheduler, "tp_group", tp_group))
     with attributes_set(patches), get_parallel().override(tp_group=tp_group):
+        if keeps_group:  # its DP adapter took the group when made: made again with this one
+            from overlap_harness.engines.sglang.scheduler_build import own_init
+
+            own_init(scheduler, "init_dp_attn_adapter")
         yield group
 
 
 def peer_installed(script: dict[int, PeerStep] | None, last_iteration: int,
-                   clock: Callable[[], int]) -> AbstractContextManager[ScriptedPeerGroup | None]:
+                   clock: Callable[[], int], scheduler: Any = None
+                   ) -> AbstractContextManager[ScriptedPeerGroup | None]:
     """The scripted peer rank and its process group for the block (nothing for None): the
     tensor-parallel group SGLang reads is a strict stub holding the scripted CPU group."""
     if script is None:
         return nullcontext()
-    return _peer_installed(ScriptedPeerGroup(script, last_iteration, clock))
+    return _peer_installed(ScriptedPeerGroup(script, last_iteration, clock), scheduler)
 
 
 class DPRankModelWorker(FakeModelWorker):

@@ -143,7 +143,7 @@ def run_variant(variant: Variant) -> LoopRun:
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
         with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
-                                     lambda: intake.iteration),
+                                     lambda: intake.iteration, scheduler),
               torch.cuda.stream(scheduler.schedule_stream)):
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()

@@ -12,6 +12,7 @@ the backends, whose metadata planning is declared
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -21,10 +22,11 @@ from typing import Any
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
+from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes, override_for_run
 from overlap_harness.engines.sglang.worker import _ngram_manager
 
 MAX_CONTEXT = 64
+TRANSLATOR_MODULE = "sglang.srt.mem_cache.kv_index_translator"
 
 #: spec-v2 modules whose import-time platform flags choose branches (beside the loop's own,
 #: which ``environment.cuda_selected`` switches)
@@ -112,15 +114,24 @@ def _model_config(name: str) -> StrictStub:
                       requires_mm_token_modalities=False, linear_attn_registry_result=None)
 
 
-def _translator(req_to_token_pool: Any, allocator: Any, *, is_draft_worker: bool) -> Any:
-    """SGLang's ``KVIndexTranslator`` of a runner over a plain (non-unified) KV pool: the
-    identity, as a model runner builds it."""
+def _translator(req_to_token_pool: Any, allocator: Any, *, is_draft_worker: bool
+                ) -> dict[str, Any]:
+    """The runner's ``kv_index_translator`` field: SGLang's ``KVIndexTranslator`` over a
+    plain (non-unified) KV pool, the identity, as a model runner builds it; no field in a
+    release without the translator (its runners have none)."""
+    import importlib.util
+
+    if importlib.util.find_spec(TRANSLATOR_MODULE) is None:
+        return {}
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
-    return KVIndexTranslator(req_to_token=req_to_token_pool.req_to_token,
+    # releases before the draft worker's own translator take no is_draft_worker
+    role = ({"is_draft_worker": is_draft_worker} if "is_draft_worker" in
+            inspect.signature(KVIndexTranslator).parameters else {})
+    return {"kv_index_translator": KVIndexTranslator(req_to_token=req_to_token_pool.req_to_token,
                              token_to_kv_pool_allocator=allocator,
                              token_to_kv_pool=allocator.get_kvcache(), page_size=1,
-                             device=DEVICE, is_draft_worker=is_draft_worker)
+                             device=DEVICE, **role)}
 
 
 def _target_runner(req_to_token_pool: Any, allocator: Any, config: EagleConfig,
@@ -138,7 +149,7 @@ def _target_runner(req_to_token_pool: Any, allocator: Any, config: EagleConfig,
         spec_aux_config=StrictStub("spec_aux_config", draft_model_config=None),
         decode_cuda_graph_runner=None, watermark_state=None, canary_manager=None,
         prefill_aware_swa=False, ngram_embedding_manager=_ngram_manager(req_to_token_pool),
-        kv_index_translator=_translator(req_to_token_pool, allocator, is_draft_worker=False),
+        **_translator(req_to_token_pool, allocator, is_draft_worker=False),
         is_draft_worker=False, device=DEVICE, lora_manager=None,
         prefill_attention_backend_str="flashinfer")
 
@@ -150,12 +161,10 @@ def _no_scope(*args: Any, **kwargs: Any) -> Any:
 
 def _groups() -> None:
     """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage."""
-    from sglang.srt.runtime_context import get_parallel
-
     one = {"world_size": 1, "is_last_rank": True, "is_first_rank": True, "rank_in_group": 0}
-    get_parallel().override_permanently(pp_group=StrictStub("pp_group", **one),
-                                        tp_group=StrictStub("tp_group", **one),
-                                        attn_tp_group=StrictStub("attn_tp_group", **one))
+    override_for_run(pp_group=StrictStub("pp_group", **one),
+                     tp_group=StrictStub("tp_group", **one),
+                     attn_tp_group=StrictStub("attn_tp_group", **one))
 
 
 def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:
@@ -180,7 +189,7 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         token_to_kv_pool_allocator=allocator, lora_manager=None, topk=config.topk,
         num_steps=config.num_steps,
         prefill_attention_backend_str="flashinfer", ngram_embedding_manager=_ngram_manager(pool),
-        kv_index_translator=_translator(pool, allocator, is_draft_worker=True))
+        **_translator(pool, allocator, is_draft_worker=True))
     draft_tp_worker = StrictStub("draft_tp_worker", model_runner=draft_runner,
                                  alloc_memory_pool=_noop)
 
@@ -194,7 +203,12 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         "speculative_moe_a2a_backend_context", "draft_model_build_scope")]
     with attributes_set([(eagle_worker_v2, "TpModelWorker", draft_tp_worker_factory),
                          *scopes]):
-        worker = eagle_worker_v2.EAGLEWorkerV2(scheduler.server_args, 0, 0, target)
+        # by name, as the scheduler's maybe_init_draft_worker gives them (older releases
+        # take the scheduler's ParallelState too)
+        given = {"server_args": scheduler.server_args, "gpu_id": 0, "nccl_port": 0,
+                 "target_worker": target, "ps": getattr(scheduler, "ps", None)}
+        parameters = inspect.signature(eagle_worker_v2.EAGLEWorkerV2).parameters
+        worker = eagle_worker_v2.EAGLEWorkerV2(**{name: given[name] for name in parameters})
     # SGLang's own pool hand-over (Scheduler.init_memory_pool_and_cache); sharing the
     # target's embedding and LM head needs the models' weights
     with attributes_set([(eagle_worker_v2.EagleDraftWorker, "init_lm_head", _noop)]):

@@ -72,11 +72,15 @@ def declare() -> None:
     """Register the declarations (idempotent; before the watch starts: they are patched in
     when it does)."""
     import importlib
+    import importlib.util
 
+    recorder.declare_kernel(CLAMP_POSITION, _clamp_position_accesses,
+                            cpu_impl=_clamp_position_cpu, name="clamp_position")
+    # releases before the small-copy kernel copy the graph's static inputs with torch ops
+    if importlib.util.find_spec(SMALL_COPY_MODULE) is None:
+        return
     module = importlib.import_module(SMALL_COPY_MODULE)
     if not _ORIGINAL_SMALL_COPY:
         _ORIGINAL_SMALL_COPY.append(module.try_small_copy)
-    recorder.declare_kernel(CLAMP_POSITION, _clamp_position_accesses,
-                            cpu_impl=_clamp_position_cpu, name="clamp_position")
     recorder.declare_kernel(SMALL_COPY, _small_copy_accesses, cpu_impl=_small_copy_cpu,
                             name="small_copy (static inputs)")

@@ -209,7 +209,8 @@ class GraphModelRunner(ReadDoneEventNames):
         self.model = _GraphModel(self)
         self.capture_head_hooks: list[Any] = []
         self.capture_tail_hooks: list[Any] = []
-        self.kv_index_translator = _translator(req_to_token_pool, allocator)
+        if (translator := _translator(req_to_token_pool, allocator)) is not None:
+            self.kv_index_translator = translator
 
     def decode_num_tokens_per_req(self, num_draft_tokens: int | None = None) -> int:
         return 1
@@ -231,7 +232,12 @@ class GraphModelRunner(ReadDoneEventNames):
 
 
 def _translator(req_to_token_pool: Any, allocator: Any) -> Any:
-    """SGLang's ``KVIndexTranslator`` for a plain (untranslated) pool of page size 1."""
+    """SGLang's ``KVIndexTranslator`` for a plain (untranslated) pool of page size 1; None in
+    a release without it (its runners have no translator)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.mem_cache.kv_index_translator") is None:
+        return None
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
     return KVIndexTranslator(req_to_token=req_to_token_pool.req_to_token,
@@ -325,6 +331,7 @@ def build_runner(model_runner: GraphModelRunner) -> Any:
     pool.set_global_graph_memory_pool(None)
     # the capture's barrier between warm-up forwards: one rank has no one to wait for
     one_rank = StrictStub("tp_group", barrier=_no_barrier, world_size=1, rank_in_group=0)
+    model_runner.tp_group = one_rank  # where older releases' graph backends read it
     with get_parallel().override(tp_group=one_rank):
         return DecodeCudaGraphRunner(model_runner)
 
@@ -351,12 +358,14 @@ class DecodeGraphs:
     ``ForwardBatch.init_new`` and replayed by the runner's ``execute``, then sampled."""
 
     def __init__(self, worker: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
-                 post_replay: bool = False) -> None:
+                 post_replay: bool = False, parallel_state: Any = None) -> None:
         publish_decode_graphs(batch_sizes)
         fake = worker.model_runner
         self.model_runner = GraphModelRunner(
             worker.req_to_token_pool, fake.token_to_kv_pool_allocator, worker.kv_buffer,
             fake.ngram_embedding_manager, server_args, post_replay=post_replay)
+        if parallel_state is not None:  # releases whose runners keep the scheduler's
+            self.model_runner.ps = parallel_state
         with graph_platform():
             self.runner = build_runner(self.model_runner)
         self.replays = 0
@@ -380,6 +389,7 @@ def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
     """Give the scheduler's fake worker SGLang's decode graph runner (captured now, at
     startup, as ``ModelRunner.init_device_graphs`` does before the loop starts)."""
     worker = scheduler.model_worker
-    graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay)
+    graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay,
+                          parallel_state=getattr(scheduler, "ps", None))
     worker.decode_graphs = graphs
     return graphs

@@ -14,7 +14,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,12 +56,22 @@ def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
     (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0)."""
     from sglang.srt.server_args import ServerArgs
 
-    parallel = {"tp_size": 2, "attn_dp_size": 2} if dp_attention else {}
+    parallel = _dp_attention_arguments(ServerArgs) if dp_attention else {}
     args = ServerArgs(model_path="dummy", page_size=1,
                       chunked_prefill_size=chunked_prefill_size,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
                       skip_tokenizer_init=True, **parallel)
     return publish(args)
+
+
+def _dp_attention_arguments(server_args_class: type) -> dict[str, Any]:
+    """Tensor parallel 2 with attention data parallel 2, as the release's ``ServerArgs``
+    spells it: an ``attn_dp_size`` field, or (older releases) ``enable_dp_attention`` with
+    ``dp_size``."""
+    fields = inspect.signature(server_args_class).parameters
+    if "attn_dp_size" in fields:
+        return {"tp_size": 2, "attn_dp_size": 2}
+    return {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
 
 
 def publish(args: Any) -> Any:
@@ -75,9 +85,10 @@ def publish(args: Any) -> Any:
     parallel = get_parallel()
     if hasattr(parallel, "clear_stamp"):  # releases whose publish validates the topology
         parallel.clear_stamp()
+    _PROCESS_OVERRIDES.close()  # an earlier variant's (releases without permanent ones)
     with _previous_run_overrides_dropped_quietly():
         set_global_server_args_for_scheduler(args)
-    _single_rank()
+    _single_rank(args)
     return args
 
 
@@ -102,15 +113,45 @@ def _previous_run_overrides_dropped_quietly() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
-def _single_rank() -> None:
-    """This process's place in every parallel group: rank 0 of one (no groups are built)."""
-    from sglang.srt.runtime_context import get_parallel
+def _single_rank(args: Any) -> None:
+    """This process's place in every parallel group: rank 0 (no groups are built), forced in
+    SGLang's parallel context for the run (:func:`override_for_run`). A release whose context
+    answers widths only from the group build's stamp (0.5.19) is stamped with SGLang's own
+    ``derive_parallel_widths`` of the configured sizes."""
+    from sglang.srt import runtime_context
 
-    parallel = get_parallel()
-    if not hasattr(parallel, "override_permanently"):
-        return  # ranks are the Scheduler's constructor arguments in this release
-    parallel.override_permanently(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0,
-                                  moe_ep_rank=0, attn_dp_rank=0, dp_rank=None)
+    parallel = runtime_context.get_parallel()
+    if not hasattr(parallel, "override_permanently") and hasattr(parallel,
+                                                                  "stamp_derived_widths"):
+        parallel.clear_derived_widths()
+        parallel.stamp_derived_widths(**runtime_context.derive_parallel_widths(
+            tp_size=args.tp_size, attn_cp_size=args.attn_cp_size,
+            attn_dp_size=args.dp_size if args.enable_dp_attention else 1,
+            moe_ep_size=args.ep_size, moe_dp_size=args.moe_dp_size,
+            dcp_size=args.dcp_size, dcp_enabled=False))
+    override_for_run(tp_rank=0, attn_tp_rank=0, attn_cp_rank=0, pp_rank=0, moe_ep_rank=0,
+                     attn_dp_rank=0, dp_rank=None)
+
+
+#: the parallel-context overrides held for one variant's run, in releases whose context
+#: has only the scoped ``override()``; closed when the next variant publishes
+_PROCESS_OVERRIDES = ExitStack()
+
+
+def override_for_run(**values: Any) -> None:
+    """Force parallel-context ``values`` (ranks, groups) until the next variant publishes:
+    SGLang's ``override_permanently`` where the release has it, else its scoped
+    ``override()`` entered here and left at the next :func:`publish`."""
+    from sglang.srt import runtime_context
+
+    parallel = runtime_context.get_parallel()
+    if hasattr(parallel, "override_permanently"):
+        parallel.override_permanently(**values)
+        return
+    # a field the release's context does not have is one its code does not read
+    known = getattr(runtime_context, "_PARALLEL_FIELDS", values)
+    _PROCESS_OVERRIDES.enter_context(parallel.override(
+        **{name: value for name, value in values.items() if name in known}))
 
 
 def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
@@ -169,14 +210,14 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     _worker_info(self, sizes)
     self.schedule_stream = torch.cuda.Stream()
     self.forward_stream = torch.cuda.Stream()
-    _own_init(self, "init_running_status")
-    _own_init(self, "init_chunked_prefill")
-    _own_init(self, "init_schedule_policy")
-    _own_init(self, "init_diffusion_llm")
-    _own_init(self, "maybe_init_dynamic_chunk_sizer")
-    _own_init(self, "init_lora_drainer")
-    _own_init(self, "maybe_init_ngram_embedding")
-    _own_init(self, "maybe_init_scripted_scheduler_hook")
+    own_init(self, "init_running_status")
+    own_init(self, "init_chunked_prefill")
+    own_init(self, "init_schedule_policy")
+    own_init(self, "init_diffusion_llm")
+    own_init(self, "maybe_init_dynamic_chunk_sizer")
+    own_init(self, "init_lora_drainer")
+    own_init(self, "maybe_init_ngram_embedding")
+    own_init(self, "maybe_init_scripted_scheduler_hook")
     self.is_hybrid_swa = self.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
     self.sliding_window_size = self.swa_tokens_per_layer = None
     self.full_tokens_per_layer = sizes.kv_tokens
@@ -194,16 +235,16 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     self.disaggregation_mode = DisaggregationMode.NULL
-    _own_init(self, "init_overlap")
-    _own_init(self, "init_metrics_collector")
-    _own_init(self, "init_metrics_reporter")
-    _own_init(self, "init_pool_stats_observer")
+    own_init(self, "init_overlap")
+    own_init(self, "init_metrics_collector")
+    own_init(self, "init_metrics_reporter")
+    own_init(self, "init_pool_stats_observer")
     if hasattr(self.metrics_reporter, "scheduler_stage_metrics"):
         self.scheduler_stage_metrics = self.metrics_reporter.scheduler_stage_metrics
-    _own_init(self, "init_dp_attn_adapter")
-    _own_init(self, "init_batch_result_processor")
-    _own_init(self, "init_invariant_checker")
-    _own_init(self, "init_load_inquirer")  # the step counters and SGLang's load inquirer
+    own_init(self, "init_dp_attn_adapter")
+    own_init(self, "init_batch_result_processor")
+    own_init(self, "init_invariant_checker")
+    own_init(self, "init_load_inquirer")  # the step counters and SGLang's load inquirer
     return self
 
 
@@ -319,7 +360,7 @@ def _strict_socket(context: Any, socket_type: Any, endpoint: str, bind: bool,
                       send_multipart=_noop)
 
 
-def _own_init(scheduler: Any, name: str) -> None:
+def own_init(scheduler: Any, name: str) -> None:
     """Call the release's own ``Scheduler.<name>`` as its ``__init__`` does; a release without
     that step (a component it does not have yet) skips it. The rank arguments older releases
     take (``tp_rank``, ``pp_rank``, ``dp_rank``) are this rank's: 0, 0 and None."""
