@@ -16,6 +16,7 @@ from typing import Any
 from overlap_harness.engines.core.command import (
     add_engine_options,
     fail,
+    fail_all,
     run_variants,
     timed_necessity,
     unknown_variants,
@@ -65,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, list(VARIANTS))) is not None:
         return fail(PROG, message)
     print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")
-    outcomes, error = run_variants(names, run_outcome,
-                                   lambda outcome: f"{outcome.iterations} iterations")
-    if error is not None:
-        return fail(PROG, error)
+    outcomes, errors = run_variants(names, run_outcome,
+                                    lambda outcome: f"{outcome.iterations} iterations")
+    if errors:
+        return fail_all(PROG, errors)
     document: dict[str, Any] = {
         "source": str(tree.package_dir), "sglang_version": tree.version,
         "variants": names, "races": [r for o in outcomes.values() for r in o.races]}
