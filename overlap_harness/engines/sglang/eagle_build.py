@@ -246,15 +246,16 @@ def workers(config: EagleConfig | None) -> Any:
 
 
 @contextmanager
-def selected(config: EagleConfig | None) -> Iterator[None]:
-    """For an EAGLE variant: SGLang's plan stream as configured and the CUDA branches of the
-    spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
+def selected(config: EagleConfig | None, *, hip: bool = False) -> Iterator[None]:
+    """For an EAGLE variant: SGLang's plan stream as configured and the CUDA (or HIP)
+    branches of the spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
     if config is None:
         yield
         return
     from sglang.srt.environ import envs
 
-    flags = [(sys.modules[name], flag, flag == "_is_cuda") for name in SPEC_FLAGGED_MODULES
+    chosen = "_is_hip" if hip else "_is_cuda"
+    flags = [(sys.modules[name], flag, flag == chosen) for name in SPEC_FLAGGED_MODULES
              for flag in ("_is_cuda", "_is_hip") if hasattr(sys.modules[name], flag)]
     with attributes_set(flags), envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.override(
             config.plan_stream):

@@ -382,6 +382,9 @@ def declare() -> None:
              _draft_extend_layout, "_prepare_draft_extend_lengths_kernel"),
             ("sglang.srt.speculative.eagle_worker_v2:draft_topk1_postprocess",
              _topk1_accesses, _topk1, "_draft_topk1_finalize_kernel"),
+            # HIP's draft extend: draft_topk1_argmax_only calls it in its own module
+            ("sglang.kernels.ops.speculative.topk1:draft_topk1_postprocess",
+             _topk1_accesses, _topk1, "_draft_topk1_finalize_kernel"),
             ("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
              _verify_greedy_accesses, _verify_greedy, "verify_tree_greedy")):
         recorder.declare_kernel(target, accesses, cpu_impl=impl, name=name)

@@ -35,6 +35,9 @@ class Variant:
     # iteration (absent iterations: the peer is idle); None: no DP
     dp_peer: dict[int, PeerStep] | None = None
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
+    grammar: bool = False  # every request grammar-constrained (grammar_build.py)
+    embedding: bool = False  # an embedding model (is_generation False: embedding_build.py)
+    delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (delay_sample.py)
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -97,4 +100,25 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # tree drafting: 4 candidates per step, 3 steps, the best 6 tree nodes verified
     Variant("eagle_topk4", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
             eagle=EagleConfig(topk=4, num_draft_tokens=6)),
+    # eagle_topk1's requests grammar-constrained: the verify's grammar barrier advances the
+    # previous batch's FSM on the host (advance_grammar_fsm), the verify tree is copied to
+    # the host behind an event (GrammarTree), the bitmask staged and applied before sampling
+    Variant("grammar_eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(), grammar=True),
+    # an embedding model: SGLang's embedding branches of run_batch (forward_batch_embedding,
+    # EmbeddingBatchResult.copy_to_cpu) and of the prefill result processor; 3 prompts
+    # arrive together (two rows: one waits), 2 more later recycle the rows
+    Variant("embedding", 8, {0: ((5, 0), (6, 0), (4, 0)), 3: ((7, 0), (3, 0))},
+            pools=TWO_ROWS, graph_runner=False, embedding=True),
+    # eagle_d2h_stream and eagle_mixed on the HIP branches: FutureMap's resolves wait on the
+    # publish event from the host (publish_ready.synchronize()) instead of on the stream
+    Variant("eagle_d2h_stream_hip", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(needs_cpu_seq_lens=True), hip=True),
+    Variant("eagle_mixed_hip", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
+            chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS, eagle=EagleConfig(),
+            hip=True),
+    # non_spec_decode's requests with SGLANG_ENABLE_DELAY_SAMPLE: each non-prefill-only
+    # forward leaves its sampling to the scheduler (launch_batch_sample_if_needed)
+    Variant("delay_sample", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
+            pools=TWO_ROWS, delay_sample=True),
 )}
