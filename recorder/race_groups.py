@@ -1,7 +1,7 @@
 """Races as a person reads them: repeats collapsed, element sets as ranges, kinds in words.
 
 A loop that races races once per iteration; the reports print such a pair of sites once
-(:class:`RaceGroup`: same kind, tensor, both sites with their streams and modes), with how
+(:class:`overlap_harness.model.race_groups.RaceGroup`, shared with the plots), with how
 many times it raced and the first and last iteration of each side. Element sets are ranges
 (``0-1023, 2048-2050``), and the race kind the detector calls ``host-D2H`` (the host and a
 copy touching pinned memory unordered) is said by direction and by what the host did:
@@ -13,11 +13,13 @@ go in ``description``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
+from overlap_harness.model.race_groups import RaceGroup, group_key, group_races
 from overlap_harness.model.trace import Access, Race, RaceKind
 from overlap_harness.recorder.iterations import IterationMark
+
+__all__ = ["RaceGroup", "group_key", "group_races", "side_marks"]  # the record is model's
 
 HOST = "host"  # the detector's name of the host agent (the thread that entered the watch)
 HOST_THREAD = "thread "  # other host threads' agents: ``thread NAME`` (no variable has a space)
@@ -35,53 +37,17 @@ KIND_WORDS = {
 }
 
 
-@dataclass(slots=True)
-class RaceGroup:
-    """Every race between one pair of sites, in the order found."""
-
-    races: list[Race] = field(default_factory=list)
-
-    @property
-    def race(self) -> Race:
-        """The first of them: its kind, tensor and sites are the group's."""
-        return self.races[0]
-
-    @property
-    def count(self) -> int:
-        """How many times the pair raced."""
-        return len(self.races)
-
-    def elements(self) -> list[int]:
-        """Every element any of them touched, sorted."""
-        if len(self.races) == 1:
-            return sorted(set(self.race.elements))
-        return sorted({e for race in self.races for e in race.elements})
-
-    def marks(self, side: str, mark_of: Callable[[Access], IterationMark | None]
-              ) -> list[IterationMark]:
-        """The iterations of one side (``"first"`` or ``"second"``), by issue order."""
-        accesses = sorted((getattr(r, side) for r in self.races), key=lambda a: a.op)
-        out: list[IterationMark] = []
-        for access in accesses:
-            mark = mark_of(access)
-            if mark is not None and (not out or out[-1] != mark):
-                out.append(mark)
-        return out
-
-
-def group_key(race: Race) -> tuple:
-    """What the races of one group share."""
-    a, b = race.first, race.second
-    return (str(race.kind), race.buffer, race.reused_as, a.source, a.agent, a.mode,
-            b.source, b.agent, b.mode)
-
-
-def group_races(races: Iterable[Race]) -> list[RaceGroup]:
-    """The races grouped by pair of sites, groups in the order of their first race."""
-    groups: dict[tuple, RaceGroup] = {}
-    for race in races:
-        groups.setdefault(group_key(race), RaceGroup()).races.append(race)
-    return list(groups.values())
+def side_marks(group: RaceGroup, side: str, mark_of: Callable[[Access], IterationMark | None]
+               ) -> list[IterationMark]:
+    """The iterations of one side (``"first"`` or ``"second"``) of a group's races, by issue
+    order, repeats collapsed."""
+    accesses = sorted((getattr(race, side) for race in group.races), key=lambda a: a.op)
+    out: list[IterationMark] = []
+    for access in accesses:
+        mark = mark_of(access)
+        if mark is not None and (not out or out[-1] != mark):
+            out.append(mark)
+    return out
 
 
 def element_ranges(elements: Sequence[int]) -> list[tuple[int, int]]:

@@ -31,6 +31,7 @@ from overlap_harness.recorder.race_groups import (
     group_races,
     host_direction,
     kind_description,
+    side_marks,
 )
 from overlap_harness.recorder.report_text import MarkOf, marks_lookup
 from overlap_harness.recorder.sites import split_site
@@ -54,8 +55,8 @@ def group_json(group: RaceGroup, sites: Mapping[str, str], mark_of: MarkOf) -> d
             "allocated_at": sites.get(race.buffer), "reused_as": race.reused_as,
             "shape": list(race.shape), "elements": [list(r) for r in ranges],
             "element_count": sum(b - a for a, b in ranges), "count": group.count,
-            "first": access_json(race.first, group.marks("first", mark_of)),
-            "second": access_json(race.second, group.marks("second", mark_of))}
+            "first": access_json(race.first, side_marks(group, "first", mark_of)),
+            "second": access_json(race.second, side_marks(group, "second", mark_of))}
 
 
 def races_json(races: Sequence[Race], sites: Mapping[str, str],

@@ -28,6 +28,7 @@ from overlap_harness.recorder.race_groups import (
     group_races,
     is_host,
     kind_title,
+    side_marks,
 )
 
 MarkOf = Callable[[Access], IterationMark | None]
@@ -96,8 +97,8 @@ def describe_group(group: RaceGroup, sites: Mapping[str, str], mark_of: MarkOf =
     times = f", {group.count} times" if group.count > 1 else ""
     head = (f"{kind_title(race)} race on {tensor}{reused}, "
             f"{describe_elements(group.elements(), race.shape)}{times}")
-    first = access_line(race.first, group.marks("first", mark_of))
-    second = access_line(race.second, group.marks("second", mark_of))
+    first = access_line(race.first, side_marks(group, "first", mark_of))
+    second = access_line(race.second, side_marks(group, "second", mark_of))
     return f"{head}\n  first:  {first}\n  second: {second}"
 
 

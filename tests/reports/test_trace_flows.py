@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.cli import main
+from overlap_harness.model.race_groups import group_races
 from overlap_harness.model.results import CaseResult
 from overlap_harness.reports.perfetto import trace_events
-from overlap_harness.reports.race_sites import MAX_SINGLE_RACES, group_by_sites, plotted_groups
+from overlap_harness.reports.race_sites import MAX_SINGLE_RACES, plotted_groups
 from overlap_harness.reports.timeline import plot_timeline
 from tests.reports.conftest import make_case
 
@@ -139,7 +140,7 @@ def test_sim_trace_flows_join_each_race_and_record_wait(tmp_path):
 def test_groups_partition_the_races_by_their_pair_of_sites(tmp_path):
     case = make_case(tmp_path, iterations=16, mutation="no_publish_wait")
     assert len(case.races) > MAX_SINGLE_RACES
-    groups = group_by_sites(case.races)
+    groups = group_races(case.races)
     assert sorted(id(r) for g in groups for r in g.races) == sorted(id(r) for r in case.races)
     for group in groups:
         sides = {(r.kind, r.buffer, r.first.source, r.first.agent, r.first.mode,
@@ -154,7 +155,7 @@ def test_groups_partition_the_races_by_their_pair_of_sites(tmp_path):
 
 def test_a_plot_of_many_races_draws_one_arrow_per_pair_of_sites(tmp_path):
     case = make_case(tmp_path, iterations=16, mutation="no_publish_wait")
-    pairs = len(group_by_sites(case.races))
+    pairs = len(group_races(case.races))
     title = plot_timeline(case).get_suptitle().replace("\n", " ")
     assert f"{len(case.races)} races drawn as {pairs} arrows, one per pair of sites" in title
     few = make_case(tmp_path, iterations=3, mutation="no_publish_wait")
