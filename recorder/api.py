@@ -50,6 +50,7 @@ from overlap_harness.recorder.unmodelled import (
     RecorderError,
     cpu_patches,
     ipc_patches,
+    refusals_wake_the_watcher,
     refuse,
 )
 
@@ -207,6 +208,7 @@ class Watch:
                 threads, lambda: entered(self.dispatch, self._function_mode),
                 lambda: self.dispatch.live)))
             self.recording.marks.counter = stack.enter_context(self.loops.counting())
+            stack.enter_context(refusals_wake_the_watcher(self.recording))
         except BaseException:
             stack.close()
             raise

@@ -188,6 +188,7 @@ class Recording:
         self.capture: CaptureSink | None = None  # a CUDA graph capture under way
         self._lock = threading.RLock()
         self.owner = threading.get_ident()  # the thread that watches
+        self.wake_signal: int | None = None  # how a refusing thread wakes it (unmodelled.py)
         self.issuing: Callable[[], int] = lambda: HOST_AGENT  # the calling thread's host
         self.stream_issued: Callable[[int], None] = lambda agent: None  # a stream node issued
         self.iteration = -1  # the program's loop iteration, set by Watch.iteration

@@ -22,7 +22,8 @@ import multiprocessing.queues
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import torch
@@ -54,10 +55,41 @@ def refuse(recording: Recording, what: str, instead: str = "") -> NoReturn:
         message += f"; {instead}"
     recording.refused.append(message)
     if threading.get_ident() != recording.owner == threading.main_thread().ident:
-        # a real signal wakes a main thread blocked on a lock; the watch ends the
-        # KeyboardInterrupt as this refusal (Watch.__exit__)
-        signal.pthread_kill(recording.owner, signal.SIGINT)
+        # a real signal wakes a main thread blocked on a lock (refusals_wake_the_watcher)
+        signal.pthread_kill(recording.owner, recording.wake_signal or signal.SIGINT)
     raise RecorderError(message)
+
+
+#: the signal a refusing thread wakes the watching main thread with: one of Linux's real-time
+#: signals, which programs rarely use, so that SIGINT's disposition does not matter (a
+#: program started in the background by a non-interactive shell, or under nohup, ignores
+#: SIGINT, and a thread's refusal left its main thread blocked for good); elsewhere SIGINT
+WAKE_SIGNAL: int | None = getattr(signal, "SIGRTMIN", None)
+WAKE_SIGNAL = None if WAKE_SIGNAL is None else WAKE_SIGNAL + 3
+
+
+@contextmanager
+def refusals_wake_the_watcher(recording: Recording) -> Iterator[None]:
+    """While a watch runs in the main thread, a refusal in another thread interrupts the
+    main thread with :class:`RecorderError` (it may be blocked waiting on the refused
+    thread: a queue, a join, an event). The handler is this module's, on
+    :data:`WAKE_SIGNAL`, restored after; without that signal (not Linux) SIGINT wakes it,
+    and the watch ends the KeyboardInterrupt as the refusal (``Watch.__exit__``)."""
+    if WAKE_SIGNAL is None or threading.get_ident() != threading.main_thread().ident:
+        yield
+        return
+
+    def woken(signum: int, frame: Any) -> None:
+        if recording.refused:
+            raise RecorderError(recording.refused[0])
+
+    previous = signal.signal(WAKE_SIGNAL, woken)
+    recording.wake_signal = WAKE_SIGNAL
+    try:
+        yield
+    finally:
+        recording.wake_signal = None
+        signal.signal(WAKE_SIGNAL, previous)
 
 
 def ipc_patches(recording: Recording, event_cls: type,

@@ -178,6 +178,29 @@ def test_a_refused_thread_does_not_leave_check_waiting(tmp_path, capsys) -> None
         "modelled by the recorder; check it in GPU mode (--gpu)\n")
 
 
+def test_a_refused_thread_wakes_check_where_sigint_is_ignored(tmp_path) -> None:
+    """Started in the background by a non-interactive shell (or under nohup) a program
+    ignores SIGINT: the refusal still wakes the main thread blocked on the refused thread
+    (it hung for good when the wake-up was a SIGINT)."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "prog.py"
+    path.write_text(
+        "import queue, threading\nimport torch\nhandoff = queue.Queue()\n"
+        "def work():\n    torch.cuda.ExternalStream(1)\n    handoff.put(1)\n"
+        "threading.Thread(target=work).start()\nhandoff.get()\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "overlap_harness", "check", "--cpu", str(path)],
+        capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"overlap-harness check: {path}:5: torch.cuda.ExternalStream in CPU mode is not "
+        "modelled by the recorder; check it in GPU mode (--gpu)")
+
+
 def test_a_thread_torch_starts_in_cpp_counts_as_the_waiting_host() -> None:
     # torch's C++ threads (the autograd engine's device threads) are _DummyThreads to Python;
     # one started by _thread.start_new_thread is one too
