@@ -59,7 +59,8 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None
             continue
         by_site.setdefault(row["site"], []).append({
             "variant": row["variant"], "site": row["site"], "code": row["code"],
-            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"])})
+            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"]),
+            "race_examples": row["race_examples"]})
     return by_site
 
 
@@ -106,22 +107,65 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
         except Exception as exc:  # the row says so; never dropped
             return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
     out = []
-    for row in rows:
+    for index, row in enumerate(rows):
         if row["variant"] in failed:
             out.append(dict(row, error=failed[row["variant"]], trials=0))
             continue
         before = coverage.reached.get(site.key, 0) if site else 0
-        trials = [run_trial(row["variant"], f, serial[row["variant"]])[0]
-                  for f in _forcings_of(row, streams[row["variant"]])]
+        trials = []
+        for forcing in _forcings_of(row, streams[row["variant"]]):
+            _journal({"row": index, "starting": forcing.label()})
+            trials.append(run_trial(row["variant"], forcing, serial[row["variant"]])[0])
+            _journal({"row": index, "trial": asdict(trials[-1])})
         reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
             else None
-        out.append(_row(row, trials, reached))
+        probed = []
+        if row["cpu_verdict"] == "race" and row["delay"] and trials \
+                and not any(t.wrong or t.error for t in trials):
+            probed = _probe_trials(index, row, serial[row["variant"]])
+        out.append(_row(row, trials + [t for t, _ in probed], reached,
+                        [p for _, p in probed]))
     return out
 
 
-def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[str, Any]:
+def _probe_trials(index: int, row: dict[str, Any], serial: dict[str, Any]
+                  ) -> list[tuple[Any, dict[str, Any]]]:
+    """One more trial per delayed stream (the largest delay) with a gpu_probe.SideProbe on
+    the race's sides: did the later side run while the earlier side's work was pending?"""
+    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu_probe import probes
+
+    out = []
+    for stream in row["delay"]:
+        probe = probes(row["race_examples"], stream)
+        forcing = Forcing((stream,), RACE_CYCLES[-1])
+        _journal({"row": index, "starting": forcing.label() + "+probe"})
+        trial = run_trial(row["variant"], forcing, serial, probe)[0]
+        _journal({"row": index, "trial": asdict(trial)})
+        out.append((trial, {"stream": stream, "earlier": list(probe.earlier),
+                            "later": list(probe.later), "counts": probe.counts()}))
+    return out
+
+
+def _journal(entry: dict[str, Any]) -> None:
+    """A line of the child's trial journal (``OVERLAP_HARNESS_GPU_JOURNAL``), written before
+    and after each trial: if the child dies (a CUDA abort), the parent keeps its finished
+    trials and names the one it died in."""
+    path = os.environ.get("OVERLAP_HARNESS_GPU_JOURNAL")
+    if path:
+        with open(path, "a") as lines:
+            lines.write(json.dumps(entry) + "\n")
+
+
+def _row(row: dict[str, Any], trials: list[Any], reached: int | None,
+         probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     wrong = [t for t in trials if t.wrong is not None]
     crashed = [t for t in trials if t.error is not None]
+    return {"probes": probes or [], **_row_fields(row, trials, wrong, crashed, reached)}
+
+
+def _row_fields(row: dict[str, Any], trials: list[Any], wrong: list[Any], crashed: list[Any],
+                reached: int | None) -> dict[str, Any]:
     return {
         "variant": row["variant"], "site": row["site"], "code": row["code"],
         "cpu_verdict": row["cpu_verdict"], "trials": len(trials),
@@ -174,8 +218,11 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                 out = str(Path(scratch, f"out{index}.json"))
                 index += 1
                 spec.write_text(json.dumps({"site": site, "rows": site_rows}))
-                child = subprocess.Popen([sys.executable, "-m", __name__, str(spec), out],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                journal = Path(scratch, f"journal{index - 1}.jsonl")
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, str(spec), out],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    env={**os.environ, "OVERLAP_HARNESS_GPU_JOURNAL": str(journal)})
                 running.append((child, site, site_rows, out, time.monotonic()))
             time.sleep(0.2)
             for entry in list(running):
@@ -196,11 +243,59 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                     print(f"  {site or 'unmodified'}: {len(done)} rows "
                           f"({time.monotonic() - started:.0f} s)", flush=True)
                     continue
-                tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                why = "timed out" if late else f"exit {child.returncode}: {tail[0]}"
+                why = "timed out" if late else \
+                    f"exit {child.returncode}: {abort_reason(err.decode(errors='replace'))}"
+                if len(site_rows) > 1 and not late:
+                    # one child per row of the site: an abort then loses one row's trials only
+                    print(f"  {site}: {why}; again, one child per variant", flush=True)
+                    work[:0] = [(site, [r]) for r in site_rows]
+                    continue
                 failures.append(f"{site}: {why}")
-                rows.extend(dict(r, error=f"child failed: {why}", trials=0) for r in site_rows)
+                journal = Path(out).with_name(Path(out).name.replace("out", "journal")
+                                              ).with_suffix(".jsonl")
+                rows.extend(from_journal(site_rows, journal, f"child failed: {why}"))
     return rows, failures
+
+
+def abort_reason(stderr: str) -> str:
+    """The line of a dead child's error output that says why: a C++ exception's ``what():``,
+    a CUDA error, a Python exception; else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for marker in ("what():", "CUDA error", "Error:", "Error", "terminate called"):
+        for number, line in enumerate(lines):
+            if marker in line:
+                following = lines[number + 1] if marker == "what():" and \
+                    line.endswith("what():") and number + 1 < len(lines) else ""
+                return (line + " " + following).strip()[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str
+                 ) -> list[dict[str, Any]]:
+    """The rows of a child that died, from its trial journal: each row's finished trials, and
+    the trial it died in as a crashed trial with ``why``; a row none of whose trials
+    finished or started keeps ``why`` as its error."""
+    from overlap_harness.engines.sglang.gpu_loop import Trial
+
+    finished: dict[int, list[Any]] = {}
+    started: dict[int, str] = {}
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            entry = json.loads(line)
+            if "trial" in entry:
+                finished.setdefault(entry["row"], []).append(Trial(**entry["trial"]))
+                started.pop(entry["row"], None)
+            else:
+                started[entry["row"]] = entry["starting"]
+    out = []
+    for index, row in enumerate(site_rows):
+        trials = finished.get(index, []) + [Trial(label, error=why)
+                                            for label in [started.get(index)] if label]
+        if not trials:
+            out.append(dict(row, error=why, trials=0))
+            continue
+        out.append(dict(_row(row, trials, None), aborted=why))
+    return out
 
 
 if __name__ == "__main__":
