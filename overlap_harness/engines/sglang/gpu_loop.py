@@ -57,7 +57,10 @@ class _StandInSink:
 
 
 def _on_device(args: Any, kwargs: Any) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
+    """A device op: a CUDA tensor among its arguments, or a CUDA device asked for (a
+    host-to-device copy, ``cpu_tensor.to("cuda", non_blocking=True)``, has only the latter)."""
+    return any((isinstance(x, torch.Tensor) and x.device.type == "cuda")
+               or (isinstance(x, torch.device) and x.type == "cuda")
                for x in tree_leaves((args, kwargs)))
 
 
@@ -79,6 +82,11 @@ class _Forced(TorchDispatchMode):
                            ) -> Any:
         kwargs = kwargs or {}
         device = _on_device(args, kwargs) and not torch.cuda.is_current_stream_capturing()
+        return self.launch(func, args, kwargs, device)
+
+    def launch(self, func: Any, args: Any, kwargs: Any, device: bool) -> Any:
+        """``func(*args, **kwargs)``, delayed before (a delayed current stream), told to the
+        probe after, synchronized after in a serial run."""
         held = device and self.delayed and \
             torch.cuda.current_stream().cuda_stream in self.delayed
         if held:
@@ -90,6 +98,27 @@ class _Forced(TorchDispatchMode):
         if device and self.serial:
             torch.cuda.synchronize()
         return out
+
+    @contextmanager
+    def replays(self) -> Iterator[None]:
+        """A CUDA graph's replay is no dispatched op: ``CUDAGraph.replay`` is wrapped so that
+        a replay on a delayed stream is delayed (and synchronized after in a serial run) too."""
+        graph_class = torch.cuda.CUDAGraph
+        original = graph_class.replay
+
+        def replay(graph: Any) -> Any:
+            capturing = torch.cuda.is_current_stream_capturing()
+            return self.launch(original, (graph,), {}, not capturing)
+
+        try:
+            graph_class.replay = replay
+        except TypeError:  # a torch whose CUDAGraph is the extension type: replays unforced
+            yield
+            return
+        try:
+            yield
+        finally:
+            graph_class.replay = original
 
 
 def loop_streams(scheduler: Any, depth: int = 3) -> dict[str, torch.cuda.Stream]:
@@ -162,7 +191,8 @@ class DeviceRun:
             raise KeyError(f"streams {missing} not found; the loop holds {sorted(streams)}")
         delayed = {streams[s].cuda_stream for s in self.plan.streams}
         mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe)
-        with mode, (self.probe.watching() if self.probe is not None else nullcontext()):
+        with mode, mode.replays(), \
+                (self.probe.watching() if self.probe is not None else nullcontext()):
             yield
         self.sleeps = mode.sleeps
 

@@ -35,6 +35,25 @@ def _key(location: str) -> tuple[str, int]:
     return path, int(line)
 
 
+def _matches(frame: FrameType, keys: Sequence[tuple[str, int]]) -> bool:
+    """The frame is at one of ``keys``: its file ends with the path, and the line is the
+    frame's line or within the lines of the instruction it runs (a call spread over several
+    lines is reported at any of them)."""
+    name = frame.f_code.co_filename.replace("\\", "/")
+    for path, line in keys:
+        if not name.endswith(path):
+            continue
+        if frame.f_lineno == line:
+            return True
+        positions = list(frame.f_code.co_positions())
+        index = frame.f_lasti // 2
+        if 0 <= index < len(positions):
+            start, end = positions[index][0], positions[index][1]
+            if start is not None and end is not None and start <= line <= end:
+                return True
+    return False
+
+
 @dataclass
 class SideProbe:
     """The two sides of the CPU races whose earlier side is on ``stream`` (``file:line``)."""
@@ -61,10 +80,8 @@ class SideProbe:
 
     def _at(self, frame: FrameType | None, keys: Sequence[tuple[str, int]]) -> bool:
         while frame is not None:
-            name = frame.f_code.co_filename.replace("\\", "/")
-            for path, line in keys:
-                if frame.f_lineno == line and name.endswith(path):
-                    return True
+            if _matches(frame, keys):
+                return True
             frame = frame.f_back
         return False
 
@@ -80,18 +97,14 @@ class SideProbe:
             frame = frame.f_back  # a Python call: the caller's line
         elif event != "c_call":
             return
-        if frame is None:
+        if frame is None or not _matches(frame, self._later_keys):
             return
-        name = frame.f_code.co_filename
-        for path, line in self._later_keys:
-            if frame.f_lineno == line and name.replace("\\", "/").endswith(path):
-                if self._event is None:
-                    self.later_first += 1
-                elif self._event.query():
-                    self.later_done += 1
-                else:
-                    self.later_pending += 1
-                return
+        if self._event is None:
+            self.later_first += 1
+        elif self._event.query():
+            self.later_done += 1
+        else:
+            self.later_pending += 1
 
     @contextmanager
     def watching(self) -> Iterator[None]:

@@ -193,7 +193,7 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
     failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
     kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
     lines) as they come."""
-    work = sorted(plan(loop_document, variants).items(), key=lambda item: -len(item[1]))
+    work = pieces(plan(loop_document, variants))
     end = time.monotonic() + deadline_s
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
@@ -207,8 +207,10 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                     failures.append(f"{site}: stopped at the deadline")
                 for child, *_ in running:
                     child.kill()
-                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
-                            for _, _, site_rows, _, _ in running for r in site_rows)
+                    child.communicate()
+                for _, _, site_rows, out, _ in running:  # their finished trials kept
+                    rows.extend(from_journal(site_rows, _journal_of(out),
+                                             "not run: the run's deadline", False))
                 rows.extend(dict(r, error="not run: the run's deadline", trials=0)
                             for _, site_rows in work for r in site_rows)
                 break
@@ -218,7 +220,7 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                 out = str(Path(scratch, f"out{index}.json"))
                 index += 1
                 spec.write_text(json.dumps({"site": site, "rows": site_rows}))
-                journal = Path(scratch, f"journal{index - 1}.jsonl")
+                journal = _journal_of(out)
                 child = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(spec), out],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -248,13 +250,38 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                 if len(site_rows) > 1 and not late:
                     # one child per row of the site: an abort then loses one row's trials only
                     print(f"  {site}: {why}; again, one child per variant", flush=True)
+                    failures.append(f"{site}: {why} (its rows run again, one child per "
+                                    "variant)")
                     work[:0] = [(site, [r]) for r in site_rows]
                     continue
                 failures.append(f"{site}: {why}")
-                journal = Path(out).with_name(Path(out).name.replace("out", "journal")
-                                              ).with_suffix(".jsonl")
-                rows.extend(from_journal(site_rows, journal, f"child failed: {why}"))
+                rows.extend(from_journal(site_rows, _journal_of(out), f"child failed: {why}"))
     return rows, failures
+
+
+#: rows of one site per child at most (a site's rows run one after another in its child)
+ROWS_PER_CHILD = 5
+#: a row of a spec-decoding variant weighs this many rows in the order children start
+SPEC_WEIGHT = 4
+
+
+def pieces(by_site: dict[str | None, list[dict[str, Any]]]
+           ) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The children's work: each site's rows in pieces of at most :data:`ROWS_PER_CHILD`,
+    the heaviest first (an EAGLE variant's trials take several times a non-spec one's)."""
+    out = [(site, rows[i:i + ROWS_PER_CHILD]) for site, rows in by_site.items()
+           for i in range(0, len(rows), ROWS_PER_CHILD)]
+
+    def weight(piece: tuple[str | None, list[dict[str, Any]]]) -> int:
+        return sum(SPEC_WEIGHT if "eagle" in r["variant"] else 1 for r in piece[1])
+
+    return sorted(out, key=lambda piece: -weight(piece))
+
+
+def _journal_of(out: str) -> Path:
+    """The trial journal beside a child's output file (``outN.json`` -> ``journalN.jsonl``)."""
+    return Path(out).with_name(Path(out).name.replace("out", "journal", 1)).with_suffix(
+        ".jsonl")
 
 
 def abort_reason(stderr: str) -> str:
@@ -270,11 +297,12 @@ def abort_reason(stderr: str) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
-def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str
-                 ) -> list[dict[str, Any]]:
-    """The rows of a child that died, from its trial journal: each row's finished trials, and
-    the trial it died in as a crashed trial with ``why``; a row none of whose trials
-    finished or started keeps ``why`` as its error."""
+def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
+                 died_in_trial: bool = True) -> list[dict[str, Any]]:
+    """The rows of a child that died (or was stopped: ``died_in_trial`` False), from its
+    trial journal: each row's finished trials, and the trial it died in as a crashed trial
+    with ``why``; a row none of whose trials finished or started keeps ``why`` as its
+    error."""
     from overlap_harness.engines.sglang.gpu_loop import Trial
 
     finished: dict[int, list[Any]] = {}
@@ -290,7 +318,8 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str
     out = []
     for index, row in enumerate(site_rows):
         trials = finished.get(index, []) + [Trial(label, error=why)
-                                            for label in [started.get(index)] if label]
+                                            for label in [started.get(index)]
+                                            if label and died_in_trial]
         if not trials:
             out.append(dict(row, error=why, trials=0))
             continue
