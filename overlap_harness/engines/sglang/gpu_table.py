@@ -47,15 +47,18 @@ def earlier_streams(race_examples: Sequence[str]) -> list[str]:
     return out
 
 
-def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None
+def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
+         skip: frozenset[tuple[str, str | None]] = frozenset()
          ) -> dict[str | None, list[dict[str, Any]]]:
-    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant)."""
+    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant), less
+    the (variant, site) pairs in ``skip`` (rows an earlier run already has)."""
     chosen = list(variants or loop_document["variants"])
     by_site: dict[str | None, list[dict[str, Any]]] = {
         None: [{"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
-               for v in chosen]}
+               for v in chosen if (v, None) not in skip]}
     for row in loop_document["rows"]:
-        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen:
+        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
+                or (row["variant"], row["site"]) in skip:
             continue
         by_site.setdefault(row["site"], []).append({
             "variant": row["variant"], "site": row["site"], "code": row["code"],
@@ -187,13 +190,16 @@ def _child(spec_path: str, out_path: str) -> None:
 
 def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, jobs: int,
               timeout_s: float, deadline_s: float = float("inf"),
-              progress: Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+              progress: Path | None = None,
+              skip: frozenset[tuple[str, str | None]] = frozenset()
+              ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
     most rows first); the rows and the sites whose child failed (their rows kept, with the
     failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
     kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
     lines) as they come."""
-    work = pieces(plan(loop_document, variants))
+    work = pieces({site: rows for site, rows in plan(loop_document, variants, skip).items()
+                   if rows}, lightest_first=deadline_s != float("inf"))
     end = time.monotonic() + deadline_s
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
@@ -265,17 +271,18 @@ ROWS_PER_CHILD = 5
 SPEC_WEIGHT = 4
 
 
-def pieces(by_site: dict[str | None, list[dict[str, Any]]]
+def pieces(by_site: dict[str | None, list[dict[str, Any]]], lightest_first: bool = False
            ) -> list[tuple[str | None, list[dict[str, Any]]]]:
     """The children's work: each site's rows in pieces of at most :data:`ROWS_PER_CHILD`,
-    the heaviest first (an EAGLE variant's trials take several times a non-spec one's)."""
+    the heaviest first (an EAGLE variant's trials take several times a non-spec one's: the
+    run ends soonest), or the lightest first (under a deadline: the most rows finish)."""
     out = [(site, rows[i:i + ROWS_PER_CHILD]) for site, rows in by_site.items()
            for i in range(0, len(rows), ROWS_PER_CHILD)]
 
     def weight(piece: tuple[str | None, list[dict[str, Any]]]) -> int:
         return sum(SPEC_WEIGHT if "eagle" in r["variant"] else 1 for r in piece[1])
 
-    return sorted(out, key=lambda piece: -weight(piece))
+    return sorted(out, key=lambda piece: weight(piece) if lightest_first else -weight(piece))
 
 
 def _journal_of(out: str) -> Path:
