@@ -19,6 +19,8 @@
 #               pydantic pydantic_core pyzmq setproctitle simpy sniffio stack_data starlette
 #               traitlets typing-inspection tzdata uvicorn watchfiles wcwidth xgrammar (18 MB)
 # Call: run(command="bash .gpu/h36/code/tools/sglang_gpu_run.sh", carry=[".gpu/h36"]).
+# The 2026-11-28 H200 report: H=.gpu/h36b, STEP=table JOBS=15 DEADLINE=470, then the rows its
+# deadline left, VARIANTS="--gpu-resume $H/prev.json" (the first report) DEADLINE=190.
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
 export PYTHONUNBUFFERED=1
