@@ -116,3 +116,25 @@ def test_each_child_takes_a_few_rows_of_one_site_the_heaviest_first() -> None:
     assert [(site, len(rows)) for site, rows in work] == [
         ("b.py:2", 2), ("a.py:1", 5), ("a.py:1", 2), (None, 1)]
     assert sum(len(rows) for _, rows in work) == 10
+
+
+def test_resume_keeps_the_rows_with_trials_and_plans_only_the_others(tmp_path: Path) -> None:
+    from overlap_harness.engines.sglang.gpu_command import _resumed
+
+    loop = {"variants": ["a"], "rows": [
+        {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": "race",
+         "race_examples": []} for n in (1, 2)]}
+    earlier = {"sglang_version": "0.5.23", "device": "NVIDIA H200", "command": "c",
+               "date": "d", "seconds": 1.0, "child_failures": [], "rows": [
+                   {"variant": "a", "site": "s.py:1", "trials": 2},
+                   {"variant": "a", "site": "s.py:2", "trials": 0, "error": "deadline"},
+                   {"variant": "a", "site": None, "trials": 3}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept, document = _resumed(path, "0.5.23", "NVIDIA H200")
+    assert [r["site"] for r in kept] == ["s.py:1", None] and document["command"] == "c"
+    skip = frozenset((r["variant"], r["site"]) for r in kept)
+    planned = gpu_table.plan(loop, None, skip)
+    assert planned[None] == [] and list(planned) == [None, "s.py:2"]
+    refused, _ = _resumed(path, "0.5.23", "NVIDIA H100 80GB HBM3")
+    assert isinstance(refused, str) and "H100" in refused
