@@ -19,7 +19,10 @@
 #               pydantic pydantic_core pyzmq setproctitle simpy sniffio stack_data starlette
 #               traitlets typing-inspection tzdata uvicorn watchfiles wcwidth xgrammar (18 MB)
 # Call: run(command="bash .gpu/h36/code/tools/sglang_gpu_run.sh", carry=[".gpu/h36"]).
-# STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both).
+# The 2026-11-28 H200 report: H=.gpu/h36b, STEP=table JOBS=15 DEADLINE=470, then the rows its
+# deadline left, VARIANTS="--gpu-resume $H/prev.json" (the first report) DEADLINE=190.
+# STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both);
+# VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
 export PYTHONUNBUFFERED=1
 H=${H:-$PWD/.gpu/h36}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -31,11 +34,14 @@ python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cud
 cd "$H/code" || exit 1
 STEP=${STEP:-all}
 if [ "$STEP" = all ] || [ "$STEP" = smoke ]; then
-  timeout 150 python3 -m overlap_harness sglang --variant non_spec_decode --variant graph_decode \
-    2>&1 | tail -8 | tee "$OUT/cpu_mode.log"
+  # the CPU mode on this CUDA host, beside the table (its own process; no GPU work)
+  (timeout 240 python3 -m overlap_harness sglang --variant non_spec_decode \
+    --variant graph_decode > /tmp/cpu_mode.log 2>&1; echo "exit $?" >> /tmp/cpu_mode.log) &
 fi
 if [ "$STEP" = all ] || [ "$STEP" = table ]; then
   timeout "${TABLE_S:-520}" python3 -m overlap_harness sglang --gpu -j "${JOBS:-10}" \
-    --gpu-deadline "${DEADLINE:-440}" --gpu-report "$OUT" 2>&1 | grep -v Warning \
+    --gpu-deadline "${DEADLINE:-440}" --gpu-report "$OUT" $VARIANTS 2>&1 | grep -v Warning \
     | tee "$OUT/table.log" | tail -40
 fi
+wait
+[ -f /tmp/cpu_mode.log ] && tail -8 /tmp/cpu_mode.log | tee "$OUT/cpu_mode.log"

@@ -143,7 +143,7 @@ CASES = [
     Case("vllm", "--json", ("vllm", "--json", "{path}"), "file", _stub_vllm),
 ]
 # options with a FILE metavar that name what a command reads
-INPUT_OPTIONS = {"--profile", "--loop-json"}
+INPUT_OPTIONS = {"--profile", "--loop-json", "--gpu-resume"}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -70,6 +70,49 @@ def test_what_the_device_run_showed(reports: tuple[dict, dict]) -> None:
             assert row["why"]
 
 
+def test_each_why_follows_from_the_rows_trials_and_probes(reports: tuple[dict, dict]) -> None:
+    """Recomputed here from the counts (not by gpu_report): a crash wins; else a probe that
+    saw the later side run while the earlier side was pending says the race was made
+    (overwritten); probes that never saw it say the delay cannot make it (timing)."""
+    gpu, _ = reports
+    seen = set()
+    for row in gpu["rows"]:
+        if row["cpu_verdict"] != "race" or row["wrong_trials"]:
+            assert "why_reason" not in row, row
+            continue
+        if not row["trials"]:
+            expected = "not_run"
+        elif row.get("crashed_trials"):
+            expected = "crashed"
+        elif not row.get("probes"):
+            expected = "unprobed"
+        elif any(p["counts"]["later_pending"] > 0 for p in row["probes"]):
+            expected = "overwritten"
+        else:
+            expected = "timing"
+        assert row["why_reason"] == expected, row
+        seen.add(expected)
+        for probe in row.get("probes", []):
+            assert f"{probe['stream']}+" in " ".join(row["forced_delay"])
+            assert set(probe["counts"]) == {"earlier_issued", "later_pending", "later_done",
+                                            "later_first"}
+            # the probe's trial is one of the row's trials, counted in them
+            assert any(t["forcing"].endswith("+probe") and t["probe"] == probe["counts"]
+                       for t in row["trial_details"])
+    # the device run made both kinds of finding, computed
+    assert {"overwritten", "timing"} <= seen
+
+
+def test_the_graph_variants_ran_on_the_device(reports: tuple[dict, dict]) -> None:
+    """CUDA graph capture on the device: the graph variants' rows have trials, and a
+    necessary row of each shows a wrong value."""
+    gpu, _ = reports
+    for variant in ("graph_decode", "graph_decode_radix", "graph_decode_post_replay"):
+        rows = [r for r in gpu["rows"] if r["variant"] == variant]
+        assert rows and all(r["trials"] and not r.get("error") for r in rows), variant
+        assert any(r["cpu_verdict"] == "race" and r["wrong_trials"] for r in rows), variant
+
+
 def test_problems_finds_a_wrong_cpu_verdict_and_a_missing_why(
         reports: tuple[dict, dict]) -> None:
     gpu, loop = reports

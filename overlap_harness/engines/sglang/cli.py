@@ -58,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-deadline", type=seconds, metavar="S", default=float("inf"),
                         help="with --gpu: start no site after S seconds and stop running ones "
                         "(their rows are kept, marked not run); default: none")
+    parser.add_argument("--gpu-resume", type=Path, metavar="FILE", default=None,
+                        help="with --gpu: an earlier GPU report (json) of the same tree and "
+                        "device; its rows with trials are kept, only the others run")
     add_pr_options(parser, "sglang")
     parser.set_defaults(func=run)
     return parser

@@ -61,13 +61,26 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         args.gpu_report.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
+    kept, earlier = _resumed(args.gpu_resume, tree.version, device)
+    if isinstance(kept, str):
+        return fail(PROG, kept)
+    skip = frozenset((r["variant"], r["site"]) for r in kept)
     rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
-                                         args.gpu_deadline, progress)
+                                         args.gpu_deadline, progress, skip)
+    command = "overlap-harness " + shlex.join(sys.argv[1:])
     report = gpu_report.document(
-        rows, version=tree.version, device=device, torch_version=torch.__version__,
+        kept + rows, version=tree.version, device=device, torch_version=torch.__version__,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        command="overlap-harness " + shlex.join(sys.argv[1:]), failures=failures,
-        seconds=time.perf_counter() - started)
+        command=f"{earlier['command']}; then {command}" if earlier else command,
+        failures=[f for f in (earlier or {}).get("child_failures", [])
+                  if not f.endswith("stopped at the deadline")] + failures,
+        seconds=time.perf_counter() - started + (earlier or {}).get("seconds", 0.0))
+    if earlier:
+        before = earlier.get("runs") or [{"date": earlier["date"], "command": earlier["command"],
+                                          "seconds": earlier["seconds"]}]
+        now = {"date": report["date"], "command": command,
+               "seconds": round(time.perf_counter() - started, 1)}
+        report["runs"] = [*before, now]
     print(json.dumps(report["summary"]))
     if args.gpu_report:
         for path in gpu_report.write(report, args.gpu_report):
@@ -76,3 +89,16 @@ def run(args: argparse.Namespace) -> int:
     clean = not (s["race_rows_all_equal"] or s["race_free_rows_wrong"] or s["unmodified_wrong"]
                  or s["errors"])
     return 0 if clean else 1
+
+
+def _resumed(path: Path | None, version: str, device: str
+             ) -> tuple[list[dict] | str, dict | None]:
+    """The rows with trials of an earlier report (``--gpu-resume``) and that report; an
+    error text when it is of another tree or device."""
+    if path is None:
+        return [], None
+    earlier = json.loads(path.read_text())
+    if earlier["sglang_version"] != version or earlier["device"] != device:
+        return (f"{path}: a report of sglang {earlier['sglang_version']} on "
+                f"{earlier['device']}, not {version} on {device}"), None
+    return [r for r in earlier["rows"] if r.get("trials")], earlier

@@ -57,7 +57,10 @@ class _StandInSink:
 
 
 def _on_device(args: Any, kwargs: Any) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda"
+    """A device op: a CUDA tensor among its arguments, or a CUDA device asked for (a
+    host-to-device copy, ``cpu_tensor.to("cuda", non_blocking=True)``, has only the latter)."""
+    return any((isinstance(x, torch.Tensor) and x.device.type == "cuda")
+               or (isinstance(x, torch.device) and x.type == "cuda")
                for x in tree_leaves((args, kwargs)))
 
 
@@ -66,8 +69,10 @@ class _Forced(TorchDispatchMode):
     with ``serial``, a device synchronize after each device op. Nothing is added inside a
     graph capture (a synchronize is illegal there, and a sleep would be replayed)."""
 
-    def __init__(self, delayed: set[int], cycles: int, serial: bool) -> None:
+    def __init__(self, delayed: set[int], cycles: int, serial: bool, probe: Any = None
+                 ) -> None:
         super().__init__()
+        self.probe = probe  # a gpu_probe.SideProbe told of each delayed op, or None
         self.delayed = delayed
         self.cycles = cycles
         self.serial = serial
@@ -77,13 +82,43 @@ class _Forced(TorchDispatchMode):
                            ) -> Any:
         kwargs = kwargs or {}
         device = _on_device(args, kwargs) and not torch.cuda.is_current_stream_capturing()
-        if device and self.delayed and torch.cuda.current_stream().cuda_stream in self.delayed:
+        return self.launch(func, args, kwargs, device)
+
+    def launch(self, func: Any, args: Any, kwargs: Any, device: bool) -> Any:
+        """``func(*args, **kwargs)``, delayed before (a delayed current stream), told to the
+        probe after, synchronized after in a serial run."""
+        held = device and self.delayed and \
+            torch.cuda.current_stream().cuda_stream in self.delayed
+        if held:
             torch.cuda._sleep(self.cycles)
             self.sleeps += 1
         out = func(*args, **kwargs)
+        if held and self.probe is not None:
+            self.probe.after_op()
         if device and self.serial:
             torch.cuda.synchronize()
         return out
+
+    @contextmanager
+    def replays(self) -> Iterator[None]:
+        """A CUDA graph's replay is no dispatched op: ``CUDAGraph.replay`` is wrapped so that
+        a replay on a delayed stream is delayed (and synchronized after in a serial run) too."""
+        graph_class = torch.cuda.CUDAGraph
+        original = graph_class.replay
+
+        def replay(graph: Any) -> Any:
+            capturing = torch.cuda.is_current_stream_capturing()
+            return self.launch(original, (graph,), {}, not capturing)
+
+        try:
+            graph_class.replay = replay
+        except TypeError:  # a torch whose CUDAGraph is the extension type: replays unforced
+            yield
+            return
+        try:
+            yield
+        finally:
+            graph_class.replay = original
 
 
 def loop_streams(scheduler: Any, depth: int = 3) -> dict[str, torch.cuda.Stream]:
@@ -136,6 +171,7 @@ class DeviceRun:
     """The ``device`` argument of :func:`.driver.run_variant` for one trial under ``plan``."""
 
     plan: Forcing
+    probe: Any = None  # a gpu_probe.SideProbe on the delayed stream, or None
     streams_seen: list[str] = field(default_factory=list)
     sleeps: int = 0
 
@@ -154,8 +190,9 @@ class DeviceRun:
         if missing:
             raise KeyError(f"streams {missing} not found; the loop holds {sorted(streams)}")
         delayed = {streams[s].cuda_stream for s in self.plan.streams}
-        mode = _Forced(delayed, self.plan.cycles, self.plan.serial)
-        with mode:
+        mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe)
+        with mode, mode.replays(), \
+                (self.probe.watching() if self.probe is not None else nullcontext()):
             yield
         self.sleeps = mode.sleeps
 
@@ -200,17 +237,19 @@ class Trial:
     error: str | None = None  # a crash of the run
     seconds: float = 0.0
     sleeps: int = 0
+    probe: dict[str, int] | None = None  # what a gpu_probe.SideProbe counted
 
 
-def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
-              ) -> tuple[Trial, dict[str, Any] | None, list[str]]:
-    """One run of the variant under ``forcing``; its values compared with ``serial``; the
-    names of the streams the loop held."""
+def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
+              probe: Any = None) -> tuple[Trial, dict[str, Any] | None, list[str]]:
+    """One run of the variant under ``forcing`` (``probe``: a gpu_probe.SideProbe watching
+    the race's sides); its values compared with ``serial``; the names of the streams the loop
+    held."""
     from overlap_harness.engines.core.necessity import format_error
     from overlap_harness.engines.sglang.driver import run_variant
     from overlap_harness.engines.sglang.variants import VARIANTS
 
-    run = DeviceRun(forcing)
+    run = DeviceRun(forcing, probe)
     started = time.perf_counter()
     try:
         loop_run = run_variant(VARIANTS[variant_name], run)
@@ -219,7 +258,9 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
         torch.cuda.synchronize()
         return Trial(forcing.label(), error=format_error(exc),
                      seconds=time.perf_counter() - started), None, run.streams_seen
-    trial = Trial(forcing.label(), seconds=time.perf_counter() - started, sleeps=run.sleeps)
+    trial = Trial(forcing.label() + ("+probe" if probe is not None else ""),
+                  seconds=time.perf_counter() - started, sleeps=run.sleeps,
+                  probe=probe.counts() if probe is not None else None)
     if serial is not None:
         trial.wrong = first_difference(values, serial)
     return trial, values, run.streams_seen

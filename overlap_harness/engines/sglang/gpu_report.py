@@ -13,10 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: a necessary row without a wrong value says why in ``why``; these are the reasons used
+#: a necessary row without a wrong value says why in ``why`` (its key in ``why_reason``)
 NO_WRONG_REASONS = {
-    "overwritten": "the corrupted value is overwritten before anything reads it",
-    "timing": "the race needs a timing the delay of its earlier side cannot make",
+    "overwritten": "the race was made (probe), but the corrupted value is overwritten or not "
+                   "read before it reaches the compared buffers",
+    "timing": "the race needs a timing the delay of its earlier side cannot make (probe)",
+    "crashed": "a forced trial crashed (the race broke the loop) instead of finishing with a "
+               "wrong value",
+    "unprobed": "every forced trial equals the serial answer; no probe ran",
     "not_run": "the row's trials did not run (error or budget): see error",
 }
 
@@ -26,30 +30,36 @@ def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_ver
     """The report's JSON document (rows in site, then variant order; unmodified rows first)."""
     rows = sorted(rows, key=lambda r: (r["site"] is not None, r["site"] or "", r["variant"]))
     for row in rows:
+        row.pop("race_examples", None)
         row.setdefault("trials", 0)
         row.setdefault("wrong_trials", 0)
         row.setdefault("example_wrong", None)
         if row["cpu_verdict"] == "race" and not row["wrong_trials"]:
-            row["why"] = _why_no_wrong(row)
+            row["why_reason"], row["why"] = _why_no_wrong(row)
     return {"sglang_version": version, "device": device, "torch": torch_version, "date": date,
             "command": command, "seconds": round(seconds, 1), "child_failures": failures,
             "summary": summary(rows), "rows": rows}
 
 
-def _why_no_wrong(row: dict[str, Any]) -> str:
-    """Why a necessary row shows no wrong value, from what its trials did (computed, never
-    hand-written): not run, or crashed, or every forced trial equal to the serial answer."""
-    if row.get("error") or not row["trials"]:
-        return f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
-    delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
+    """Why a necessary row shows no wrong value, computed from what its trials did (never
+    hand-written): not run; a trial crashed; else the probes' finding (gpu_probe.why_equal)
+    for each delayed stream: ``overwritten`` if any made the race, else ``timing``."""
+    from overlap_harness.engines.sglang.gpu_probe import why_equal
+
+    if not row["trials"]:
+        return "not_run", f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
     if row.get("crashed_trials"):
-        return (f"{row['crashed_trials']} of {row['trials']} forced trials crashed instead of "
-                f"finishing with a wrong value ({row.get('example_crash')}); the others equal "
-                f"the serial answer")
-    return (f"all {row['trials']} forced trials ({delays}) equal the serial answer: the delay "
-            "of the CPU race's earlier side did not make the value differ in output_ids or "
-            "req_to_token; which of the two (overwritten before use, or a timing the delay "
-            "cannot make) is not established")
+        return "crashed", (f"{row['crashed_trials']} of {row['trials']} forced trials crashed "
+                           f"instead of finishing with a wrong value "
+                           f"({row.get('example_crash')}); the others equal the serial answer")
+    found = [why_equal(p["counts"], p) for p in row.get("probes", [])]
+    if not found:
+        return "unprobed", NO_WRONG_REASONS["unprobed"]
+    key = "overwritten" if any(k == "overwritten" for k, _ in found) else "timing"
+    delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+    return key, f"all {row['trials']} forced trials ({delays}) equal the serial answer; " \
+        + "; ".join(text for _, text in found)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -62,7 +72,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_free_rows_all_equal": count("race_free", False),
             "race_free_rows_wrong": count("race_free", True),
             "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
-            "errors": sum(1 for r in rows if r.get("error"))}
+            "errors": sum(1 for r in rows if r.get("error")),
+            **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
+               for key in NO_WRONG_REASONS}}
 
 
 def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
@@ -83,7 +95,8 @@ def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
             out.append(f"{where}: wrong_trials and example_wrong disagree")
         if row["trials"] and len(row.get("forced_delay", [])) != row["trials"]:
             out.append(f"{where}: {row['trials']} trials but {len(row['forced_delay'])} delays")
-        if row["cpu_verdict"] == "race" and not row["wrong_trials"] and not row.get("why"):
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"] and (
+                not row.get("why") or row.get("why_reason") not in NO_WRONG_REASONS):
             out.append(f"{where}: a necessary row without a wrong value says no why")
     judged = {(v, s) for (v, s), verdict in real.items() if verdict in ("race", "race_free")}
     present = {(r["variant"], r["site"]) for r in report["rows"] if r["site"] is not None}
@@ -114,6 +127,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s['unmodified_all_equal']} variants, wrong: {s['unmodified_wrong']}; rows with an "
         f"error: {s['errors']}.",
         "",
+        "Necessary rows without a wrong value, by the computed why (`why_reason`; "
+        "gpu_probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
+                                      for key in NO_WRONG_REASONS) + ".",
+        "",
         "| variant | site | code | cpu_verdict | trials | forced_delay | wrong_trials | "
         "example wrong value / why |",
         "|---|---|---|---|---|---|---|---|",
@@ -133,7 +150,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")[:300]
+    return text.replace("|", "\\|").replace("\n", " ")[:700]
 
 
 def write(report: dict[str, Any], folder: Path) -> list[Path]:

@@ -47,19 +47,23 @@ def earlier_streams(race_examples: Sequence[str]) -> list[str]:
     return out
 
 
-def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None
+def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
+         skip: frozenset[tuple[str, str | None]] = frozenset()
          ) -> dict[str | None, list[dict[str, Any]]]:
-    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant)."""
+    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant), less
+    the (variant, site) pairs in ``skip`` (rows an earlier run already has)."""
     chosen = list(variants or loop_document["variants"])
     by_site: dict[str | None, list[dict[str, Any]]] = {
         None: [{"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
-               for v in chosen]}
+               for v in chosen if (v, None) not in skip]}
     for row in loop_document["rows"]:
-        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen:
+        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
+                or (row["variant"], row["site"]) in skip:
             continue
         by_site.setdefault(row["site"], []).append({
             "variant": row["variant"], "site": row["site"], "code": row["code"],
-            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"])})
+            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"]),
+            "race_examples": row["race_examples"]})
     return by_site
 
 
@@ -106,22 +110,65 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
         except Exception as exc:  # the row says so; never dropped
             return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
     out = []
-    for row in rows:
+    for index, row in enumerate(rows):
         if row["variant"] in failed:
             out.append(dict(row, error=failed[row["variant"]], trials=0))
             continue
         before = coverage.reached.get(site.key, 0) if site else 0
-        trials = [run_trial(row["variant"], f, serial[row["variant"]])[0]
-                  for f in _forcings_of(row, streams[row["variant"]])]
+        trials = []
+        for forcing in _forcings_of(row, streams[row["variant"]]):
+            _journal({"row": index, "starting": forcing.label()})
+            trials.append(run_trial(row["variant"], forcing, serial[row["variant"]])[0])
+            _journal({"row": index, "trial": asdict(trials[-1])})
         reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
             else None
-        out.append(_row(row, trials, reached))
+        probed = []
+        if row["cpu_verdict"] == "race" and row["delay"] and trials \
+                and not any(t.wrong or t.error for t in trials):
+            probed = _probe_trials(index, row, serial[row["variant"]])
+        out.append(_row(row, trials + [t for t, _ in probed], reached,
+                        [p for _, p in probed]))
     return out
 
 
-def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[str, Any]:
+def _probe_trials(index: int, row: dict[str, Any], serial: dict[str, Any]
+                  ) -> list[tuple[Any, dict[str, Any]]]:
+    """One more trial per delayed stream (the largest delay) with a gpu_probe.SideProbe on
+    the race's sides: did the later side run while the earlier side's work was pending?"""
+    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu_probe import probes
+
+    out = []
+    for stream in row["delay"]:
+        probe = probes(row["race_examples"], stream)
+        forcing = Forcing((stream,), RACE_CYCLES[-1])
+        _journal({"row": index, "starting": forcing.label() + "+probe"})
+        trial = run_trial(row["variant"], forcing, serial, probe)[0]
+        _journal({"row": index, "trial": asdict(trial)})
+        out.append((trial, {"stream": stream, "earlier": list(probe.earlier),
+                            "later": list(probe.later), "counts": probe.counts()}))
+    return out
+
+
+def _journal(entry: dict[str, Any]) -> None:
+    """A line of the child's trial journal (``OVERLAP_HARNESS_GPU_JOURNAL``), written before
+    and after each trial: if the child dies (a CUDA abort), the parent keeps its finished
+    trials and names the one it died in."""
+    path = os.environ.get("OVERLAP_HARNESS_GPU_JOURNAL")
+    if path:
+        with open(path, "a") as lines:
+            lines.write(json.dumps(entry) + "\n")
+
+
+def _row(row: dict[str, Any], trials: list[Any], reached: int | None,
+         probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     wrong = [t for t in trials if t.wrong is not None]
     crashed = [t for t in trials if t.error is not None]
+    return {"probes": probes or [], **_row_fields(row, trials, wrong, crashed, reached)}
+
+
+def _row_fields(row: dict[str, Any], trials: list[Any], wrong: list[Any], crashed: list[Any],
+                reached: int | None) -> dict[str, Any]:
     return {
         "variant": row["variant"], "site": row["site"], "code": row["code"],
         "cpu_verdict": row["cpu_verdict"], "trials": len(trials),
@@ -143,13 +190,16 @@ def _child(spec_path: str, out_path: str) -> None:
 
 def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, jobs: int,
               timeout_s: float, deadline_s: float = float("inf"),
-              progress: Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+              progress: Path | None = None,
+              skip: frozenset[tuple[str, str | None]] = frozenset()
+              ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
     most rows first); the rows and the sites whose child failed (their rows kept, with the
     failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
     kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
     lines) as they come."""
-    work = sorted(plan(loop_document, variants).items(), key=lambda item: -len(item[1]))
+    work = pieces({site: rows for site, rows in plan(loop_document, variants, skip).items()
+                   if rows}, lightest_first=deadline_s != float("inf"))
     end = time.monotonic() + deadline_s
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
@@ -163,8 +213,10 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                     failures.append(f"{site}: stopped at the deadline")
                 for child, *_ in running:
                     child.kill()
-                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
-                            for _, _, site_rows, _, _ in running for r in site_rows)
+                    child.communicate()
+                for _, _, site_rows, out, _ in running:  # their finished trials kept
+                    rows.extend(from_journal(site_rows, _journal_of(out),
+                                             "not run: the run's deadline", False))
                 rows.extend(dict(r, error="not run: the run's deadline", trials=0)
                             for _, site_rows in work for r in site_rows)
                 break
@@ -174,8 +226,11 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                 out = str(Path(scratch, f"out{index}.json"))
                 index += 1
                 spec.write_text(json.dumps({"site": site, "rows": site_rows}))
-                child = subprocess.Popen([sys.executable, "-m", __name__, str(spec), out],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                journal = _journal_of(out)
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, str(spec), out],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    env={**os.environ, "OVERLAP_HARNESS_GPU_JOURNAL": str(journal)})
                 running.append((child, site, site_rows, out, time.monotonic()))
             time.sleep(0.2)
             for entry in list(running):
@@ -196,11 +251,87 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                     print(f"  {site or 'unmodified'}: {len(done)} rows "
                           f"({time.monotonic() - started:.0f} s)", flush=True)
                     continue
-                tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                why = "timed out" if late else f"exit {child.returncode}: {tail[0]}"
+                why = "timed out" if late else \
+                    f"exit {child.returncode}: {abort_reason(err.decode(errors='replace'))}"
+                if len(site_rows) > 1 and not late:
+                    # one child per row of the site: an abort then loses one row's trials only
+                    print(f"  {site}: {why}; again, one child per variant", flush=True)
+                    failures.append(f"{site}: {why} (its rows run again, one child per "
+                                    "variant)")
+                    work[:0] = [(site, [r]) for r in site_rows]
+                    continue
                 failures.append(f"{site}: {why}")
-                rows.extend(dict(r, error=f"child failed: {why}", trials=0) for r in site_rows)
+                rows.extend(from_journal(site_rows, _journal_of(out), f"child failed: {why}"))
     return rows, failures
+
+
+#: rows of one site per child at most (a site's rows run one after another in its child)
+ROWS_PER_CHILD = 5
+#: a row of a spec-decoding variant weighs this many rows in the order children start
+SPEC_WEIGHT = 4
+
+
+def pieces(by_site: dict[str | None, list[dict[str, Any]]], lightest_first: bool = False
+           ) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The children's work: each site's rows in pieces of at most :data:`ROWS_PER_CHILD`,
+    the heaviest first (an EAGLE variant's trials take several times a non-spec one's: the
+    run ends soonest), or the lightest first (under a deadline: the most rows finish)."""
+    out = [(site, rows[i:i + ROWS_PER_CHILD]) for site, rows in by_site.items()
+           for i in range(0, len(rows), ROWS_PER_CHILD)]
+
+    def weight(piece: tuple[str | None, list[dict[str, Any]]]) -> int:
+        return sum(SPEC_WEIGHT if "eagle" in r["variant"] else 1 for r in piece[1])
+
+    return sorted(out, key=lambda piece: weight(piece) if lightest_first else -weight(piece))
+
+
+def _journal_of(out: str) -> Path:
+    """The trial journal beside a child's output file (``outN.json`` -> ``journalN.jsonl``)."""
+    return Path(out).with_name(Path(out).name.replace("out", "journal", 1)).with_suffix(
+        ".jsonl")
+
+
+def abort_reason(stderr: str) -> str:
+    """The line of a dead child's error output that says why: a C++ exception's ``what():``,
+    a CUDA error, a Python exception; else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for marker in ("what():", "CUDA error", "Error:", "Error", "terminate called"):
+        for number, line in enumerate(lines):
+            if marker in line:
+                following = lines[number + 1] if marker == "what():" and \
+                    line.endswith("what():") and number + 1 < len(lines) else ""
+                return (line + " " + following).strip()[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
+                 died_in_trial: bool = True) -> list[dict[str, Any]]:
+    """The rows of a child that died (or was stopped: ``died_in_trial`` False), from its
+    trial journal: each row's finished trials, and the trial it died in as a crashed trial
+    with ``why``; a row none of whose trials finished or started keeps ``why`` as its
+    error."""
+    from overlap_harness.engines.sglang.gpu_loop import Trial
+
+    finished: dict[int, list[Any]] = {}
+    started: dict[int, str] = {}
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            entry = json.loads(line)
+            if "trial" in entry:
+                finished.setdefault(entry["row"], []).append(Trial(**entry["trial"]))
+                started.pop(entry["row"], None)
+            else:
+                started[entry["row"]] = entry["starting"]
+    out = []
+    for index, row in enumerate(site_rows):
+        trials = finished.get(index, []) + [Trial(label, error=why)
+                                            for label in [started.get(index)]
+                                            if label and died_in_trial]
+        if not trials:
+            out.append(dict(row, error=why, trials=0))
+            continue
+        out.append(dict(_row(row, trials, None), aborted=why))
+    return out
 
 
 if __name__ == "__main__":

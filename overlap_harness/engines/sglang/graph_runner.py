@@ -75,15 +75,25 @@ def _metadata_prep_accesses(result: Any, backend: DeclaredAttentionBackend,
 
 @declared(_metadata_prep_accesses, name="attn_metadata_prep_in_graph")
 def _metadata_prep(backend: DeclaredAttentionBackend, forward_batch: Any) -> None:
-    """The backend's private copy of each row's KV indices (``kv_indptr``/``kv_indices``)."""
+    """The backend's private copy of each row's KV indices (``kv_indptr``/``kv_indices``).
+
+    Device work only, of static shapes (a CUDA graph captures it: no host read of a device
+    value, no host-to-device copy): slot ``s``'s entries are ``req_to_token[row_s, :len_s]``
+    at ``kv_indptr[s]``; entries past a row's length go to ``kv_indices``' last element, a
+    trash slot no read takes."""
     with _kernel_values():
-        start = 0
-        for slot, (row, seq_len) in enumerate(_static_rows(forward_batch.req_pool_indices,
-                                                           forward_batch.seq_lens)):
-            backend.kv_indices[start:start + seq_len] = backend.req_to_token[
-                row, :seq_len].to(backend.kv_indices.dtype)
-            start += seq_len
-            backend.kv_indptr[slot + 1] = start
+        rows = forward_batch.req_pool_indices.to(torch.int64)
+        lengths = forward_batch.seq_lens.to(torch.int64)
+        width = backend.req_to_token.shape[1]
+        column = torch.arange(width, device=lengths.device)
+        ends = torch.cumsum(lengths, 0)
+        backend.kv_indptr[1:rows.numel() + 1] = ends.to(backend.kv_indptr.dtype)
+        inside = column.unsqueeze(0) < lengths.unsqueeze(1)
+        trash = backend.kv_indices.numel() - 1
+        where = torch.where(inside, (ends - lengths).unsqueeze(1) + column.unsqueeze(0),
+                            torch.full_like(inside, trash, dtype=torch.int64))
+        values = backend.req_to_token.index_select(0, rows).to(backend.kv_indices.dtype)
+        backend.kv_indices.scatter_(0, where.reshape(-1), values.reshape(-1))
 
 
 def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
@@ -101,16 +111,30 @@ def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
 
 @declared(_forward_accesses, name="model_forward_in_graph")
 def _graph_model_forward(runner: GraphModelRunner, forward_batch: Any) -> None:
-    """Values a model could produce: each row's logits a function of the KV it reads."""
+    """Values a model could produce, as the eager forward makes them (``worker.py``): each
+    new KV slot holds its input token + 1, and each row's logits are one-hot at the sum of
+    the KV its private indices name plus its length (mod the vocabulary). Device work only,
+    of static shapes (captured: no host read of a device value)."""
     backend = runner.attn_backend
     with _kernel_values():
-        runner.kv_buffer[forward_batch.out_cache_loc.to(torch.int64)] = 1.0  # set_kv_buffer
+        tokens = forward_batch.input_ids.to(torch.float32) + 1.0
+        runner.kv_buffer.index_copy_(0, forward_batch.out_cache_loc.to(torch.int64),
+                                     tokens.view(-1, 1).to(runner.kv_buffer.dtype))
+        bs = forward_batch.batch_size
+        starts = backend.kv_indptr[:bs].to(torch.int64)
+        lengths = backend.kv_indptr[1:bs + 1].to(torch.int64) - starts
+        width = backend.req_to_token.shape[1]
+        column = torch.arange(width, device=starts.device)
+        inside = column.unsqueeze(0) < lengths.unsqueeze(1)
+        where = torch.where(inside, starts.unsqueeze(1) + column.unsqueeze(0),
+                            torch.zeros_like(starts).unsqueeze(1))
+        slots = backend.kv_indices.index_select(0, where.reshape(-1)).to(torch.int64)
+        kv = runner.kv_buffer.index_select(0, slots).reshape(bs, width)
+        sums = (kv * inside).sum(dim=1).to(torch.int64) + lengths
         logits = forward_batch.next_token_logits_buffer
         logits.zero_()
-        for slot in range(forward_batch.batch_size):
-            lo, hi = int(backend.kv_indptr[slot]), int(backend.kv_indptr[slot + 1])
-            kv = runner.kv_buffer[backend.kv_indices[lo:hi].to(torch.int64)]
-            logits[slot, int(kv.sum()) + hi - lo] = 1.0
+        token = torch.remainder(sums, logits.shape[1]).unsqueeze(1)
+        logits[:bs].scatter_(1, token, 1.0)
 
 
 class DeclaredAttentionBackend:
@@ -131,7 +155,8 @@ class DeclaredAttentionBackend:
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """The private metadata buffers the graph reads (sized for the largest batch)."""
         width = self.req_to_token.shape[1]
-        self.kv_indices = torch.zeros(max_bs * width, dtype=torch.int32, device="cuda")
+        # one more element: the trash slot of the prep's entries past a row's length
+        self.kv_indices = torch.zeros(max_bs * width + 1, dtype=torch.int32, device="cuda")
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:

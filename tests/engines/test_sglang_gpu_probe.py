@@ -1,0 +1,140 @@
+"""The GPU mode's pieces that run without a GPU: the race-side probe's parsing and location
+matching, the why it computes, the forcing's device-op test, and the rows kept from a dead
+child's trial journal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from overlap_harness.engines.sglang import gpu_table
+from overlap_harness.engines.sglang.gpu_loop import _on_device
+from overlap_harness.engines.sglang.gpu_probe import _key, _matches, probes, why_equal
+
+EXAMPLES = [
+    "RAW add: target_prefill_forward on self.forward_stream at /x/overlap_harness/engines/"
+    "sglang/eagle_worker.py:216 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
+    "RAW predict@eagle_utils.py:632: zeros on self.forward_stream at sglang/srt/speculative/"
+    "eagle_utils.py:632 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
+    "host-D2H host@common.py:614: copy_ on self.copy_stream at sglang/srt/utils/common.py:615"
+    " / tolist on host at sglang/srt/managers/b.py:293",
+]
+
+
+def test_probe_takes_the_sides_of_the_races_whose_earlier_side_is_the_stream() -> None:
+    forward = probes(EXAMPLES, "forward_stream")
+    assert forward.earlier == ("/x/overlap_harness/engines/sglang/eagle_worker.py:216",
+                               "sglang/srt/speculative/eagle_utils.py:632")
+    assert forward.later == ("sglang/srt/utils/common.py:615",)
+    copy = probes(EXAMPLES, "copy_stream")
+    assert copy.earlier == ("sglang/srt/utils/common.py:615",)
+    assert copy.later == ("sglang/srt/managers/b.py:293",)
+    assert probes(EXAMPLES, "plan_stream").earlier == ()
+    # a checkout's prefix is dropped: the harness's and SGLang's paths match anywhere
+    assert _key("/x/overlap_harness/engines/sglang/w.py:3") == ("overlap_harness/engines/"
+                                                               "sglang/w.py", 3)
+    assert _key("/tmp/sg/sglang/srt/a.py:9") == ("sglang/srt/a.py", 9)
+
+
+def test_a_frame_matches_any_line_of_the_call_it_runs() -> None:
+    path = "tests/engines/test_sglang_gpu_probe.py"
+    lines: list[int] = []
+    matched: list[int] = []
+
+    def inner() -> int:
+        caller = sys._getframe(2)  # this test, inside the max(...) call below
+        lines.append(caller.f_lineno)
+        matched.extend(n for n in range(caller.f_lineno - 3, caller.f_lineno + 4)
+                       if _matches(caller, [(path, n)]))
+        return 0
+
+    max(
+        [1],
+        key=lambda _: inner(),
+    )
+    assert len(matched) == 4  # the call's four lines, whichever the frame reports
+    assert lines[0] in matched
+    assert not _matches(sys._getframe(), [("tests/engines/other.py", lines[0])])
+
+
+def test_why_equal_tells_a_made_race_from_one_the_delay_cannot_make() -> None:
+    probe = {"stream": "copy_stream", "earlier": ["a.py:1"], "later": ["b.py:2"]}
+    key, text = why_equal({"earlier_issued": 3, "later_pending": 2, "later_done": 1,
+                           "later_first": 0}, probe)
+    assert key == "overwritten" and "2 of 3" in text
+    key, text = why_equal({"earlier_issued": 3, "later_pending": 0, "later_done": 4,
+                           "later_first": 0}, probe)
+    assert key == "timing" and "finished each of the 4 times" in text
+    key, text = why_equal({"earlier_issued": 0, "later_pending": 0, "later_done": 0,
+                           "later_first": 5}, probe)
+    assert key == "timing" and "nothing to hold" in text
+
+
+def test_a_host_to_device_copy_is_a_device_op() -> None:
+    host = torch.zeros(2)
+    assert _on_device((host,), {"device": torch.device("cuda"), "non_blocking": True})
+    assert not _on_device((host,), {"dtype": torch.float64})
+
+
+def test_abort_reason_is_the_what_line() -> None:
+    err = ("frame #3\nterminate called after throwing an instance of 'c10::Error'\n"
+           "  what():  CUDA error: device-side assert triggered\nframe #30: _start + 0x25\n")
+    assert gpu_table.abort_reason(err) == "what():  CUDA error: device-side assert triggered"
+    assert gpu_table.abort_reason("a\nlast line\n") == "last line"
+    assert gpu_table.abort_reason("") == "no output"
+
+
+def test_a_dead_childs_rows_keep_their_finished_trials(tmp_path: Path) -> None:
+    rows = [{"variant": v, "site": "s.py:1", "code": "x", "cpu_verdict": "race",
+             "delay": ["copy_stream"]} for v in ("a", "b", "c")]
+    trial = {"forcing": "copy_stream+1cy", "wrong": "r1.output_ids[0] = 1 (serial 2)",
+             "error": None, "seconds": 0.1, "sleeps": 3, "probe": None}
+    journal = tmp_path / "journal0.jsonl"
+    journal.write_text("\n".join(json.dumps(e) for e in [
+        {"row": 0, "starting": "copy_stream+1cy"}, {"row": 0, "trial": trial},
+        {"row": 1, "starting": "copy_stream+1cy"}]) + "\n")
+    done = gpu_table.from_journal(rows, journal, "exit -6: CUDA error")
+    assert done[0]["trials"] == 1 and done[0]["wrong_trials"] == 1
+    assert done[0]["aborted"] == "exit -6: CUDA error"
+    assert done[1]["trials"] == 1 and done[1]["crashed_trials"] == 1
+    assert "CUDA error" in done[1]["example_crash"]
+    assert done[2]["trials"] == 0 and done[2]["error"] == "exit -6: CUDA error"
+    stopped = gpu_table.from_journal(rows, journal, "stopped", died_in_trial=False)
+    assert stopped[1]["trials"] == 0 and stopped[1]["error"] == "stopped"
+
+
+def test_each_child_takes_a_few_rows_of_one_site_the_heaviest_first() -> None:
+    def row(variant: str) -> dict:
+        return {"variant": variant}
+
+    by_site = {"a.py:1": [row(f"non_{i}") for i in range(7)],
+               "b.py:2": [row("eagle_topk1"), row("eagle_mixed")], None: [row("non_0")]}
+    work = gpu_table.pieces(by_site)
+    assert [(site, len(rows)) for site, rows in work] == [
+        ("b.py:2", 2), ("a.py:1", 5), ("a.py:1", 2), (None, 1)]
+    assert sum(len(rows) for _, rows in work) == 10
+
+
+def test_resume_keeps_the_rows_with_trials_and_plans_only_the_others(tmp_path: Path) -> None:
+    from overlap_harness.engines.sglang.gpu_command import _resumed
+
+    loop = {"variants": ["a"], "rows": [
+        {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": "race",
+         "race_examples": []} for n in (1, 2)]}
+    earlier = {"sglang_version": "0.5.23", "device": "NVIDIA H200", "command": "c",
+               "date": "d", "seconds": 1.0, "child_failures": [], "rows": [
+                   {"variant": "a", "site": "s.py:1", "trials": 2},
+                   {"variant": "a", "site": "s.py:2", "trials": 0, "error": "deadline"},
+                   {"variant": "a", "site": None, "trials": 3}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept, document = _resumed(path, "0.5.23", "NVIDIA H200")
+    assert [r["site"] for r in kept] == ["s.py:1", None] and document["command"] == "c"
+    skip = frozenset((r["variant"], r["site"]) for r in kept)
+    planned = gpu_table.plan(loop, None, skip)
+    assert planned[None] == [] and list(planned) == [None, "s.py:2"]
+    refused, _ = _resumed(path, "0.5.23", "NVIDIA H100 80GB HBM3")
+    assert isinstance(refused, str) and "H100" in refused
