@@ -35,10 +35,7 @@ from overlap_harness.recorder import watch
 NUM_REQS, NUM_SPEC_TOKENS, MAX_REQS = 2, 2, 4
 RELEASED_FUNCTIONS = ("_update_states_after_model_execute", "_build_attention_metadata",
                       "_get_encoder_seq_lens", "synchronize_input_prep")
-HARNESS_PARTS = ("the runner's fields (one GDN KV group, 2 draft tokens)",
-                 "the GDN metadata builder's build (reads the counts on the device)",
-                 "CommonAttentionMetadata (a plain record)", "the forward",
-                 "the rejection sampler", "the two-steps-in-flight loop")
+# what the harness stands in for: provenance.PROVENANCE["#36013"]
 
 
 def _gdn_builder(gpu_model_runner: Any) -> Any:
