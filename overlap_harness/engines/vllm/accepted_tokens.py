@@ -38,7 +38,7 @@ RELEASED_FUNCTIONS = ("_update_states_after_model_execute", "_build_attention_me
 # what the harness stands in for: provenance.PROVENANCE["#36013"]
 
 
-def _gdn_builder(gpu_model_runner: Any) -> Any:
+def gdn_builder(gpu_model_runner: Any) -> Any:
     """A ``GDNAttentionMetadataBuilder`` (so the runner passes it the accepted counts) whose
     ``build`` is the boundary: it reads the counts and the query starts on the device."""
     base = gpu_model_runner.GDNAttentionMetadataBuilder
@@ -92,7 +92,7 @@ def _runner(source_file: Path, device: torch.device) -> Any:
                                 get_device_tensor=lambda n: block_table[:n])])
     group = StrictStub("kv_cache_group0", kv_cache_spec=StrictStub("gdn_spec"))
     runner.kv_cache_config = StrictStub("kv_cache_config", kv_cache_groups=[group])
-    builder = _gdn_builder(gpu_model_runner)
+    builder = gdn_builder(gpu_model_runner)
     runner.attn_groups = [[StrictStub("attn_group", layer_names=["layer0"],
                                       get_metadata_builder=lambda ubid: builder)]]
     return runner

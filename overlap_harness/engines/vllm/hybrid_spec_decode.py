@@ -73,7 +73,7 @@ def _runner(async_scheduling: bool, mamba_cache_mode: str) -> Any:
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from overlap_harness.engines.vllm.accepted_tokens import _gdn_builder
+    from overlap_harness.engines.vllm.accepted_tokens import gdn_builder
     from overlap_harness.engines.vllm.drivers import _bare_v1_runner
 
     device = torch.device("cuda")
@@ -116,7 +116,7 @@ def _runner(async_scheduling: bool, mamba_cache_mode: str) -> Any:
                      mamba_type="gdn_attention")
     runner.kv_cache_config = StrictStub("kv_cache_config", kv_cache_groups=[
         StrictStub("kv_cache_group0", kv_cache_spec=spec)])
-    builder = _gdn_builder(_runner_module())
+    builder = gdn_builder(_runner_module())
     runner.attn_groups = [[StrictStub(
         "attn_group", layer_names=["layer0"], get_metadata_builder=lambda ubid: builder,
         build_metadata=lambda metadata, ubid, **counts: builder.build(
