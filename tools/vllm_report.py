@@ -108,6 +108,15 @@ def markdown(report: dict) -> str:
         lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
         out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
                    f"| {lines} | {post['source']} | {post['races']} |")
+    out += ["", "What ran as whose code (`released_code`: the release's own functions run; "
+            "`harness_code`: what the harness stands in for; docs/vllm.md):", "",
+            "| ref | released_code | read_code | installed_code | harness_code | "
+            "difference from |", "|---|---|---|---|---|---|"]
+    for entry in report["historical"]:
+        cells = ["<br>".join(entry.get(key, [])) or "-" for key in (
+            "released_code", "read_code", "installed_code", "harness_code")]
+        out.append(f"| {entry['ref']} | " + " | ".join(cells)
+                   + f" | {entry.get('difference', '-')} |")
     out += ["", f"CPU time of the runs (imports excluded): {report['cpu_seconds']} s in this "
             f"process, {report['cpu_seconds_with_children']} s with the forked children of "
             "the table (issue 28's bar: the table under 300 s CPU on 2 cores).", ""]

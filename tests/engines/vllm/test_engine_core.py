@@ -56,12 +56,21 @@ def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
     assert per_variant == {"v1-async-output": 3, "v1-input-prep": 2, "mrv2-uva-ring": 3,
                            "v1-pooling": 3, "mrv2-pooling": 3, "v1-spec-decode": 9,
                            "engine-core": 3, "chunked-prefill": 5, "mrv2-spec-decode": 10,
-                           "pp-batch-queue": 9}
-    redundant = {(Path(r.site).name.split(":")[0], r.code) for r in reached
+                           "pp-batch-queue": 9, "v1-hybrid-spec-decode": 7,
+                           "v1-hybrid-spec-decode-sync": 5,
+                           "v1-hybrid-spec-decode-async-none": 6}
+    redundant = {(Path(r.site).name.split(":")[0], r.code, r.variant) for r in reached
                  if r.verdict == "redundant"}
-    assert redundant == {("pp_utils.py", "self.broadcast_stream.wait_stream(self.main_stream)"),
-                         ("pp_utils.py", "sampled_tokens.record_stream(self.main_stream)"),
-                         ("pp_utils.py", "combined.record_stream(self.main_stream)")}
+    # and the accepted-token event where nothing reads the counts before a host sync: without
+    # async scheduling (each output taken first), or async without align (no host read)
+    accepted = "self.num_accepted_tokens_event."
+    assert redundant == {
+        ("pp_utils.py", "self.broadcast_stream.wait_stream(self.main_stream)", "pp-batch-queue"),
+        ("pp_utils.py", "sampled_tokens.record_stream(self.main_stream)", "pp-batch-queue"),
+        ("pp_utils.py", "combined.record_stream(self.main_stream)", "pp-batch-queue"),
+        ("gpu_model_runner.py", f"{accepted}synchronize()", "v1-hybrid-spec-decode-sync"),
+        ("gpu_model_runner.py", f"{accepted}record()", "v1-hybrid-spec-decode-sync"),
+        ("gpu_model_runner.py", f"{accepted}record()", "v1-hybrid-spec-decode-async-none")}
     assert {r.verdict for r in reached} == {"necessary", "redundant"}
     assert all(r.site.split("/site-packages/")[-1].startswith("vllm/") for r in rows)
     assert all(race["first"]["file"] and race["second"]["file"]
