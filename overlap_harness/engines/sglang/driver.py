@@ -21,6 +21,7 @@ from overlap_harness.engines.sglang import (
     delay_sample,
     dp_rank,
     eagle_build,
+    eagle_graph,
     eagle_kernels,
     embedding_build,
     environment,
@@ -121,7 +122,7 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
     :mod:`.gpu_loop`."""
     kernels.declare()
-    if variant.decode_graph_sizes:
+    if variant.decode_graph_sizes or (variant.eagle and variant.eagle.verify_graph_sizes):
         graph_kernels.declare()
     if variant.eagle is not None:
         eagle_kernels.declare()
@@ -149,6 +150,9 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
+        if variant.eagle is not None and variant.eagle.verify_graph_sizes:
+            eagle_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
+                               variant.eagle.num_draft_tokens, variant.eagle.topk > 1)
         intake = _Intake(scheduler, variant, watch)
         _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and

@@ -47,6 +47,9 @@ class EagleConfig:
     num_draft_tokens: int = 4
     plan_stream: bool = True  # SGLANG_ENABLE_OVERLAP_PLAN_STREAM
     needs_cpu_seq_lens: bool = False  # what the attention backends declare
+    # the target verify replayed by SGLang's CUDA-graph runner, capturing these batch sizes
+    # (eagle_graph.py); () : an eager verify
+    verify_graph_sizes: tuple[int, ...] = ()
 
 
 def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
