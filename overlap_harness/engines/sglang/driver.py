@@ -96,7 +96,8 @@ def _worker_class(variant: Variant) -> type | None:
     """The fake worker a variant needs beside the default one (None: the default)."""
     if variant.dp_peer is not None:
         return dp_rank.DPRankModelWorker
-    if variant.delay_sample:
+    if variant.delay_sample or (variant.grammar and variant.eagle is None):
+        # TpModelWorker defers the sampling of grammar batches (without speculation)
         return delay_sample.DelaySampleWorker
     return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 

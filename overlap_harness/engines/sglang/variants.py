@@ -135,4 +135,10 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("eagle_topk4_graph", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
             pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
                                               verify_graph_sizes=(1, 2))),
+    # non_spec_decode's requests, each grammar-constrained, without speculation: the worker
+    # defers sampling (TpModelWorker's grammar branch); the scheduler samples after the
+    # previous result advanced each grammar on the host (process_batch_result_*), the
+    # bitmask built from that state, staged to the device and applied (grammar_build.py)
+    Variant("grammar", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))}, pools=TWO_ROWS,
+            grammar=True),
 )}
