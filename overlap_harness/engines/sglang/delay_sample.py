@@ -109,10 +109,14 @@ class DelaySampleWorker(worker.FakeModelWorker):
             logits_output=LogitsProcessorOutput(next_token_logits=logits),
             can_run_cuda_graph=self.graph_runner)
 
+        # the forward's sampling info, as the real closure holds it (through its
+        # ForwardBatch): run_batch gives the batch its own back before the sample runs
+        sampling_info = batch.sampling_info
+
         def sample_batch_func() -> Any:
             logits = result.logits_output.next_token_logits
-            if batch.sampling_info.grammars is not None:
-                _grammar_masked(batch.sampling_info, logits)
+            if sampling_info.grammars is not None:
+                _grammar_masked(sampling_info, logits)
             result.next_token_ids = _sample(logits)
             return result
 
