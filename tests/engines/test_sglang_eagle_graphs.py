@@ -1,5 +1,5 @@
-"""EAGLE's target verify under SGLang's CUDA-graph runner (eagle_topk1_graph, _graph_plan,
-eagle_topk4_graph) and grammar-constrained requests without speculation (grammar).
+"""EAGLE's target verify and draft extend under SGLang's CUDA-graph runners
+(eagle_topk1_graph, _graph_plan, eagle_topk4_graph) and grammar-constrained requests without speculation (grammar).
 
 One child process imports SGLang once, runs each variant as released (the fixed twin) and
 with one sync statement of SGLang's own function removed (recompiled from its file, so the
@@ -89,6 +89,9 @@ for name in twins:
                           "replays": graphs.replays if graphs else 0,
                           "delayed": getattr(run.worker, "delayed_samples", 0),
                           "masked": ops.count("apply_token_bitmask_inplace"),
+                          "extend_replays": sum(r.name.startswith(
+                              "graph.replay: draft_extend_forward_in_graph")
+                              for r in run.watch.recording.timeline),
                           "plan_ops": sum(r.agent == "plan_stream" and "small_copy" in r.name
                                           for r in run.watch.recording.timeline)}
 out["accepted"] = [len(g.accepted_tokens) for g in grammars]
@@ -135,9 +138,12 @@ def test_variant_is_race_free_as_released(runs, variant):
 
 @pytest.mark.parametrize("variant", ("eagle_topk1_graph", "eagle_topk1_graph_plan",
                                      "eagle_topk4_graph"))
-def test_every_decode_verify_replays_the_graph(runs, variant):
-    """The 2 prefills run eager; each of the 6 decode iterations' verify is a replay."""
-    assert runs["twins"][variant]["replays"] == runs["twins"][variant]["forwards"] - 2
+def test_every_decode_verify_and_draft_extend_replays_its_graph(runs, variant):
+    """The 2 prefills (and their draft extends) run eager; each decode iteration's verify
+    and draft extend are replays of SGLang's runners."""
+    twin = runs["twins"][variant]
+    assert twin["replays"] == twin["forwards"] - 2
+    assert twin["extend_replays"] == twin["forwards"] - 2
 
 
 def test_only_the_plan_variant_stages_the_verify_on_the_plan_stream(runs):

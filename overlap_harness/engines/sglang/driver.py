@@ -20,6 +20,7 @@ import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
     delay_sample,
     dp_rank,
+    draft_extend_graph,
     eagle_build,
     eagle_graph,
     eagle_kernels,
@@ -154,6 +155,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         if variant.eagle is not None and variant.eagle.verify_graph_sizes:
             eagle_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
                                variant.eagle.num_draft_tokens, variant.eagle.topk > 1)
+        if variant.eagle is not None and variant.eagle.draft_extend_graph:
+            draft_extend_graph.attach(scheduler, variant.eagle.verify_graph_sizes)
         intake = _Intake(scheduler, variant, watch)
         _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and

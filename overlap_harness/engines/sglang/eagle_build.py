@@ -50,6 +50,9 @@ class EagleConfig:
     # the target verify replayed by SGLang's CUDA-graph runner, capturing these batch sizes
     # (eagle_graph.py); () : an eager verify
     verify_graph_sizes: tuple[int, ...] = ()
+    # the draft extend replayed by SGLang's draft-extend graph runner, capturing the same
+    # sizes (draft_extend_graph.py); False: an eager draft extend
+    draft_extend_graph: bool = False
 
 
 def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,

@@ -58,6 +58,9 @@ VERIFY_GRAPH_LOAD = Feature("the EAGLE target verify staged into the decode CUDA
                             "(load_batch)",
                             "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
                             "DecodeCudaGraphRunner.load_batch")
+DRAFT_EXTEND_GRAPHS = Feature("the EAGLE draft-extend CUDA-graph runner",
+                              "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+                              "EAGLEDraftExtendCudaGraphRunner.execute")
 DELAYED_SAMPLE = Feature("the scheduler's delayed sampling (grammar batches without "
                          "speculation, SGLANG_ENABLE_DELAY_SAMPLE)", "sglang.srt.managers.utils",
                          "GenerationBatchResult.delay_sample_func")
@@ -87,6 +90,8 @@ def required_features(variant: Variant) -> list[Feature]:
             features.append(MIXED_SPEC_TAILS)
         if variant.eagle.verify_graph_sizes:
             features += [DECODE_GRAPHS, VERIFY_GRAPH_LOAD]
+        if variant.eagle.draft_extend_graph:
+            features.append(DRAFT_EXTEND_GRAPHS)
     elif variant.grammar or variant.delay_sample:
         features.append(DELAYED_SAMPLE)
     return features
