@@ -1,5 +1,6 @@
 """EAGLE's target verify and draft extend under SGLang's CUDA-graph runners
-(eagle_topk1_graph, _graph_plan, eagle_topk4_graph) and grammar-constrained requests without speculation (grammar).
+(eagle_topk1_graph, _graph_plan, eagle_topk4_graph) and grammar-constrained requests without
+speculation (grammar).
 
 One child process imports SGLang once, runs each variant as released (the fixed twin) and
 with one sync statement of SGLang's own function removed (recompiled from its file, so the
@@ -180,6 +181,26 @@ def test_the_graph_plan_race_names_the_plan_stream_load(runs):
     races = runs["removed"]["graph_plan_waits_forward"]["races"]
     assert any(side["stream"] == "plan_stream" and "cuda_graph_buffer_registry" in side["file"]
                for race in races for side in (race["first"], race["second"])), races[:2]
+
+
+@pytest.mark.parametrize("variant, expected, absent", [
+    ("eagle_topk1_graph_plan", {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS", "DECODE_GRAPHS",
+                                "EAGLE_V2"}, {"DELAYED_SAMPLE"}),
+    ("eagle_topk4_graph", {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS"}, set()),
+    ("eagle_topk1", {"EAGLE_V2"}, {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS"}),
+    ("grammar", {"DELAYED_SAMPLE"}, {"EAGLE_V2", "VERIFY_GRAPH_LOAD"}),
+])
+def test_the_new_variants_need_their_features(variant, expected, absent):
+    """A release is checked for the features the variant's configuration drives (no SGLang
+    needed: the features are read from the variant)."""
+    from overlap_harness.engines.sglang import release_features
+    from overlap_harness.engines.sglang.variants import VARIANTS
+
+    needed = {name for name in dir(release_features)
+              if isinstance(getattr(release_features, name), release_features.Feature)
+              and getattr(release_features, name)
+              in release_features.required_features(VARIANTS[variant])}
+    assert expected <= needed and not absent & needed, needed
 
 
 def _join_line(path: Path) -> int:

@@ -60,7 +60,7 @@ VERIFY_GRAPH_LOAD = Feature("the EAGLE target verify staged into the decode CUDA
                             "DecodeCudaGraphRunner.load_batch")
 DRAFT_EXTEND_GRAPHS = Feature("the EAGLE draft-extend CUDA-graph runner",
                               "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
-                              "EAGLEDraftExtendCudaGraphRunner.execute")
+                              "EAGLEDraftExtendCudaGraphRunner")
 DELAYED_SAMPLE = Feature("the scheduler's delayed sampling (grammar batches without "
                          "speculation, SGLANG_ENABLE_DELAY_SAMPLE)", "sglang.srt.managers.utils",
                          "GenerationBatchResult.delay_sample_func")
