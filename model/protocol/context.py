@@ -173,6 +173,10 @@ def check_v0523_keys(config: ProtocolConfig, is_spec: bool, on_cuda: bool) -> No
     if config.plan_stream_joins and config.plan_stream:
         needs.append("protocol.plan_stream_joins replaces plan_stream's once-per-batch plan: "
                      "set plan_stream = false")
+    if config.verify_graph_load and not config.plan_stream_joins:
+        needs.append("protocol.verify_graph_load stages the verify graph on the plan stream "
+                     "of plan_stream_joins: set plan_stream_joins = true (without a plan "
+                     "stream the load runs on F, ordered with the forward)")
     if config.spec_mixed_batches and config.mixed_spec_tails:
         needs.append("protocol.spec_mixed_batches late-binds the tails of mixed batches only: "
                      "set mixed_spec_tails = false")

@@ -140,6 +140,9 @@ class BatchRunner:
         self.barrier.after_metadata_reads(device, forward)
         if joins:
             verify_cache_loc = self._prepare_verify_on_plan(batch, verify_cache_loc)
+            if ctx.config.verify_graph_load:
+                drafts, verify_cache_loc = self._load_verify_graph(batch, drafts,
+                                                                   verify_cache_loc)
         res = worker.spec_verify(ctx, batch, inputs["bonus"], drafts, verify_cache_loc, plan)
         after_verify = ctx.config.publish_point == PublishPoint.AFTER_VERIFY
         if after_verify:
@@ -166,8 +169,27 @@ class BatchRunner:
         device.wait_stream(plan_stream, forward, SyncLabel.PLAN_VERIFY_FORWARD_WAIT)
         if verify_cache_loc is None:
             verify_cache_loc = worker.verify_out_cache_loc(ctx, batch, plan_stream)
-        device.wait_stream(forward, plan_stream, SyncLabel.PLAN_VERIFY_JOIN)
+        if not ctx.config.verify_graph_load:
+            device.wait_stream(forward, plan_stream, SyncLabel.PLAN_VERIFY_JOIN)
         return verify_cache_loc
+
+    def _load_verify_graph(self, batch: Batch, drafts: Buffer, verify_cache_loc: Buffer
+                           ) -> tuple[Buffer, Buffer]:
+        """The verify graph's ``load_batch`` inside the verify preparation (still on the
+        plan stream, before F's wait on it): the draft tokens and the verify slots copied into
+        the graph's static input buffers, which the replayed verify reads."""
+        ctx, device = self.ctx, self.ctx.device
+        plan_stream, forward = ctx.plan_stream, ctx.forward_stream
+        assert plan_stream is not None
+        static_drafts = ctx.tmp(batch, "graph_static_drafts", drafts.shape, drafts.dtype,
+                                plan_stream)
+        static_loc = ctx.tmp(batch, "graph_static_out_cache_loc", verify_cache_loc.shape,
+                             verify_cache_loc.dtype, plan_stream)
+        device.launch(plan_stream, "verify_graph_load_batch", lambda d, loc: (d, loc),
+                      reads=[drafts, verify_cache_loc], writes=[static_drafts, static_loc],
+                      cost_us=ctx.kernel_us)
+        device.wait_stream(forward, plan_stream, SyncLabel.PLAN_VERIFY_JOIN)
+        return static_drafts, static_loc
 
     def _prepare_draft_extend_on_plan(self, batch: Batch) -> Buffer:
         """SGLang 0.5.23's draft-extend preparation on the draft worker's plan stream (its own,

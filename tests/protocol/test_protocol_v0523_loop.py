@@ -72,6 +72,28 @@ def test_the_draft_workers_plan_stream_needs_both_joins(label, race) -> None:
     assert race in race_pairs(JOINS, STEADY, (label,))
 
 
+GRAPH = dc.replace(JOINS, verify_graph_load=True)
+
+
+def test_the_verify_graph_load_is_race_free_intact() -> None:
+    for proto in (GRAPH, dc.replace(GRAPH, topk=4, num_draft_tokens=6)):
+        assert race_pairs(proto, STEADY) == set()
+
+
+@pytest.mark.parametrize("label, race", [
+    ("plan.verify_forward_wait", ("RAW", "drafts", "draft", "verify_graph_load_batch")),
+    ("plan.verify_join",
+     ("RAW", "graph_static_drafts", "verify_graph_load_batch", "verify")),
+])
+def test_a_chain_verify_under_the_graph_needs_both_verify_joins(label, race) -> None:
+    """The graph's load_batch on the plan stream reads the draft's output and writes the
+    static buffers the replayed verify reads: with topk 1 the joins the eager chain verify
+    does not need (test above) order it."""
+    races = race_pairs(GRAPH, STEADY, (label,))
+    assert any(r[0] == race[0] and r[2:] == race[2:] for r in races), races
+    assert race_pairs(JOINS, STEADY, (label,)) == set()
+
+
 def test_spec_mixed_batches_late_bind_the_tails() -> None:
     paired = run_with_oracle(SPEC_MIXED, MIXED, ())
     assert paired.races == [] and paired.diffs == [] and paired.outcome.debug_failures == []
@@ -102,6 +124,7 @@ def test_the_tails_d2h_wait_is_redundant_behind_the_blocking_tail_base() -> None
     (dc.replace(JOINS, plan_stream=True), "replaces plan_stream"),
     (dc.replace(LOOP, mode="non_spec", spec_mixed_batches=True), "spec_mixed_batches needs"),
     (dc.replace(SPEC_MIXED, mixed_spec_tails=True), "mixed batches only"),
+    (dc.replace(LOOP, verify_graph_load=True), "verify_graph_load stages"),
 ])
 def test_keys_refused_where_sglang_never_goes(proto, match) -> None:
     with pytest.raises(HarnessError, match=match) as err:

@@ -13,7 +13,10 @@ tokens through the FutureMap and copies the result to the host: all SGLang's.
 :class:`DelaySampleWorker` is the fake worker taking that branch under that condition: its
 forward is one declared op writing logits (the real forward's KV writes and attention reads,
 as :mod:`.worker` declares them), its deferred sampler one declared op reading the logits and
-writing the tokens.
+writing the tokens. For grammar-constrained batches the sampler first runs SGLang's
+``update_regex_vocab_mask`` and ``apply_logits_bias`` (``ModelRunner._preprocess_logits``):
+the bitmask filled on the host from each request's grammar (:mod:`.grammar_build`), moved to
+the device with a non-blocking copy and applied to the logits.
 """
 
 from __future__ import annotations
@@ -64,6 +67,24 @@ def _defers_sampling(batch: Any) -> bool:
     return has_grammars or (envs.SGLANG_ENABLE_DELAY_SAMPLE.get() and not batch.is_prefill_only)
 
 
+def _bind_grammars(batch: Any) -> None:
+    """What the real worker's ``ForwardBatch.init_new`` does to the batch's sampling info
+    before the forward (0.5.23; ``get_model_worker_batch`` in older releases): a batch with
+    grammars carries each request's grammar object (``sampling_info.grammars``), else None.
+    The fake worker builds no ``ForwardBatch``, so it binds them itself."""
+    if batch.sampling_info is not None and getattr(batch, "has_grammar", False):
+        batch.sampling_info.grammars = [req.grammar for req in batch.reqs]
+
+
+def _grammar_masked(sampling_info: Any, logits: torch.Tensor) -> None:
+    """What ``ModelRunner._preprocess_logits`` does before sampling, all SGLang's: the
+    grammars' bitmask built on the host from their state (advanced by the previous batch's
+    result processing), staged to the device, and applied to the logits."""
+    sampling_info.update_regex_vocab_mask()
+    sampling_info.apply_logits_bias(logits)
+    sampling_info.grammar_mask = None
+
+
 class DelaySampleWorker(worker.FakeModelWorker):
     """The fake worker with TpModelWorker's delayed-sampling branch."""
 
@@ -75,6 +96,7 @@ class DelaySampleWorker(worker.FakeModelWorker):
 
         if kwargs or self.decode_graphs is not None:
             raise TypeError("DelaySampleWorker: arguments or decode graphs not planned")
+        _bind_grammars(batch)
         if not _defers_sampling(batch):
             return super().forward_batch_generation(batch)
         self.forwards += 1
@@ -87,8 +109,15 @@ class DelaySampleWorker(worker.FakeModelWorker):
             logits_output=LogitsProcessorOutput(next_token_logits=logits),
             can_run_cuda_graph=self.graph_runner)
 
+        # the forward's sampling info, as the real closure holds it (through its
+        # ForwardBatch): run_batch gives the batch its own back before the sample runs
+        sampling_info = batch.sampling_info
+
         def sample_batch_func() -> Any:
-            result.next_token_ids = _sample(result.logits_output.next_token_logits)
+            logits = result.logits_output.next_token_logits
+            if sampling_info.grammars is not None:
+                _grammar_masked(sampling_info, logits)
+            result.next_token_ids = _sample(logits)
             return result
 
         result.delay_sample_func = sample_batch_func

@@ -20,7 +20,9 @@ import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import (
     delay_sample,
     dp_rank,
+    draft_extend_graph,
     eagle_build,
+    eagle_graph,
     eagle_kernels,
     embedding_build,
     environment,
@@ -95,7 +97,8 @@ def _worker_class(variant: Variant) -> type | None:
     """The fake worker a variant needs beside the default one (None: the default)."""
     if variant.dp_peer is not None:
         return dp_rank.DPRankModelWorker
-    if variant.delay_sample:
+    if variant.delay_sample or (variant.grammar and variant.eagle is None):
+        # TpModelWorker defers the sampling of grammar batches (without speculation)
         return delay_sample.DelaySampleWorker
     return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 
@@ -121,7 +124,7 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
     :mod:`.gpu_loop`."""
     kernels.declare()
-    if variant.decode_graph_sizes:
+    if variant.decode_graph_sizes or (variant.eagle and variant.eagle.verify_graph_sizes):
         graph_kernels.declare()
     if variant.eagle is not None:
         eagle_kernels.declare()
@@ -149,6 +152,11 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
+        if variant.eagle is not None and variant.eagle.verify_graph_sizes:
+            eagle_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
+                               variant.eagle.num_draft_tokens, variant.eagle.topk > 1)
+        if variant.eagle is not None and variant.eagle.draft_extend_graph:
+            draft_extend_graph.attach(scheduler, variant.eagle.verify_graph_sizes)
         intake = _Intake(scheduler, variant, watch)
         _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and

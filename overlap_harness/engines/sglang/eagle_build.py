@@ -47,6 +47,12 @@ class EagleConfig:
     num_draft_tokens: int = 4
     plan_stream: bool = True  # SGLANG_ENABLE_OVERLAP_PLAN_STREAM
     needs_cpu_seq_lens: bool = False  # what the attention backends declare
+    # the target verify replayed by SGLang's CUDA-graph runner, capturing these batch sizes
+    # (eagle_graph.py); () : an eager verify
+    verify_graph_sizes: tuple[int, ...] = ()
+    # the draft extend replayed by SGLang's draft-extend graph runner, capturing the same
+    # sizes (draft_extend_graph.py); False: an eager draft extend
+    draft_extend_graph: bool = False
 
 
 def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,

@@ -82,6 +82,9 @@ def _logits_of(positions: torch.Tensor, shift: int) -> torch.Tensor:
     return logits
 
 
+logits_of = _logits_of  # the same values for the verify replayed under a CUDA graph
+
+
 # -- attention metadata planning ---------------------------------------------------------
 
 
@@ -191,6 +194,8 @@ class FakeTargetWorker:
         self.model_config = model_runner.model_config
         self.kv_buffer = torch.zeros((kv_tokens + 1, 1), dtype=torch.float32, device="cuda")
         self.forwards = 0
+        # SGLang's target-verify graph runner (eagle_graph.VerifyGraphs), when a variant asks
+        self.verify_graphs: Any = None
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """The target KV pool's slot move (a tree verify keeps the accepted path)."""
@@ -207,6 +212,11 @@ class FakeTargetWorker:
         if pp_proxy_tensors is not None:
             raise TypeError("forward_batch_generation: pipeline parallel is not planned")
         self.forwards += 1
+        if is_verify and self.verify_graphs is not None and (
+                not forward_batch.needs_forward_metadata_init()):
+            # load_batch staged it in the plan-stream block: ModelRunner.forward replays
+            return GenerationBatchResult(logits_output=self.verify_graphs.execute(forward_batch),
+                                         can_run_cuda_graph=True)
         if is_verify:
             logits, hidden = _target_verify(self, forward_batch)
             return GenerationBatchResult(

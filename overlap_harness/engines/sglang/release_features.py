@@ -54,6 +54,16 @@ POST_REPLAY_READS = Feature("attention backends whose shared reads end after the
 DP_ATTENTION_SYNC = Feature("attention data parallelism's MLP sync between ranks",
                             "sglang.srt.managers.scheduler_components.dp_attn",
                             "MLPSyncBatchInfo")
+VERIFY_GRAPH_LOAD = Feature("the EAGLE target verify staged into the decode CUDA-graph runner "
+                            "(load_batch)",
+                            "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+                            "DecodeCudaGraphRunner.load_batch")
+DRAFT_EXTEND_GRAPHS = Feature("the EAGLE draft-extend CUDA-graph runner",
+                              "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+                              "EAGLEDraftExtendCudaGraphRunner")
+DELAYED_SAMPLE = Feature("the scheduler's delayed sampling (grammar batches without "
+                         "speculation, SGLANG_ENABLE_DELAY_SAMPLE)", "sglang.srt.managers.utils",
+                         "GenerationBatchResult.delay_sample_func")
 HIP_BRANCHES = Feature("the overlap loop's HIP branches", SCHEDULER, "_is_hip")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
                        "TEST_RETRACT")
@@ -78,6 +88,12 @@ def required_features(variant: Variant) -> list[Feature]:
             features.append(SEQ_LENS_D2H)
         if variant.mixed_chunk:
             features.append(MIXED_SPEC_TAILS)
+        if variant.eagle.verify_graph_sizes:
+            features += [DECODE_GRAPHS, VERIFY_GRAPH_LOAD]
+        if variant.eagle.draft_extend_graph:
+            features.append(DRAFT_EXTEND_GRAPHS)
+    elif variant.grammar or variant.delay_sample:
+        features.append(DELAYED_SAMPLE)
     return features
 
 

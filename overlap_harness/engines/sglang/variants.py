@@ -121,4 +121,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # forward leaves its sampling to the scheduler (launch_batch_sample_if_needed)
     Variant("delay_sample", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))},
             pools=TWO_ROWS, delay_sample=True),
+    # eagle_topk1's requests with the target verify and the draft extend under SGLang's
+    # CUDA-graph runners (its default; batch sizes 1 and 2 captured), plan stream off:
+    # load_batch copies the draft output into the verify graph's buffers on the forward stream
+    Variant("eagle_topk1_graph", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(verify_graph_sizes=(1, 2), draft_extend_graph=True,
+                                              plan_stream=False)),
+    # the same with the plan stream on (SGLANG_ENABLE_OVERLAP_PLAN_STREAM): load_batch runs
+    # inside the verify's plan-stream block, between its two stream joins
+    Variant("eagle_topk1_graph_plan", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(verify_graph_sizes=(1, 2), draft_extend_graph=True)),
+    # eagle_topk4's tree drafting with both graphs and the plan stream: the static
+    # tree mask, which attention reads, is among the buffers load_batch fills
+    Variant("eagle_topk4_graph", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
+                                              verify_graph_sizes=(1, 2),
+                                              draft_extend_graph=True)),
+    # non_spec_decode's requests, each grammar-constrained, without speculation: the worker
+    # defers sampling (TpModelWorker's grammar branch); the scheduler samples after the
+    # previous result advanced each grammar on the host (process_batch_result_*), the
+    # bitmask built from that state, staged to the device and applied (grammar_build.py)
+    Variant("grammar", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))}, pools=TWO_ROWS,
+            grammar=True),
 )}
