@@ -21,6 +21,8 @@
 # Call: run(command="bash .gpu/h36/code/tools/sglang_gpu_run.sh", carry=[".gpu/h36"]).
 # The 2026-11-28 H200 report: H=.gpu/h36b, STEP=table JOBS=15 DEADLINE=470, then the rows its
 # deadline left, VARIANTS="--gpu-resume $H/prev.json" (the first report) DEADLINE=190.
+# Then H=.gpu/h36c (this checkout, 23 variants), VARIANTS="--gpu-resume $H/prev.json" with the
+# committed report as prev.json, DEADLINE=300, and once more (DEADLINE=140) with its output.
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
 export PYTHONUNBUFFERED=1

@@ -32,6 +32,7 @@ import torch
 from overlap_harness.engines.sglang import eagle_worker
 from overlap_harness.engines.sglang.graph_runner import (
     _kernel_values,
+    copy_row_kv_indices,
     graph_platform,
     publish_decode_graphs,
 )
@@ -57,13 +58,8 @@ def _prep_accesses(result: Any, backend: DraftExtendAttentionBackend, forward_ba
 @declared(_prep_accesses, name="draft_extend_metadata_prep_in_graph")
 def _metadata_prep(backend: DraftExtendAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's KV indices (prefix and extended slots)."""
-    with _kernel_values():
-        start = 0
-        for slot, (row, length) in enumerate(_rows(forward_batch)):
-            backend.kv_indices[start:start + length] = backend.req_to_token[
-                row, :length].to(backend.kv_indices.dtype)
-            start += length
-            backend.kv_indptr[slot + 1] = start
+    with _kernel_values():  # device work only: captured (graph_runner.copy_row_kv_indices)
+        copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
 
 
 class DraftExtendAttentionBackend:
@@ -81,8 +77,9 @@ class DraftExtendAttentionBackend:
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """The private metadata buffers the graph reads (sized for the largest batch)."""
-        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1], dtype=torch.int32,
-                                      device="cuda")
+        # one more element: the trash slot of the prep's entries past a row's length
+        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1] + 1,
+                                      dtype=torch.int32, device="cuda")
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:

@@ -35,6 +35,7 @@ from overlap_harness.engines.sglang.graph_runner import (
     GraphModelRunner,
     _kernel_values,
     build_runner,
+    copy_row_kv_indices,
     graph_platform,
     publish_decode_graphs,
 )
@@ -60,13 +61,9 @@ def _prep_accesses(result: Any, backend: VerifyAttentionBackend, forward_batch: 
 @declared(_prep_accesses, name="verify_attn_metadata_prep_in_graph")
 def _verify_metadata_prep(backend: VerifyAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's prefix and verify KV indices."""
-    with _kernel_values():
-        start = 0
-        for slot, (row, length) in enumerate(_verify_rows(forward_batch, backend.width)):
-            backend.kv_indices[start:start + length] = backend.req_to_token[
-                row, :length].to(backend.kv_indices.dtype)
-            start += length
-            backend.kv_indptr[slot + 1] = start
+    with _kernel_values():  # device work only: captured (graph_runner.copy_row_kv_indices)
+        copy_row_kv_indices(backend, forward_batch.req_pool_indices,
+                            forward_batch.seq_lens + backend.width)
 
 
 class VerifyAttentionBackend:
@@ -86,8 +83,9 @@ class VerifyAttentionBackend:
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """The private metadata buffers the graph reads (sized for the largest batch)."""
-        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1], dtype=torch.int32,
-                                      device="cuda")
+        # one more element: the trash slot of the prep's entries past a row's length
+        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1] + 1,
+                                      dtype=torch.int32, device="cuda")
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:

@@ -82,18 +82,27 @@ def _metadata_prep(backend: DeclaredAttentionBackend, forward_batch: Any) -> Non
     at ``kv_indptr[s]``; entries past a row's length go to ``kv_indices``' last element, a
     trash slot no read takes."""
     with _kernel_values():
-        rows = forward_batch.req_pool_indices.to(torch.int64)
-        lengths = forward_batch.seq_lens.to(torch.int64)
-        width = backend.req_to_token.shape[1]
-        column = torch.arange(width, device=lengths.device)
-        ends = torch.cumsum(lengths, 0)
-        backend.kv_indptr[1:rows.numel() + 1] = ends.to(backend.kv_indptr.dtype)
-        inside = column.unsqueeze(0) < lengths.unsqueeze(1)
-        trash = backend.kv_indices.numel() - 1
-        where = torch.where(inside, (ends - lengths).unsqueeze(1) + column.unsqueeze(0),
-                            torch.full_like(inside, trash, dtype=torch.int64))
-        values = backend.req_to_token.index_select(0, rows).to(backend.kv_indices.dtype)
-        backend.kv_indices.scatter_(0, where.reshape(-1), values.reshape(-1))
+        copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
+
+
+def copy_row_kv_indices(backend: Any, rows: torch.Tensor, lengths: torch.Tensor) -> None:
+    """``backend.kv_indices``/``kv_indptr``: slot ``s``'s entries are
+    ``req_to_token[rows[s], :lengths[s]]`` at ``kv_indptr[s]``. Device work only, of static
+    shapes (a CUDA graph captures it: no host read of a device value, no host-to-device
+    copy); entries past a row's length go to ``kv_indices``' last element, a trash slot no
+    read takes (so ``kv_indices`` holds one more element than the rows can fill)."""
+    rows = rows.to(torch.int64)
+    lengths = lengths.to(torch.int64)
+    width = backend.req_to_token.shape[1]
+    column = torch.arange(width, device=lengths.device)
+    ends = torch.cumsum(lengths, 0)
+    backend.kv_indptr[1:rows.numel() + 1] = ends.to(backend.kv_indptr.dtype)
+    inside = column.unsqueeze(0) < lengths.unsqueeze(1)
+    trash = backend.kv_indices.numel() - 1
+    where = torch.where(inside, (ends - lengths).unsqueeze(1) + column.unsqueeze(0),
+                        torch.full_like(inside, trash, dtype=torch.int64))
+    values = backend.req_to_token.index_select(0, rows).to(backend.kv_indices.dtype)
+    backend.kv_indices.scatter_(0, where.reshape(-1), values.reshape(-1))
 
 
 def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
