@@ -53,6 +53,6 @@ def test_the_running_batch_cap_holds_the_prefill_back(variant):
     prefill until the decode step filters them; by then the host has waited the extra
     decode's copy, so the row's reuse is ordered. Uncapped (more rows than the running batch
     may use) the same removal races."""
-    uncapped = WITHOUT_SKIP + (("max_running_requests", 0),)
+    uncapped = (*WITHOUT_SKIP, ("max_running_requests", 0))
     assert loop_report.model_verdict(variant, READ_DONE_WAIT, uncapped) == "race"
     assert loop_report.model_verdict(variant, READ_DONE_WAIT, WITHOUT_SKIP) == "race_free"
