@@ -42,6 +42,10 @@ class Scheduler:
         self.running: list[Req] = []
         self.prefilling: list[Req] = []  # admitted, chunks left
         self.last_prefill: list[Req] = []  # to merge at the next get_next_batch
+        # SGLang's running_batch.reqs: the last decode batch's requests plus the merged
+        # prefills, finished ones left in until the next decode batch filters them
+        self.members: list[Req] = []
+        self.members_mixed = False  # the last batch was mixed: SGLang merges it filtered
         self.results: list[Batch] = []
         self.last_spec_mixed: Batch | None = None  # its running batch is filtered next
         for r in self.reqs:
@@ -86,6 +90,10 @@ class Scheduler:
             device.wait_event(ctx.schedule_stream, fmap.verify_done,
                               SyncLabel.VERIFY_DONE_SCHEDULE_WAIT)
         self.running += self.last_prefill
+        if self.members_mixed:  # a mixed batch is the running batch, filtered at its merge
+            self.members = [r for r in self.members if not r.finished]
+            self.members_mixed = False
+        self.members += [r for r in self.last_prefill if not r.finished]
         self.last_prefill = []
         self.running = [r for r in self.running if not r.finished]
         self._filter_after_spec_mixed()
@@ -125,6 +133,7 @@ class Scheduler:
                           cost_us=ctx.kernel_us)
         batch = Batch("mixed", pre.iteration, pre.reqs + dec.reqs, parts=(pre, dec),
                       mix_idx=mix)
+        self.members_mixed = True
         if ctx.is_spec:
             self.last_spec_mixed = batch
         return batch
@@ -196,6 +205,8 @@ class Scheduler:
     def retract(self, r: Req, n: int) -> None:
         """Spec retracts from the back: free the row and KV on S; the request re-queues."""
         self.running.remove(r)
+        if r in self.members:
+            self.members.remove(r)
         self.release(r, "retract_release")
         r.prefilled = r.chunk = 0
         r.ready_at = n + 1  # its result of n-1 is processed first
@@ -264,7 +275,9 @@ class Scheduler:
         todo = list(self.prefilling)
         self.waiting = [r for r in self.waiting if not r.finished]
         ready = [r for r in self.waiting if r.ready_at <= n]
-        while ready and len(self.rows) > 0:
+        budget = self._admission_budget()
+        while ready and len(self.rows) > 0 and budget > 0:
+            budget -= 1
             r = ready.pop(0)
             self.waiting.remove(r)
             r.row = self.rows.alloc()[0]
@@ -305,11 +318,22 @@ class Scheduler:
         self.last_prefill = [r for r, last in zip(todo, batch.last_chunk, strict=True) if last]
         return batch
 
+    def _admission_budget(self) -> int:
+        """How many waiting requests a prefill may admit beside the free rows: with
+        ``max_running_requests``, that many minus SGLang's running batch as it stands before
+        the decode step filters it (requests whose finish was processed since still count);
+        no limit while a chunked prefill continues (SGLang skips the check then)."""
+        cap = self.ctx.config.max_running_requests
+        if not cap or self.prefilling:
+            return len(self.waiting)
+        return cap - len(self.members)
+
     def prepare_for_decode(self, n: int) -> Batch:
         """The decode batch: SWA eviction, over-allocation, ``req_to_token[row, cur:nxt]`` on S."""
         ctx = self.ctx
         finishing = self._finishing_inflight()
         reqs = [r for r in self.running if r not in finishing]
+        self.members = list(reqs)  # update_running_batch: finished and finishing filtered
         batch = Batch("decode", n, reqs)
         ranges = []
         for r in reqs:

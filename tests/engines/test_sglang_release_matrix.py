@@ -26,7 +26,7 @@ NON_SPEC_VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill"
 #: docs/sglang-release-driving.md); strict: a release that starts passing says so
 KNOWN_DEFAULT_GAPS = {
     "0.5.17": "EAGLE: the verify's QLEN_ONLY tree mask is not declared by the harness; "
-              "graph_decode_radix races (read-done recorded before the replay)",
+              "graph_decode_radix: real race in 0.5.17 (see KNOWN_NON_SPEC_GAPS)",
     "0.5.18": "EAGLE: the verify's QLEN_ONLY tree mask is not declared by the harness",
     "0.5.19": "EAGLE: the draft worker asks for a pipeline group the harness does not build",
     "0.5.20": "EAGLE: the draft worker asks for a pipeline group the harness does not build",
@@ -34,8 +34,14 @@ KNOWN_DEFAULT_GAPS = {
     "0.5.22": "eagle_topk4: assign_extend_cache_locs launched raw, not declared",
 }
 KNOWN_NON_SPEC_GAPS = {
-    "0.5.17": "graph_decode_radix: 3 WAR races on req_to_token (0.5.17 records the graph's "
-              "read-done before the replay; 0.5.18 added SharedReadEnds): to be confirmed",
+    "0.5.17": "graph_decode_radix: real race in 0.5.17, 3 WAR races on req_to_token: "
+              "DecodeCudaGraphRunner.execute records the WAR barrier's read-done event "
+              "before the replay (decode_cuda_graph_runner.py:1231, replay :1233), yet a "
+              "backend's init_forward_metadata_in_graph reads req_to_token inside the replay "
+              "(TRTLLM-MHA, trtllm_mha_backend.py:873 -> :711, the SM100 default); the "
+              "schedule stream's next ReqToTokenPool.write (memory_pool.py:286) is ordered "
+              "only after the event (scheduler.py:1664-1680). 0.5.18 fixed it with "
+              "SharedReadEnds.IN_REPLAY (docs/sglang-release-driving.md)",
 }
 
 

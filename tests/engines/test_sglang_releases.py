@@ -188,3 +188,56 @@ def test_the_same_older_release_unmodified_is_race_free(tmp_path):
                                         json_path=tmp_path / "loop.json")
     assert status == 0, output
     assert document["variants"] == ["non_spec_decode"] and document["races"] == []
+
+
+def _release(version: str) -> Path:
+    """A supported release's package, fetched into the user's cache (skips with the reason
+    when it cannot be fetched)."""
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(version) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+DECODE_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
+
+
+def _read_done_after_the_replay(text: str) -> str:
+    """0.5.17's ``execute`` with the read-done event recorded after the replay for every
+    decode (as it already does for a breakable-graph verify), not before it; every line keeps
+    its number."""
+    text = _renamed("if publish_read_done and not read_done_post_replay:", "if False:")(text)
+    return _renamed("if read_done_post_replay:", "if publish_read_done:")(text)
+
+
+@pytest.mark.slow
+def test_0517s_read_done_event_before_the_replay_is_a_real_race(tmp_path):
+    """SGLang 0.5.17 records the WAR barrier's read-done event before the decode graph's
+    replay, while a backend's in-graph metadata prep reads req_to_token during the replay
+    (docs/sglang-release-driving.md): graph_decode_radix races between the replay and the
+    schedule stream's next write of the row, at 0.5.17's own lines."""
+    package = _release("0.5.17")
+    tree = _tree(tmp_path, package, DECODE_RUNNER, lambda text: text)
+    status, output, document = _command(tree, "graph_decode_radix",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    assert document["races"], output
+    for race in document["races"]:
+        assert race["kind"] == "WAR" and "req_to_token" in race["tensor"], race
+        assert "graph.replay" in race["first"]["op"], race
+        assert race["second"]["stream"] == "self.schedule_stream", race
+        assert race["second"]["file"] == str(tree / "sglang/srt/mem_cache/memory_pool.py")
+
+
+@pytest.mark.slow
+def test_0517_with_the_read_done_event_after_the_replay_is_race_free(tmp_path):
+    """The fixed twin: the same tree with the event recorded after the replay (what 0.5.18's
+    SharedReadEnds gives a backend whose reads end in the replay, or later)."""
+    package = _release("0.5.17")
+    tree = _tree(tmp_path, package, DECODE_RUNNER, _read_done_after_the_replay)
+    status, output, document = _command(tree, "graph_decode_radix",
+                                        json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["graph_decode_radix"] and document["races"] == []

@@ -16,8 +16,10 @@ What is the harness's (the model is not loaded, and these need weights, NCCL or 
 * :class:`DeclaredAttentionBackend` stands where SGLang's attention backend stands. Its
   in-graph metadata prep is one declared op that reads the *static* ``req_pool_indices`` and
   ``seq_lens`` and, per row, ``req_to_token[row, :seq_len]``, and writes the backend's private
-  KV-index buffer (what the Triton/FlashInfer backends build); after it, the attention reads
-  only that private copy. Its ``shared_read_ends`` is the base class's (SGLang's): decode reads
+  KV-index buffer (a backend that builds its decode metadata inside the graph, as 0.5.17's
+  TRTLLM-MHA does: 0.5.17 records its read-done event before the replay, a real race
+  there, docs/sglang-release-driving.md); after it, the attention reads only that private
+  copy. Its ``shared_read_ends`` is the base class's (SGLang's): decode reads
   end ``IN_REPLAY``. ``post_replay=True`` declares ``POST_REPLAY`` instead (a backend without a
   metadata snapshot: the runner then records a fresh event after the replay).
 * :func:`_graph_model_forward`: the model body, one declared op inside the graph: reads the

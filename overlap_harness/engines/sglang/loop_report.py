@@ -173,14 +173,22 @@ def explanation_for(file_name: str, code: str) -> str | None:
                  if name == file_name and piece in code), None)
 
 
+#: protocol keys changed for a release, as hashable pairs (``model_protocol.release_protocol``)
+Protocol = tuple[tuple[str, Any], ...]
+
+
 @cache
-def model_verdict(variant: str, labels: tuple[str, ...]) -> str:
-    """The model's verdict for the variant's scenario with ``labels`` removed;
+def model_verdict(variant: str, labels: tuple[str, ...], protocol: Protocol = ()) -> str:
+    """The model's verdict for the variant's scenario with ``labels`` removed, its protocol
+    keys changed by ``protocol`` (the release's differences from the scenarios' keys);
     ``not_modelled`` when there are none or the run reaches none of them."""
     path = MODEL_SCENARIOS / f"sglang_loop_{variant}.toml"
     if not labels or not path.exists():
         return "not_modelled"
     base = next(run for run in expand(load_scenario(path)) if not run.mutation_name)
+    if protocol:
+        base = dataclasses.replace(base, protocol=dataclasses.replace(base.protocol,
+                                                                      **dict(protocol)))
     removed = frozenset(labels)
     result = run_spec(dataclasses.replace(base, removed=removed, mutation_name="loop_site",
                                           allow_unused=True))
@@ -206,9 +214,11 @@ def _explain(file_name: str, code: str, real: str, model: str, variant: str,
             "(model out of date); see the races' SGLang file:line")
 
 
-def build_rows(necessity: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def build_rows(necessity: Iterable[dict[str, Any]], protocol: Protocol = ()
+               ) -> list[dict[str, Any]]:
     """The report's rows from the necessity table's JSON rows (``overlap-harness sglang
-    --necessity --json``): site as ``file:line`` inside the sglang package."""
+    --necessity --json``): site as ``file:line`` inside the sglang package; the model's
+    scenarios run with the release's ``protocol`` differences."""
     rows = []
     for entry in necessity:
         site = short_site(entry["site"])
@@ -220,7 +230,7 @@ def build_rows(necessity: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         function = (entry.get("function") or "").rsplit(".", 1)[-1]
         gap = next((VARIANT_GAPS[key] for label in labels
                     if (key := (entry["variant"], function, label)) in VARIANT_GAPS), None)
-        model = (model_verdict(entry["variant"], labels)
+        model = (model_verdict(entry["variant"], labels, protocol)
                  if real in ("race", "race_free") and gap is None else "not_modelled")
         rows.append({"variant": entry["variant"], "site": site,
                      "function": entry.get("function"), "code": entry["code"],
@@ -266,10 +276,14 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """``sglang-<version>-loop.json`` and ``.md`` in ``out_dir`` from the necessity document
     (``overlap-harness sglang --necessity``'s JSON); returns both paths."""
-    rows = build_rows(document["necessity"])
+    from overlap_harness.engines.sglang.model_protocol import release_protocol
+
+    protocol = release_protocol()
+    rows = build_rows(document["necessity"], tuple(sorted(protocol.items())))
     version = document["sglang_version"]
     sites = site_configs.per_site(rows)
     report = {"sglang_version": version, "variants": document["variants"],
+              **({"model_protocol": protocol} if protocol else {}),
               "summary": summarize(rows), "sites": sites,
               "unreached_sites": site_configs.unreached_sites(sites,
                                                               Path(document["source"])),
@@ -295,6 +309,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"error {counts['error']}. Modelled {counts['modelled']}, disagreements "
              f"{counts['disagreements']}, not_modelled {counts['not_modelled']} "
              f"({counts['not_modelled_fraction']:.0%} of reached rows).", "",
+             *_protocol_lines(report.get("model_protocol", {})),
              "| variant | site | code | real | races | model | explanation |",
              "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
@@ -305,3 +320,13 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{row['races']} | {row['model']} | {row['explanation']} |")
     lines += ["", *site_configs.markdown(report["sites"], report["unreached_sites"])]
     return "\n".join(lines)
+
+
+def _protocol_lines(protocol: dict[str, Any]) -> list[str]:
+    """Where the model scenarios' keys were changed for this release, and why."""
+    if not protocol:
+        return []
+    from overlap_harness.engines.sglang.model_protocol import described
+
+    return ["The model follows this release: its scenarios run with",
+            *[f"- {line}" for line in described(protocol)], ""]
