@@ -12,17 +12,18 @@ barrier's host wait from a copy of SGLang's file and runs the command on it.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engines.sglang_trees import (
+    edited_tree,
+    run_child,
+    run_sglang,
+    statement_passed,
+    unchanged,
+)
+
 MANAGERS = "sglang.srt.managers"
 
 #: name -> (variant, module, owner, function, needle, anchor or "", SGLang files a race names)
@@ -55,12 +56,7 @@ FIXED_TWINS = ("grammar_eagle_topk1", "embedding", "delay_sample", "eagle_d2h_st
                "eagle_mixed_hip")
 
 CHILD = """
-import importlib, inspect, json, sys
-from overlap_harness.engines.sglang import environment
-try:
-    environment.load()
-except environment.SglangTreeError as exc:
-    print("SKIP", exc); sys.exit(3)
+import importlib, inspect, json
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.core.results import race_record
 from overlap_harness.engines.sglang import grammar_build
@@ -96,17 +92,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def runs():
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(REMOVALS),
-                           json.dumps(FIXED_TWINS)], capture_output=True, text=True, env=env,
-                          timeout=900, check=False)
-    if done.returncode == 3:
-        pytest.skip(done.stdout.strip().splitlines()[-1])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_child(CHILD, REMOVALS, FIXED_TWINS)
 
 
 @pytest.mark.parametrize("variant", FIXED_TWINS)
@@ -137,55 +123,19 @@ def test_removing_the_sync_races_at_sglang_lines(runs, key):
     assert named & set(REMOVALS[key][6]), named
 
 
-def _grammar_wait_line(path: Path) -> int:
-    """The line of ``advance_grammar_fsm``'s ``copy_done.synchronize()`` in ``path``."""
-    tree = ast.parse(path.read_text())
-    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-                    and node.name == "advance_grammar_fsm")
-    return next(node.lineno for node in ast.walk(function) if isinstance(node, ast.Expr)
-                and "copy_done.synchronize()" in ast.unparse(node))
-
-
-def _mirror(source: Path, target: Path, edited: Path, remove: bool) -> None:
-    """``target`` mirrors ``source`` with symlinks, except ``edited`` (relative): a real
-    copy, with the grammar barrier's host wait made ``pass`` when ``remove`` (every line
-    keeps its number)."""
-    target.mkdir()
-    head = edited.parts[0]
-    for entry in source.iterdir():
-        if entry.name == head and len(edited.parts) > 1:
-            _mirror(entry, target / head, Path(*edited.parts[1:]), remove)
-        elif entry.name == head:
-            lines = entry.read_text().splitlines(keepends=True)
-            if remove:
-                index = _grammar_wait_line(entry) - 1
-                text = lines[index]
-                lines[index] = text[: len(text) - len(text.lstrip())] + "pass\n"
-            (target / head).write_text("".join(lines))
-        elif entry.name != "__pycache__":
-            (target / entry.name).symlink_to(entry)
-
-
 def _tree_command(tmp_path: Path, remove: bool) -> tuple[int, str, dict]:
-    installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    _mirror(installed, tree / "sglang",
-            Path("srt/managers/scheduler_components/batch_result_processor.py"), remove)
-    json_path = tmp_path / "races.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
-                           str(tree), "--variant", "grammar_eagle_topk1", "--json",
-                           str(json_path)], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
-    document = json.loads(json_path.read_text()) if json_path.exists() else {}
-    return done.returncode, done.stdout + done.stderr, document
+    """The command on a tree whose result processor lacks the grammar barrier's host wait
+    (``remove``), or is as released."""
+    edit = (statement_passed("advance_grammar_fsm", "copy_done.synchronize()") if remove
+            else unchanged)
+    tree = edited_tree(tmp_path, "srt/managers/scheduler_components/batch_result_processor.py",
+                       edit)
+    return run_sglang("--sglang-src", str(tree), "--variant", "grammar_eagle_topk1",
+                      json_path=tmp_path / "races.json", timeout=600)
 
 
 @pytest.mark.slow
 def test_tree_without_the_grammar_host_wait_races_in_its_own_file(tmp_path):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     status, output, document = _tree_command(tmp_path, remove=True)
     assert status == 1, output
     sides = [side for r in document["races"] for side in (r["first"], r["second"])]
@@ -196,8 +146,6 @@ def test_tree_without_the_grammar_host_wait_races_in_its_own_file(tmp_path):
 
 @pytest.mark.slow
 def test_tree_with_the_grammar_host_wait_is_race_free(tmp_path):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     status, output, document = _tree_command(tmp_path, remove=False)
     assert status == 0, output
     assert document["races"] == []

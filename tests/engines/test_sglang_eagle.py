@@ -8,16 +8,11 @@ Skipped, with the import's own error, when SGLang or the packages it imports are
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engines.sglang_trees import run_child
 
 #: variant -> (module, owner, function, a piece of the removed line, SGLang files the races
 #: must name): a sync the variant needs, found necessary by ``--necessity``
@@ -43,12 +38,7 @@ REMOVALS = {
 }
 
 CHILD = """
-import importlib, json, sys
-from overlap_harness.engines.sglang import environment
-try:
-    environment.load()
-except environment.SglangTreeError as exc:
-    print("SKIP", exc); sys.exit(3)
+import importlib, json
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.core.results import race_record
 from overlap_harness.engines.sglang.driver import run_variant
@@ -70,16 +60,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def runs():
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(REMOVALS)],
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
-    if done.returncode == 3:
-        pytest.skip(done.stdout.strip().splitlines()[-1])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_child(CHILD, REMOVALS)
 
 
 @pytest.mark.parametrize("variant", sorted(REMOVALS))

@@ -16,17 +16,18 @@ removes the first join from a copy of SGLang's file and runs the command on it.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.engines.sglang_trees import (
+    edited_tree,
+    run_child,
+    run_sglang,
+    statement_passed,
+    unchanged,
+)
+
 COMMON = "sglang.srt.speculative.eagle_worker_common"
 PROCESSOR = "sglang.srt.managers.scheduler_components.batch_result_processor"
 PLAN_WAITS_FORWARD = "plan_stream.wait_stream(fwd_stream)"
@@ -61,12 +62,7 @@ EAGER = {
 FIXED_TWINS = ("eagle_topk1_graph", "eagle_topk1_graph_plan", "eagle_topk4_graph", "grammar")
 
 CHILD = """
-import importlib, json, sys
-from overlap_harness.engines.sglang import environment
-try:
-    environment.load()
-except environment.SglangTreeError as exc:
-    print("SKIP", exc); sys.exit(3)
+import importlib, json
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.results import race_record
@@ -116,17 +112,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def runs():
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps({**RACING, **EAGER}),
-                           json.dumps(FIXED_TWINS)], capture_output=True, text=True, env=env,
-                          timeout=900, check=False)
-    if done.returncode == 3:
-        pytest.skip(done.stdout.strip().splitlines()[-1])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return run_child(CHILD, {**RACING, **EAGER}, FIXED_TWINS)
 
 
 @pytest.mark.parametrize("variant", FIXED_TWINS)
@@ -203,55 +189,17 @@ def test_the_new_variants_need_their_features(variant, expected, absent):
     assert expected <= needed and not absent & needed, needed
 
 
-def _join_line(path: Path) -> int:
-    """The line of ``run_eagle_verify``'s ``plan_stream.wait_stream(fwd_stream)`` in
-    ``path``."""
-    tree = ast.parse(path.read_text())
-    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-                    and node.name == "run_eagle_verify")
-    return next(node.lineno for node in ast.walk(function) if isinstance(node, ast.Expr)
-                and PLAN_WAITS_FORWARD in ast.unparse(node))
-
-
-def _mirror(source: Path, target: Path, edited: Path, remove: bool) -> None:
-    """``target`` mirrors ``source`` with symlinks, except ``edited`` (relative): a real
-    copy, with the verify's plan-stream wait made ``pass`` when ``remove``."""
-    target.mkdir()
-    head = edited.parts[0]
-    for entry in source.iterdir():
-        if entry.name == head and len(edited.parts) > 1:
-            _mirror(entry, target / head, Path(*edited.parts[1:]), remove)
-        elif entry.name == head:
-            lines = entry.read_text().splitlines(keepends=True)
-            if remove:
-                index = _join_line(entry) - 1
-                text = lines[index]
-                lines[index] = text[: len(text) - len(text.lstrip())] + "pass\n"
-            (target / head).write_text("".join(lines))
-        elif entry.name != "__pycache__":
-            (target / entry.name).symlink_to(entry)
-
-
 def _tree_command(tmp_path: Path, remove: bool) -> tuple[int, str, dict]:
-    installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    _mirror(installed, tree / "sglang", Path("srt/speculative/eagle_worker_common.py"),
-            remove)
-    json_path = tmp_path / "races.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
-                           str(tree), "--variant", "eagle_topk1_graph_plan", "--json",
-                           str(json_path)], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
-    document = json.loads(json_path.read_text()) if json_path.exists() else {}
-    return done.returncode, done.stdout + done.stderr, document
+    """The command on a tree whose verify lacks its plan stream's wait for the forward stream
+    (``remove``), or is as released."""
+    edit = statement_passed("run_eagle_verify", PLAN_WAITS_FORWARD) if remove else unchanged
+    tree = edited_tree(tmp_path, "srt/speculative/eagle_worker_common.py", edit)
+    return run_sglang("--sglang-src", str(tree), "--variant", "eagle_topk1_graph_plan",
+                      json_path=tmp_path / "races.json", timeout=600)
 
 
 @pytest.mark.slow
 def test_tree_without_the_verify_plan_wait_races_in_its_own_file(tmp_path):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     status, output, document = _tree_command(tmp_path, remove=True)
     assert status == 1, output
     sides = [side for r in document["races"] for side in (r["first"], r["second"])]
@@ -261,8 +209,6 @@ def test_tree_without_the_verify_plan_wait_races_in_its_own_file(tmp_path):
 
 @pytest.mark.slow
 def test_tree_with_the_verify_plan_wait_is_race_free(tmp_path):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     status, output, document = _tree_command(tmp_path, remove=False)
     assert status == 0, output
     assert document["races"] == []

@@ -8,7 +8,6 @@ import's own error, when SGLang or the light packages it imports are missing.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -19,23 +18,22 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.engines.sglang.variants import VARIANTS as ALL_VARIANTS
+from tests.engines.sglang_trees import (
+    ROOT,
+    edited_tree,
+    line_replaced,
+    run_sglang,
+    statement_at,
+    unchanged,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = tuple(ALL_VARIANTS)
+def _command(*args: str, json_path: Path) -> tuple[int, str, dict]:
+    return run_sglang(*args, json_path=json_path, timeout=600)
+
+
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"  # run_batch's first
 KEEP_ALIVE = "self.batch_record_buf[self.batch_record_ct] = [batch, attr_snapshot]"
-
-
-def _command(*args: str, json_path: Path) -> tuple[int, str, dict]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", *args, "--json",
-                           str(json_path)], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
-    output = done.stdout + done.stderr
-    if done.returncode == 2 and "overlap-harness sglang: import " in output:
-        pytest.skip(output.strip().splitlines()[-1])
-    document = json.loads(json_path.read_text()) if json_path.exists() else {}
-    return done.returncode, output, document
 
 
 @pytest.fixture(scope="module")
@@ -68,50 +66,6 @@ def test_variants_in_reverse_order_in_one_process_are_race_free(tmp_path):
             if line.endswith(")") and ": race-free (" in line] == list(reversed(VARIANTS))
 
 
-def _mirror(source: Path, target: Path, edited: Path, old: str | None,
-            new: str = "pass") -> None:
-    """``target`` mirrors ``source`` with symlinks, except the file ``edited`` (relative),
-    a real copy with the first line holding ``old`` made ``new`` (same line numbers)."""
-    target.mkdir()
-    head = edited.parts[0]
-    for entry in source.iterdir():
-        if entry.name == head and len(edited.parts) > 1:
-            _mirror(entry, target / head, Path(*edited.parts[1:]), old, new)
-        elif entry.name == head:
-            lines = entry.read_text().splitlines(keepends=True)
-            if old is not None:
-                index = next(i for i, line in enumerate(lines) if line.strip() == old)
-                indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
-                lines[index] = f"{indent}{new}\n"
-            (target / head).write_text("".join(lines))
-        elif entry.name != "__pycache__":
-            (target / entry.name).symlink_to(entry)
-
-
-def _tree(tmp_path: Path, old: str | None, new: str,
-          edited: str = "srt/managers/scheduler.py") -> Path:
-    installed = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    _mirror(installed, tree / "sglang", Path(edited), old, new)
-    return tree
-
-
-def _without_statement(tree: Path, relative: str, line: int) -> None:
-    """The tree's real copy of ``relative`` with the statement starting at ``line`` made
-    ``pass`` (its other lines blank: every line keeps its number)."""
-    path = tree / "sglang" / relative
-    text = path.read_text()
-    statement = next(node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.stmt)
-                     and node.lineno == line)
-    lines = text.splitlines(keepends=True)
-    first = lines[line - 1]
-    lines[line - 1] = first[: len(first) - len(first.lstrip())] + "pass\n"
-    for index in range(line, statement.end_lineno or line):
-        lines[index] = "\n"
-    path.write_text("".join(lines))
-
-
 def _loop_report_sites(real: str) -> list[tuple[str, int, str]]:
     """(file inside sglang/, line, a variant) of each site whose removal the committed loop
     report marks ``real`` in some variant (``race``), or in every variant reaching it
@@ -134,9 +88,8 @@ def _loop_report_sites(real: str) -> list[tuple[str, int, str]]:
 
 def _tree_run(tmp_path: Path, old: str | None, variant: str,
               new: str = "pass") -> tuple[int, str, dict, Path]:
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    tree = _tree(tmp_path, old, new)
+    tree = edited_tree(tmp_path, "srt/managers/scheduler.py",
+                       unchanged if old is None else line_replaced(old, new))
     status, output, document = _command("--sglang-src", str(tree), "--variant", variant,
                                         json_path=tmp_path / "races.json")
     return status, output, document, tree
@@ -168,10 +121,7 @@ def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
 
 def _site_run(tmp_path: Path, file: str, line: int, variant: str) -> tuple[int, str, dict,
                                                                           Path]:
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    tree = _tree(tmp_path, None, "pass", edited=file)
-    _without_statement(tree, file, line)
+    tree = edited_tree(tmp_path, file, statement_at(line))
     status, output, document = _command("--sglang-src", str(tree), "--variant", variant,
                                         json_path=tmp_path / "races.json")
     return status, output, document, tree
@@ -302,13 +252,12 @@ def test_tree_without_the_in_graph_read_done_record_races_in_its_own_files(
     """Decode under CUDA graphs: the tree's decode graph runner without the ``event.record()``
     it captures into each graph (its read-done event never recorded, the WAR barrier's wait a
     no-op) exits 1 with races in the tree's files; the unedited twin exits 0."""
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    tree = _tree(tmp_path, None, "pass", edited=GRAPH_RUNNER)
-    if remove_in_graph_record:
-        source = (tree / "sglang" / GRAPH_RUNNER).read_text().splitlines()
-        line = next(n for n, text in enumerate(source, 1) if text.strip() == "event.record()")
-        _without_statement(tree, GRAPH_RUNNER, line)
+    def without_the_record(text: str) -> str:
+        line = next(n for n, code in enumerate(text.splitlines(), 1)
+                    if code.strip() == "event.record()")
+        return statement_at(line)(text)
+    tree = edited_tree(tmp_path, GRAPH_RUNNER,
+                       without_the_record if remove_in_graph_record else unchanged)
     status, output, document = _command("--sglang-src", str(tree), "--variant",
                                         "graph_decode_radix", json_path=tmp_path / "races.json")
     if not remove_in_graph_record:
