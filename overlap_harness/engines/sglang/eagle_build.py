@@ -159,12 +159,42 @@ def _no_scope(*args: Any, **kwargs: Any) -> Any:
     return nullcontext()
 
 
-def _groups() -> None:
-    """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage."""
+#: the parallel-state getters of the groups the EAGLE path asks for
+GROUP_GETTERS = {"pp_group": "get_pp_group", "tp_group": "get_tp_group",
+                 "attn_tp_group": "get_attention_tp_group"}
+PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+
+
+def _groups() -> dict[str, StrictStub]:
+    """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage,
+    forced in the parallel context for the run (:func:`override_for_run`)."""
     one = {"world_size": 1, "is_last_rank": True, "is_first_rank": True, "rank_in_group": 0}
-    override_for_run(pp_group=StrictStub("pp_group", **one),
-                     tp_group=StrictStub("tp_group", **one),
-                     attn_tp_group=StrictStub("attn_tp_group", **one))
+    groups = {name: StrictStub(name, **one) for name in GROUP_GETTERS}
+    override_for_run(**groups)
+    return groups
+
+
+def _module_global_groups(groups: dict[str, StrictStub]) -> list[tuple[Any, str, Any]]:
+    """Where a release's group getter returns a module global of SGLang's parallel state
+    instead of the parallel context's field (0.5.19 and 0.5.20's ``get_pp_group`` reads
+    ``_PP``, which only ``initialize_model_parallel`` sets; their ``EAGLEWorkerV2`` asks it
+    whether this rank is the last pipeline stage), that global, unset, set to the same
+    one-rank group for the workers' construction: (module, name, group) settings. Found by
+    the getter's code (the one unset global it reads), never by version."""
+    import importlib
+
+    state = importlib.import_module(PARALLEL_STATE)
+    settings = []
+    for name, getter_name in GROUP_GETTERS.items():
+        getter = getattr(state, getter_name, None)
+        code = getattr(getter, "__code__", None)
+        if code is None:
+            continue
+        unset = [g for g in code.co_names if g.startswith("_") and hasattr(state, g)
+                 and getattr(state, g) is None]
+        if len(unset) == 1:
+            settings.append((state, unset[0], groups[name]))
+    return settings
 
 
 def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:
@@ -206,13 +236,13 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     def draft_tp_worker_factory(**kwargs: Any) -> StrictStub:
         return draft_tp_worker
 
-    _groups()
+    groups = _groups()
     # the contexts that scope the draft model's build to its parallel groups (none here)
     scopes = [(eagle_worker_v2, name, _no_scope) for name in (
         "draft_pp_context", "draft_tp_context", "speculative_moe_backend_context",
         "speculative_moe_a2a_backend_context", "draft_model_build_scope")]
     with attributes_set([(eagle_worker_v2, "TpModelWorker", draft_tp_worker_factory),
-                         *scopes]):
+                         *scopes, *_module_global_groups(groups)]):
         # by name, as the scheduler's maybe_init_draft_worker gives them (older releases
         # take the scheduler's ParallelState too)
         given = {"server_args": scheduler.server_args, "gpu_id": 0, "nccl_port": 0,
