@@ -188,3 +188,84 @@ def test_the_same_older_release_unmodified_is_race_free(tmp_path):
                                         json_path=tmp_path / "loop.json")
     assert status == 0, output
     assert document["variants"] == ["non_spec_decode"] and document["races"] == []
+
+
+#: the release whose EAGLE v2 worker first waits for the forward stream before preparing the
+#: draft extend on its plan stream (0.5.21 and before do not: their EAGLE variants race there)
+EAGLE_WAIT_RELEASE = "0.5.22"
+
+
+def _eagle_release() -> Path:
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(EAGLE_WAIT_RELEASE) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _plan_stream_waits(tree: ast.AST) -> list[ast.If]:
+    """``if self.plan_stream: self.plan_stream.wait_stream(...)`` statements: the plan stream
+    waiting for another before work is queued on it."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "self.plan_stream"
+                and len(node.body) == 1 and isinstance(node.body[0], ast.Expr)):
+            continue
+        if ast.unparse(node.body[0].value).startswith("self.plan_stream.wait_stream("):
+            found.append(node)
+    return found
+
+
+def _without_draft_extend_plan_wait(text: str) -> str:
+    """The plan stream's wait before the draft extend's preparation (the one the release's
+    EAGLE worker has) made ``pass``, every line keeping its number."""
+    [wait] = _plan_stream_waits(ast.parse(text))
+    call = wait.body[0]
+    lines = text.splitlines(keepends=True)
+    indent = lines[call.lineno - 1][: len(lines[call.lineno - 1])
+                                    - len(lines[call.lineno - 1].lstrip())]
+    lines[call.lineno - 1] = f"{indent}pass\n"
+    for index in range(call.lineno, call.end_lineno or call.lineno):
+        lines[index] = "\n"
+    return "".join(lines)
+
+
+def _draft_extend_layout_line(tree: Path) -> tuple[Path, int]:
+    """Where the draft extend's preparation computes its layout (the release's
+    ``prepare_draft_extend_layout`` call inside ``prepare_for_draft_extend``), searched in the
+    tree's own source: the first op the preparation queues on the plan stream."""
+    common = tree / "sglang/srt/speculative/eagle_worker_common.py"
+    prep = next(node for node in ast.walk(ast.parse(common.read_text()))
+                if isinstance(node, ast.FunctionDef) and node.name == "prepare_for_draft_extend")
+    call = next(node for node in ast.walk(prep) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "prepare_draft_extend_layout")
+    return common, call.lineno
+
+
+@pytest.mark.slow
+def test_an_older_release_without_the_eagle_plan_wait_races_at_its_lines(tmp_path):
+    """0.5.22's EAGLE worker without its plan stream's wait for the forward stream before the
+    draft extend's preparation (what 0.5.21 and before lack): exit 1, a race whose plan-stream
+    side is that preparation's layout kernel, at that tree's line."""
+    tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
+                 _without_draft_extend_plan_wait)
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    races = document["races"]
+    assert races and {r["variant"] for r in races} == {"eagle_topk4"}
+    plan_sides = {(side["file"], side["line"]) for r in races
+                  for side in (r["first"], r["second"]) if side["stream"] == "plan_stream"}
+    common, line = _draft_extend_layout_line(tree)
+    assert (str(common), line) in plan_sides, output
+
+
+@pytest.mark.slow
+def test_the_same_eagle_release_unmodified_is_race_free(tmp_path):
+    tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
+                 lambda text: text)
+    assert len(_plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text()))) == 1
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["eagle_topk4"] and document["races"] == []
