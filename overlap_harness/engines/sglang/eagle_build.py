@@ -22,7 +22,12 @@ from typing import Any
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes, override_for_run
+from overlap_harness.engines.sglang.scheduler_build import (
+    DEVICE,
+    PoolSizes,
+    hold_for_run,
+    override_for_run,
+)
 from overlap_harness.engines.sglang.worker import _ngram_manager
 
 MAX_CONTEXT = 64
@@ -165,13 +170,14 @@ GROUP_GETTERS = {"pp_group": "get_pp_group", "tp_group": "get_tp_group",
 PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
 
 
-def _groups() -> dict[str, StrictStub]:
+def _groups() -> None:
     """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage,
-    forced in the parallel context for the run (:func:`override_for_run`)."""
+    forced for the run in the parallel context (:func:`override_for_run`) and in the
+    parallel-state globals a release's getters read instead (:func:`_module_global_groups`)."""
     one = {"world_size": 1, "is_last_rank": True, "is_first_rank": True, "rank_in_group": 0}
     groups = {name: StrictStub(name, **one) for name in GROUP_GETTERS}
     override_for_run(**groups)
-    return groups
+    hold_for_run(attributes_set(_module_global_groups(groups)))
 
 
 def _module_global_groups(groups: dict[str, StrictStub]) -> list[tuple[Any, str, Any]]:
@@ -179,22 +185,37 @@ def _module_global_groups(groups: dict[str, StrictStub]) -> list[tuple[Any, str,
     instead of the parallel context's field (0.5.19 and 0.5.20's ``get_pp_group`` reads
     ``_PP``, which only ``initialize_model_parallel`` sets; their ``EAGLEWorkerV2`` asks it
     whether this rank is the last pipeline stage), that global, unset, set to the same
-    one-rank group for the workers' construction: (module, name, group) settings. Found by
-    the getter's code (the one unset global it reads), never by version."""
+    one-rank group for the run (0.5.18 and 0.5.19's HIP verify asks ``get_tp_group()`` too):
+    (module, name, group) settings. Found by the getter's source (the unset global it ends by
+    returning), never by version."""
     import importlib
 
     state = importlib.import_module(PARALLEL_STATE)
     settings = []
     for name, getter_name in GROUP_GETTERS.items():
-        getter = getattr(state, getter_name, None)
-        code = getattr(getter, "__code__", None)
-        if code is None:
-            continue
-        unset = [g for g in code.co_names if g.startswith("_") and hasattr(state, g)
-                 and getattr(state, g) is None]
-        if len(unset) == 1:
-            settings.append((state, unset[0], groups[name]))
+        returned = _returned_global(getattr(state, getter_name, None))
+        if returned is not None and hasattr(state, returned) and getattr(state, returned) is None:
+            settings.append((state, returned, groups[name]))
     return settings
+
+
+def _returned_global(getter: Any) -> str | None:
+    """The module global a getter ends by returning (``return _PP``), from its source; None
+    when it ends otherwise (``return get_parallel().pp_group``) or has no source."""
+    import ast
+    import textwrap
+
+    if getter is None:
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(getter))
+    except (OSError, TypeError):
+        return None
+    body = ast.parse(source).body[0]
+    last = body.body[-1] if isinstance(body, ast.FunctionDef) else None
+    if isinstance(last, ast.Return) and isinstance(last.value, ast.Name):
+        return last.value.id
+    return None
 
 
 def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:
@@ -236,13 +257,13 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     def draft_tp_worker_factory(**kwargs: Any) -> StrictStub:
         return draft_tp_worker
 
-    groups = _groups()
+    _groups()
     # the contexts that scope the draft model's build to its parallel groups (none here)
     scopes = [(eagle_worker_v2, name, _no_scope) for name in (
         "draft_pp_context", "draft_tp_context", "speculative_moe_backend_context",
         "speculative_moe_a2a_backend_context", "draft_model_build_scope")]
     with attributes_set([(eagle_worker_v2, "TpModelWorker", draft_tp_worker_factory),
-                         *scopes, *_module_global_groups(groups)]):
+                         *scopes]):
         # by name, as the scheduler's maybe_init_draft_worker gives them (older releases
         # take the scheduler's ParallelState too)
         given = {"server_args": scheduler.server_args, "gpu_id": 0, "nccl_port": 0,
