@@ -231,39 +231,99 @@ def _without_draft_extend_plan_wait(text: str) -> str:
     return "".join(lines)
 
 
-def _draft_extend_layout_line(tree: Path) -> tuple[Path, int]:
-    """Where the draft extend's preparation computes its layout (the release's
-    ``prepare_draft_extend_layout`` call inside ``prepare_for_draft_extend``), searched in the
-    tree's own source: the first op the preparation queues on the plan stream."""
+def _draft_extend_prep_lines(tree: Path) -> tuple[str, range]:
+    """The lines of the release's ``prepare_for_draft_extend`` (what the worker queues on the
+    plan stream before the draft extend), searched in the tree's own source."""
     common = tree / "sglang/srt/speculative/eagle_worker_common.py"
     prep = next(node for node in ast.walk(ast.parse(common.read_text()))
                 if isinstance(node, ast.FunctionDef) and node.name == "prepare_for_draft_extend")
-    call = next(node for node in ast.walk(prep) if isinstance(node, ast.Call)
-                and ast.unparse(node.func) == "prepare_draft_extend_layout")
-    return common, call.lineno
+    return str(common), range(prep.lineno, (prep.end_lineno or prep.lineno) + 1)
+
+
+def _plan_side_in_prep(races: list[dict], tree: Path) -> bool:
+    """Some race has its plan-stream side inside the tree's draft-extend preparation."""
+    common, lines = _draft_extend_prep_lines(tree)
+    return any(side["stream"] == "plan_stream" and side["file"] == common
+               and side["line"] in lines
+               for r in races for side in (r["first"], r["second"]))
 
 
 @pytest.mark.slow
 def test_an_older_release_without_the_eagle_plan_wait_races_at_its_lines(tmp_path):
     """0.5.22's EAGLE worker without its plan stream's wait for the forward stream before the
     draft extend's preparation (what 0.5.21 and before lack): exit 1, a race whose plan-stream
-    side is that preparation's layout kernel, at that tree's line."""
+    side is inside that preparation, at that tree's lines."""
     tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
                  _without_draft_extend_plan_wait)
     status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
     assert status == 1, output
     races = document["races"]
     assert races and {r["variant"] for r in races} == {"eagle_topk4"}
-    plan_sides = {(side["file"], side["line"]) for r in races
-                  for side in (r["first"], r["second"]) if side["stream"] == "plan_stream"}
-    common, line = _draft_extend_layout_line(tree)
-    assert (str(common), line) in plan_sides, output
+    assert _plan_side_in_prep(races, tree), output
 
 
 @pytest.mark.slow
 def test_the_same_eagle_release_unmodified_is_race_free(tmp_path):
     tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
                  lambda text: text)
+    assert len(_plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text()))) == 1
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["eagle_topk4"] and document["races"] == []
+
+
+#: the release just before EAGLE_WAIT_RELEASE: its worker prepares the draft extend on the
+#: plan stream without waiting for the forward stream
+EAGLE_NO_WAIT_RELEASE = "0.5.21"
+PLAN_WAIT = ("if self.plan_stream: self.plan_stream.wait_stream("
+             "torch.get_device_module(self.device).current_stream())")
+
+
+def _with_draft_extend_plan_wait(text: str) -> str:
+    """The plan stream made to wait for the worker's current (forward) stream before the
+    draft extend's preparation is queued on it, written over the comment line above that
+    ``with self.plan_stream_ctx:`` (every line keeps its number)."""
+    lines = text.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == "with self.plan_stream_ctx:"
+                 and "prepare_for_draft_extend(" in lines[i + 1])
+    assert lines[index - 1].strip().startswith("#"), lines[index - 1]
+    indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+    lines[index - 1] = f"{indent}{PLAN_WAIT}\n"
+    return "".join(lines)
+
+
+def _no_wait_release() -> Path:
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(EAGLE_NO_WAIT_RELEASE) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+def test_the_release_before_the_plan_wait_races_on_the_plan_stream(tmp_path):
+    """0.5.21 as released (the EAGLE variants run with the plan stream on): exit 1, every race
+    has a side on the plan stream, one inside the tree's draft-extend preparation."""
+    tree = _tree(tmp_path, _no_wait_release(), "srt/speculative/eagle_worker_v2.py",
+                 lambda text: text)
+    assert _plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text())) == []
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    races = document["races"]
+    assert races and all("plan_stream" in (r["first"]["stream"], r["second"]["stream"])
+                         for r in races), output
+    assert _plan_side_in_prep(races, tree), output
+
+
+@pytest.mark.slow
+def test_the_release_before_the_plan_wait_with_it_added_is_race_free(tmp_path):
+    """The fixed twin: the same tree with the plan stream waiting before the draft extend's
+    preparation (the wait the next release has) runs race-free."""
+    tree = _tree(tmp_path, _no_wait_release(), "srt/speculative/eagle_worker_v2.py",
+                 _with_draft_extend_plan_wait)
     assert len(_plan_stream_waits(ast.parse(
         (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text()))) == 1
     status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
