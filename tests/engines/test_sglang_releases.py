@@ -9,11 +9,7 @@ The verdicts, the not-applicable reasons and the error messages are the command'
 from __future__ import annotations
 
 import ast
-import importlib.util
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +17,7 @@ import pytest
 
 from overlap_harness.engines.core.strict import StrictName, UnplannedUseError, strict_module
 from overlap_harness.engines.sglang import torchvision_stub
+from tests.engines.sglang_trees import edited_tree, installed_sglang, run_sglang
 
 ROOT = Path(__file__).resolve().parents[2]
 FORWARD_WAIT = "self.forward_stream.wait_stream(self.schedule_stream)"
@@ -59,45 +56,17 @@ def test_the_torchvision_stub_answers_names_older_releases_import():
         normalize(mean=0, std=1)
 
 
-def _installed_package() -> Path:
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
-    return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-
-
-def _mirror(source: Path, target: Path, relative: Path, edit: Callable[[str], str]) -> None:
-    """``target`` mirrors the folder ``source`` with symlinks, except the file ``relative``:
-    a real copy, its text passed through ``edit``."""
-    target.mkdir()
-    head = relative.parts[0]
-    for entry in source.iterdir():
-        if entry.name == head and len(relative.parts) > 1:
-            _mirror(entry, target / head, Path(*relative.parts[1:]), edit)
-        elif entry.name == head:
-            (target / head).write_text(edit(entry.read_text()))
-        elif entry.name != "__pycache__":
-            (target / entry.name).symlink_to(entry)
+_installed_package = installed_sglang
 
 
 def _tree(tmp_path: Path, package: Path, relative: str, edit: Callable[[str], str],
           name: str = "tree") -> Path:
-    tree = tmp_path / name
-    tree.mkdir()
-    _mirror(package, tree / "sglang", Path(relative), edit)
-    return tree
+    return edited_tree(tmp_path, relative, edit, package=package, name=name)
 
 
 def _command(tree: Path, *variants: str, json_path: Path) -> tuple[int, str, dict]:
     args = [word for v in variants for word in ("--variant", v)]
-    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
-                           str(tree), *args, "--json", str(json_path)], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900,
-                          check=False)
-    output = done.stdout + done.stderr
-    if done.returncode == 2 and "overlap-harness sglang: import " in output:
-        pytest.skip(output.strip().splitlines()[-1])
-    document = json.loads(json_path.read_text()) if json_path.exists() else {}
-    return done.returncode, output, document
+    return run_sglang("--sglang-src", str(tree), *args, json_path=json_path)
 
 
 def _renamed(old: str, new: str) -> Callable[[str], str]:
@@ -150,10 +119,7 @@ def _older_release() -> Path:
     the reason when it cannot be fetched)."""
     from overlap_harness.engines.sglang import releases
 
-    try:
-        return releases.release_tree(releases.SUPPORTED[0]) / "sglang"
-    except releases.ReleaseUnavailable as exc:
-        pytest.skip(str(exc))
+    return _release(releases.SUPPORTED[0])
 
 
 def _without_run_batch_entry_wait(text: str) -> str:
@@ -201,6 +167,15 @@ def _release(version: str) -> Path:
         pytest.skip(str(exc))
 
 
+#: the release whose EAGLE v2 worker first waits for the forward stream before preparing the
+#: draft extend on its plan stream (0.5.21 and before do not: their EAGLE variants race there)
+EAGLE_WAIT_RELEASE = "0.5.22"
+
+
+def _eagle_release() -> Path:
+    return _release(EAGLE_WAIT_RELEASE)
+
+
 DECODE_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 
 
@@ -241,3 +216,125 @@ def test_0517_with_the_read_done_event_after_the_replay_is_race_free(tmp_path):
                                         json_path=tmp_path / "loop.json")
     assert status == 0, output
     assert document["variants"] == ["graph_decode_radix"] and document["races"] == []
+
+
+def _plan_stream_waits(tree: ast.AST) -> list[ast.If]:
+    """``if self.plan_stream: self.plan_stream.wait_stream(...)`` statements: the plan stream
+    waiting for another before work is queued on it."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "self.plan_stream"
+                and len(node.body) == 1 and isinstance(node.body[0], ast.Expr)):
+            continue
+        if ast.unparse(node.body[0].value).startswith("self.plan_stream.wait_stream("):
+            found.append(node)
+    return found
+
+
+def _without_draft_extend_plan_wait(text: str) -> str:
+    """The plan stream's wait before the draft extend's preparation (the one the release's
+    EAGLE worker has) made ``pass``, every line keeping its number."""
+    [wait] = _plan_stream_waits(ast.parse(text))
+    call = wait.body[0]
+    lines = text.splitlines(keepends=True)
+    indent = lines[call.lineno - 1][: len(lines[call.lineno - 1])
+                                    - len(lines[call.lineno - 1].lstrip())]
+    lines[call.lineno - 1] = f"{indent}pass\n"
+    for index in range(call.lineno, call.end_lineno or call.lineno):
+        lines[index] = "\n"
+    return "".join(lines)
+
+
+def _draft_extend_prep_lines(tree: Path) -> tuple[str, range]:
+    """The lines of the release's ``prepare_for_draft_extend`` (what the worker queues on the
+    plan stream before the draft extend), searched in the tree's own source."""
+    common = tree / "sglang/srt/speculative/eagle_worker_common.py"
+    prep = next(node for node in ast.walk(ast.parse(common.read_text()))
+                if isinstance(node, ast.FunctionDef) and node.name == "prepare_for_draft_extend")
+    return str(common), range(prep.lineno, (prep.end_lineno or prep.lineno) + 1)
+
+
+def _plan_side_in_prep(races: list[dict], tree: Path) -> bool:
+    """Some race has its plan-stream side inside the tree's draft-extend preparation."""
+    common, lines = _draft_extend_prep_lines(tree)
+    return any(side["stream"] == "plan_stream" and side["file"] == common
+               and side["line"] in lines
+               for r in races for side in (r["first"], r["second"]))
+
+
+@pytest.mark.slow
+def test_an_older_release_without_the_eagle_plan_wait_races_at_its_lines(tmp_path):
+    """0.5.22's EAGLE worker without its plan stream's wait for the forward stream before the
+    draft extend's preparation (what 0.5.21 and before lack): exit 1, a race whose plan-stream
+    side is inside that preparation, at that tree's lines."""
+    tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
+                 _without_draft_extend_plan_wait)
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    races = document["races"]
+    assert races and {r["variant"] for r in races} == {"eagle_topk4"}
+    assert _plan_side_in_prep(races, tree), output
+
+
+@pytest.mark.slow
+def test_the_same_eagle_release_unmodified_is_race_free(tmp_path):
+    tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
+                 lambda text: text)
+    assert len(_plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text()))) == 1
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["eagle_topk4"] and document["races"] == []
+
+
+#: the release just before EAGLE_WAIT_RELEASE: its worker prepares the draft extend on the
+#: plan stream without waiting for the forward stream
+EAGLE_NO_WAIT_RELEASE = "0.5.21"
+PLAN_WAIT = ("if self.plan_stream: self.plan_stream.wait_stream("
+             "torch.get_device_module(self.device).current_stream())")
+
+
+def _with_draft_extend_plan_wait(text: str) -> str:
+    """The plan stream made to wait for the worker's current (forward) stream before the
+    draft extend's preparation is queued on it, written over the comment line above that
+    ``with self.plan_stream_ctx:`` (every line keeps its number)."""
+    lines = text.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == "with self.plan_stream_ctx:"
+                 and "prepare_for_draft_extend(" in lines[i + 1])
+    assert lines[index - 1].strip().startswith("#"), lines[index - 1]
+    indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+    lines[index - 1] = f"{indent}{PLAN_WAIT}\n"
+    return "".join(lines)
+
+
+def _no_wait_release() -> Path:
+    return _release(EAGLE_NO_WAIT_RELEASE)
+
+
+@pytest.mark.slow
+def test_the_release_before_the_plan_wait_races_on_the_plan_stream(tmp_path):
+    """0.5.21 as released (the EAGLE variants run with the plan stream on): exit 1, every race
+    has a side on the plan stream, one inside the tree's draft-extend preparation."""
+    tree = _tree(tmp_path, _no_wait_release(), "srt/speculative/eagle_worker_v2.py",
+                 lambda text: text)
+    assert _plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text())) == []
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 1, output
+    races = document["races"]
+    assert races and all("plan_stream" in (r["first"]["stream"], r["second"]["stream"])
+                         for r in races), output
+    assert _plan_side_in_prep(races, tree), output
+
+
+@pytest.mark.slow
+def test_the_release_before_the_plan_wait_with_it_added_is_race_free(tmp_path):
+    """The fixed twin: the same tree with the plan stream waiting before the draft extend's
+    preparation (the wait the next release has) runs race-free."""
+    tree = _tree(tmp_path, _no_wait_release(), "srt/speculative/eagle_worker_v2.py",
+                 _with_draft_extend_plan_wait)
+    assert len(_plan_stream_waits(ast.parse(
+        (tree / "sglang/srt/speculative/eagle_worker_v2.py").read_text()))) == 1
+    status, output, document = _command(tree, "eagle_topk4", json_path=tmp_path / "loop.json")
+    assert status == 0, output
+    assert document["variants"] == ["eagle_topk4"] and document["races"] == []

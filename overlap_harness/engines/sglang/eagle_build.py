@@ -22,7 +22,12 @@ from typing import Any
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes, override_for_run
+from overlap_harness.engines.sglang.scheduler_build import (
+    DEVICE,
+    PoolSizes,
+    hold_for_run,
+    override_for_run,
+)
 from overlap_harness.engines.sglang.worker import _ngram_manager
 
 MAX_CONTEXT = 64
@@ -165,12 +170,58 @@ def _no_scope(*args: Any, **kwargs: Any) -> Any:
     return nullcontext()
 
 
+#: the parallel-state getters of the groups the EAGLE path asks for
+GROUP_GETTERS = {"pp_group": "get_pp_group", "tp_group": "get_tp_group",
+                 "attn_tp_group": "get_attention_tp_group"}
+PARALLEL_STATE = "sglang.srt.distributed.parallel_state"
+
+
 def _groups() -> None:
-    """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage."""
+    """The parallel groups the EAGLE path asks for: one rank, the last pipeline stage,
+    forced for the run in the parallel context (:func:`override_for_run`) and in the
+    parallel-state globals a release's getters read instead (:func:`_module_global_groups`)."""
     one = {"world_size": 1, "is_last_rank": True, "is_first_rank": True, "rank_in_group": 0}
-    override_for_run(pp_group=StrictStub("pp_group", **one),
-                     tp_group=StrictStub("tp_group", **one),
-                     attn_tp_group=StrictStub("attn_tp_group", **one))
+    groups = {name: StrictStub(name, **one) for name in GROUP_GETTERS}
+    override_for_run(**groups)
+    hold_for_run(attributes_set(_module_global_groups(groups)))
+
+
+def _module_global_groups(groups: dict[str, StrictStub]) -> list[tuple[Any, str, Any]]:
+    """Where a release's group getter returns a module global of SGLang's parallel state
+    instead of the parallel context's field (0.5.19 and 0.5.20's ``get_pp_group`` reads
+    ``_PP``, which only ``initialize_model_parallel`` sets; their ``EAGLEWorkerV2`` asks it
+    whether this rank is the last pipeline stage), that global, unset, set to the same
+    one-rank group for the run (0.5.18 and 0.5.19's HIP verify asks ``get_tp_group()`` too):
+    (module, name, group) settings. Found by the getter's source (the unset global it ends by
+    returning), never by version."""
+    import importlib
+
+    state = importlib.import_module(PARALLEL_STATE)
+    settings = []
+    for name, getter_name in GROUP_GETTERS.items():
+        returned = _returned_global(getattr(state, getter_name, None))
+        if returned is not None and hasattr(state, returned) and getattr(state, returned) is None:
+            settings.append((state, returned, groups[name]))
+    return settings
+
+
+def _returned_global(getter: Any) -> str | None:
+    """The module global a getter ends by returning (``return _PP``), from its source; None
+    when it ends otherwise (``return get_parallel().pp_group``) or has no source."""
+    import ast
+    import textwrap
+
+    if getter is None:
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(getter))
+    except (OSError, TypeError):
+        return None
+    body = ast.parse(source).body[0]
+    last = body.body[-1] if isinstance(body, ast.FunctionDef) else None
+    if isinstance(last, ast.Return) and isinstance(last.value, ast.Name):
+        return last.value.id
+    return None
 
 
 def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import eagle_tree_kernels
+from overlap_harness.engines.sglang import eagle_tree_kernels, eagle_verify_kernels
 from overlap_harness.engines.sglang.eagle_worker import device_tensor, draft_windows, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
 
@@ -395,3 +395,4 @@ def declare() -> None:
                                 cpu_impl=_raw_assign_draft_cache_locs,
                                 name="assign_draft_cache_locs_contiguous")
     eagle_tree_kernels.declare()
+    eagle_verify_kernels.declare()

@@ -31,14 +31,26 @@ def _tree_parents(parent_list: list[int], selected: list[int], topk: int) -> lis
     return parents
 
 
-def _tree_cells(seq_lens: list[int], width: int) -> list[int]:
-    """Where each lane's first tree row starts in a FULL_MASK buffer: rows of
-    ``seq_len + width`` cells after the lanes before it."""
-    starts, offset = [], 0
-    for length in seq_lens:
-        starts.append(offset)
-        offset += width * (length + width)
-    return starts
+def _tree_rows(seq_lens: list[int], width: int, tree_mask_mode: Any) -> list[list[int]]:
+    """Where the mask row of each lane's node starts, ``width`` cells each, by the mask's
+    layout (the mode by its name: the enum lives in spec_tree, or in eagle_utils (0.5.17)).
+    FULL_MASK: rows of ``seq_len + width`` cells after the lanes before it, the tree cells
+    after the ``seq_len`` prefix columns; QLEN_ONLY: a ``width x width`` block per lane,
+    tree cells only (SGLang's Triton tree builder, kernels.ops.speculative.spec_tree, writes
+    both layouts; releases before 0.5.22 verify topk-1 chains in QLEN_ONLY when the mask is
+    not read)."""
+    mode = getattr(tree_mask_mode, "name", None)
+    rows, offset = [], 0
+    for lane, length in enumerate(seq_lens):
+        if mode == "FULL_MASK":
+            rows.append([offset + node * (length + width) + length for node in range(width)])
+            offset += width * (length + width)
+        elif mode == "QLEN_ONLY":
+            rows.append([(lane * width + node) * width for node in range(width)])
+        else:
+            raise NotImplementedError(f"build_tree: mask mode {tree_mask_mode!r} is not "
+                                      "planned")
+    return rows
 
 
 def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
@@ -47,18 +59,15 @@ def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
                 retrieve_next_sibling: torch.Tensor, topk: int, spec_steps: int,
                 num_verify_tokens: int, tree_mask_mode: Any) -> None:
     """The verify tree of each lane: node positions (``seq_len + depth``), retrieve index,
-    first child and next sibling (children linked last first), and the FULL_MASK rows (a
-    node sees the root and its ancestors)."""
-    # the mode by its name: the enum lives in spec_tree, or in eagle_utils (0.5.17)
-    if getattr(tree_mask_mode, "name", None) != "FULL_MASK":
-        raise NotImplementedError(f"build_tree: mask mode {tree_mask_mode} is not planned")
+    first child and next sibling (children linked last first), and each node's mask row's
+    tree cells (a node sees the root and its ancestors; :func:`_tree_rows`)."""
     width = num_verify_tokens
     lengths = peek(seq_lens)
     index_rows, next_rows, sibling_rows, position_rows = [], [], [], []
     mask = peek(tree_mask)
-    for lane, (parents_of, selected, length, start) in enumerate(zip(
+    for lane, (parents_of, selected, length, starts) in enumerate(zip(
             peek(parent_list), peek(top_scores_index), lengths,
-            _tree_cells(lengths, width), strict=True)):
+            _tree_rows(lengths, width, tree_mask_mode), strict=True)):
         parents = _tree_parents(parents_of, selected[:width - 1], topk)
         first_child, sibling = [-1] * width, [-1] * width
         for node in range(width - 1, 0, -1):
@@ -67,8 +76,7 @@ def _build_tree(parent_list: torch.Tensor, top_scores_index: torch.Tensor,
         depth = [0] * width
         for node in range(1, width):
             depth[node] = depth[parents[node]] + 1
-        for node in range(width):
-            row = start + node * (length + width) + length
+        for node, row in enumerate(starts):
             seen = {0}
             walk = node
             while walk > 0:
@@ -98,9 +106,8 @@ def _build_tree_accesses(out: Any, parent_list: torch.Tensor, top_scores_index: 
     acc += writes(retrieve_next_sibling)
     width = num_verify_tokens
     lengths = peek(seq_lens)
-    for length, start in zip(lengths, _tree_cells(lengths, width), strict=True):
-        for node in range(width):
-            row = start + node * (length + width) + length
+    for starts in _tree_rows(lengths, width, tree_mask_mode):
+        for row in starts:
             acc += writes(tree_mask[row:row + width])
     return acc
 

@@ -65,6 +65,9 @@ DELAYED_SAMPLE = Feature("the scheduler's delayed sampling (grammar batches with
                          "speculation, SGLANG_ENABLE_DELAY_SAMPLE)", "sglang.srt.managers.utils",
                          "GenerationBatchResult.delay_sample_func")
 HIP_BRANCHES = Feature("the overlap loop's HIP branches", SCHEDULER, "_is_hip")
+DELAY_SAMPLE = Feature("delayed sampling of every non-prefill-only forward, switched on by "
+                       "SGLANG_ENABLE_DELAY_SAMPLE (older releases delay only grammar batches)",
+                       "sglang.srt.environ", "Envs.SGLANG_ENABLE_DELAY_SAMPLE")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
                        "TEST_RETRACT")
 
@@ -82,6 +85,8 @@ def required_features(variant: Variant) -> list[Feature]:
             features.append(POST_REPLAY_READS)
     if variant.dp_peer is not None:
         features.append(DP_ATTENTION_SYNC)
+    if variant.delay_sample:
+        features.append(DELAY_SAMPLE)
     if variant.eagle is not None:
         features.append(EAGLE_V2)
         if variant.eagle.needs_cpu_seq_lens:

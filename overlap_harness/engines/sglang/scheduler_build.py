@@ -183,6 +183,12 @@ def _answers(parallel: Any, name: str) -> bool:
 _PROCESS_OVERRIDES = ExitStack()
 
 
+def hold_for_run(context: Any) -> None:
+    """Enter ``context`` until the next variant publishes (beside the parallel-context
+    overrides of :func:`override_for_run`)."""
+    _PROCESS_OVERRIDES.enter_context(context)
+
+
 def override_for_run(**values: Any) -> None:
     """Force parallel-context ``values`` (ranks, widths, groups) until the next variant
     publishes: SGLang's ``override_permanently`` where the release has it, and its scoped
