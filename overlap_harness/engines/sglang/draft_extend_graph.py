@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from overlap_harness.engines.sglang import eagle_worker
+from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
 from overlap_harness.engines.sglang.graph_runner import (
     _kernel_values,
-    copy_row_kv_indices,
     graph_platform,
     publish_decode_graphs,
 )
@@ -58,42 +58,13 @@ def _prep_accesses(result: Any, backend: DraftExtendAttentionBackend, forward_ba
 @declared(_prep_accesses, name="draft_extend_metadata_prep_in_graph")
 def _metadata_prep(backend: DraftExtendAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's KV indices (prefix and extended slots)."""
-    with _kernel_values():  # device work only: captured (graph_runner.copy_row_kv_indices)
+    with _kernel_values():  # device work only: captured (graph_attention.py)
         copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
 
 
-class DraftExtendAttentionBackend:
-    """The draft-extend attention backend's graph interface (SGLang's ``AttentionBackend``
-    contract); where its shared reads end is the base class's answer (``UNKNOWN`` for the
-    draft extend)."""
-
-    needs_cpu_seq_lens = False
-    dllm_attention = None
-
-    def __init__(self, req_to_token: torch.Tensor) -> None:
-        self.req_to_token = req_to_token
-        self.kv_indices: torch.Tensor | None = None
-        self.kv_indptr: torch.Tensor | None = None
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """The private metadata buffers the graph reads (sized for the largest batch)."""
-        # one more element: the trash slot of the prep's entries past a row's length
-        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1] + 1,
-                                      dtype=torch.int32, device="cuda")
-        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        """Padded rows read one KV index (Triton's and FlashInfer's value)."""
-        return 1
-
-    def shared_read_ends(self, forward_mode: Any) -> Any:
-        from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-        return AttentionBackend.shared_read_ends(self, forward_mode)
-
-    def init_forward_metadata_out_graph(self, forward_batch: Any,
-                                        in_capture: bool = False) -> None:
-        """Host-side prep: nothing this backend keeps on the host."""
+class DraftExtendAttentionBackend(PrivateIndexBackend):
+    """The draft-extend attention backend's graph interface; where its shared reads end is
+    the base class's answer (``UNKNOWN`` for the draft extend)."""
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Captured: the private copy of the shared ``req_to_token`` rows."""

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from overlap_harness.engines.sglang import eagle_worker
+from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
 from overlap_harness.engines.sglang.graph_runner import (
     GraphModelRunner,
     _kernel_values,
     build_runner,
-    copy_row_kv_indices,
     graph_platform,
     publish_decode_graphs,
 )
@@ -61,45 +61,19 @@ def _prep_accesses(result: Any, backend: VerifyAttentionBackend, forward_batch: 
 @declared(_prep_accesses, name="verify_attn_metadata_prep_in_graph")
 def _verify_metadata_prep(backend: VerifyAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's prefix and verify KV indices."""
-    with _kernel_values():  # device work only: captured (graph_runner.copy_row_kv_indices)
+    with _kernel_values():  # device work only: captured (graph_attention.py)
         copy_row_kv_indices(backend, forward_batch.req_pool_indices,
                             forward_batch.seq_lens + backend.width)
 
 
-class VerifyAttentionBackend:
-    """The target attention backend's graph interface for TARGET_VERIFY (SGLang's
-    ``AttentionBackend`` contract); shared reads end inside the replay (the base class's)."""
-
-    needs_cpu_seq_lens = False
-    dllm_attention = None
-    supports_ragged_verify_graph = False
+class VerifyAttentionBackend(PrivateIndexBackend):
+    """The target attention backend's graph interface for TARGET_VERIFY; shared reads end
+    inside the replay (the base class's)."""
 
     def __init__(self, req_to_token: torch.Tensor, width: int, reads_tree_mask: bool) -> None:
-        self.req_to_token = req_to_token
+        super().__init__(req_to_token)
         self.width = width
         self.reads_tree_mask = reads_tree_mask
-        self.kv_indices: torch.Tensor | None = None
-        self.kv_indptr: torch.Tensor | None = None
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """The private metadata buffers the graph reads (sized for the largest batch)."""
-        # one more element: the trash slot of the prep's entries past a row's length
-        self.kv_indices = torch.zeros(max_bs * self.req_to_token.shape[1] + 1,
-                                      dtype=torch.int32, device="cuda")
-        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        """Padded rows read one KV index (Triton's and FlashInfer's value)."""
-        return 1
-
-    def shared_read_ends(self, forward_mode: Any) -> Any:
-        from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-        return AttentionBackend.shared_read_ends(self, forward_mode)
-
-    def init_forward_metadata_out_graph(self, forward_batch: Any,
-                                        in_capture: bool = False) -> None:
-        """Host-side prep: nothing this backend keeps on the host."""
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Captured: the private copy of the shared ``req_to_token`` rows."""

@@ -45,6 +45,7 @@ import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
 from overlap_harness.engines.sglang.worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
@@ -85,26 +86,6 @@ def _metadata_prep(backend: DeclaredAttentionBackend, forward_batch: Any) -> Non
     trash slot no read takes."""
     with _kernel_values():
         copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
-
-
-def copy_row_kv_indices(backend: Any, rows: torch.Tensor, lengths: torch.Tensor) -> None:
-    """``backend.kv_indices``/``kv_indptr``: slot ``s``'s entries are
-    ``req_to_token[rows[s], :lengths[s]]`` at ``kv_indptr[s]``. Device work only, of static
-    shapes (a CUDA graph captures it: no host read of a device value, no host-to-device
-    copy); entries past a row's length go to ``kv_indices``' last element, a trash slot no
-    read takes (so ``kv_indices`` holds one more element than the rows can fill)."""
-    rows = rows.to(torch.int64)
-    lengths = lengths.to(torch.int64)
-    width = backend.req_to_token.shape[1]
-    column = torch.arange(width, device=lengths.device)
-    ends = torch.cumsum(lengths, 0)
-    backend.kv_indptr[1:rows.numel() + 1] = ends.to(backend.kv_indptr.dtype)
-    inside = column.unsqueeze(0) < lengths.unsqueeze(1)
-    trash = backend.kv_indices.numel() - 1
-    where = torch.where(inside, (ends - lengths).unsqueeze(1) + column.unsqueeze(0),
-                        torch.full_like(inside, trash, dtype=torch.int64))
-    values = backend.req_to_token.index_select(0, rows).to(backend.kv_indices.dtype)
-    backend.kv_indices.scatter_(0, where.reshape(-1), values.reshape(-1))
 
 
 def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
@@ -148,45 +129,23 @@ def _graph_model_forward(runner: GraphModelRunner, forward_batch: Any) -> None:
         logits[:bs].scatter_(1, token, 1.0)
 
 
-class DeclaredAttentionBackend:
-    """The attention backend's graph interface (SGLang's ``AttentionBackend`` contract:
-    ``init_cuda_graph_state``, ``init_forward_metadata_out_graph`` before each replay,
-    ``init_forward_metadata_in_graph`` captured), with its one scheduler-shared read declared."""
+class DeclaredAttentionBackend(PrivateIndexBackend):
+    """The decode attention backend: its one scheduler-shared read declared
+    (``_metadata_prep``); ``post_replay`` declares its shared reads ending after the
+    replay (``SharedReadEnds.POST_REPLAY``)."""
 
     needs_cpu_seq_lens = True
-    dllm_attention = None
-    supports_ragged_verify_graph = False
 
     def __init__(self, req_to_token: torch.Tensor, *, post_replay: bool) -> None:
-        self.req_to_token = req_to_token
+        super().__init__(req_to_token)
         self.post_replay = post_replay
-        self.kv_indices: torch.Tensor | None = None
-        self.kv_indptr: torch.Tensor | None = None
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """The private metadata buffers the graph reads (sized for the largest batch)."""
-        width = self.req_to_token.shape[1]
-        # one more element: the trash slot of the prep's entries past a row's length
-        self.kv_indices = torch.zeros(max_bs * width + 1, dtype=torch.int32, device="cuda")
-        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device="cuda")
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        """Padded rows read one KV index (Triton's and FlashInfer's value)."""
-        return 1
 
     def shared_read_ends(self, forward_mode: Any) -> Any:
-        from sglang.srt.layers.attention.base_attn_backend import (
-            AttentionBackend,
-            SharedReadEnds,
-        )
+        from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 
         if self.post_replay:
             return SharedReadEnds.POST_REPLAY
-        return AttentionBackend.shared_read_ends(self, forward_mode)
-
-    def init_forward_metadata_out_graph(self, forward_batch: Any,
-                                        in_capture: bool = False) -> None:
-        """Host-side prep: nothing this backend keeps on the host."""
+        return super().shared_read_ends(forward_mode)
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Captured: the private copy of the shared ``req_to_token`` rows."""
