@@ -178,3 +178,31 @@ def test_a_removed_keep_alive_write_leaves_the_slot_empty_for_later_appends(tmp_
     assert intact == ["batch", "worker_ref"]
     assert removed == ["worker_ref"]  # the batch is no longer held; the worker's ref still is
     assert reached == {"ring_program.py:7": 1}
+
+
+def test_a_wrapped_crash_names_where_the_first_exception_was_raised():
+    """An engine that catches a failure and raises its own message (SGLang's graph capture)
+    still shows the line of the first failure; a plain crash has no such part."""
+    from overlap_harness.engines.core.necessity import format_error
+
+    def capture():
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors")
+
+    def engine():
+        try:
+            capture()
+        except RuntimeError as exc:
+            raise Exception(f"Capture cuda graph failed: {exc}")  # noqa: B904
+
+    try:
+        engine()
+    except Exception as exc:
+        text = format_error(exc)
+    first_line = capture.__code__.co_firstlineno + 1
+    assert text.startswith("Exception: Capture cuda graph failed: Cannot copy")
+    assert text.endswith(f"(raised while handling RuntimeError at {__file__}:{first_line} "
+                         "in capture)")
+    try:
+        capture()
+    except RuntimeError as exc:
+        assert "raised while handling" not in format_error(exc)

@@ -158,14 +158,33 @@ def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOut
     return row
 
 
-def format_error(exc: BaseException) -> str:
-    """The message of a crash and the innermost frame outside this package (the engine's
-    line that made the unplanned call, and its function), on one line."""
+def _innermost_frame(exc: BaseException) -> str:
+    """`` at FILE:LINE in FUNCTION``: the innermost frame of ``exc``'s traceback outside this
+    package, or nothing."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if f"{os.sep}engines{os.sep}core{os.sep}" not in f.filename]
-    where = (f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
-             if frames else "")
-    return f"{type(exc).__name__}: {exc}{where}"
+    return (f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+            if frames else "")
+
+
+def format_error(exc: BaseException) -> str:
+    """The message of a crash and the innermost frame outside this package (the engine's
+    line that made the unplanned call, and its function), on one line. An exception raised
+    while handling another (an engine that wraps what failed in its own message: SGLang's
+    "Capture cuda graph failed") also names where the first one was raised, which is where
+    the fault is."""
+    text = f"{type(exc).__name__}: {exc}{_innermost_frame(exc)}"
+    origin, seen = exc, {id(exc)}
+    while True:
+        nested = origin.__cause__ or (None if origin.__suppress_context__
+                                      else origin.__context__)
+        if nested is None or id(nested) in seen:
+            break
+        origin = nested
+        seen.add(id(origin))
+    if origin is not exc:
+        text += f" (raised while handling {type(origin).__name__}{_innermost_frame(origin)})"
+    return text
 
 
 def _single_threaded_ops() -> None:
