@@ -34,6 +34,7 @@ from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, 
 from overlap_harness.engines.sglang.graph_runner import (
     _kernel_values,
     graph_platform,
+    graph_server_args,
     publish_decode_graphs,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
@@ -134,19 +135,24 @@ class DraftExtendGraphs:
 
         from overlap_harness.engines.core.strict import StrictStub
 
-        publish_decode_graphs(batch_sizes)
+        config = publish_decode_graphs(batch_sizes)
         runner = self.draft_runner = draft_worker.draft_runner
         rows = runner.req_to_token_pool.size
         self.backend = DraftExtendAttentionBackend(runner.req_to_token_pool.req_to_token)
         self.hidden_buffer = torch.zeros((rows, eagle_worker.HIDDEN), dtype=torch.float32,
                                          device="cuda")
         # the draft runner's fields the graph runner reads (the fake runner refuses others)
+        # rows for every draft token of every request: releases whose draft-extend runner
+        # captures one logits row per draft token (0.5.17) ask that many, later ones fewer
+        width = max(1, int(getattr(draft_worker, "speculative_num_draft_tokens", 1) or 1))
         runner.graph_shared_output = GraphSharedOutput(device=torch.device("cuda"),
-                                                       max_rows=rows)
+                                                       max_rows=rows * width)
         runner.model = _DraftModel(self)
         runner.device_timer = None
         runner.hisparse_coordinator = None
         runner.gpu_id = 0
+        runner.tp_size = get_parallel().tp_size  # the one-rank groups (read by 0.5.21's runner)
+        runner.server_args = graph_server_args(runner.server_args, config)
         runner._kernel_warmed_up = True  # no kernels to autotune
         # flashinfer's draft autotune: done (no flashinfer kernels here)
         runner._flashinfer_spec_draft_autotuned_phases = {

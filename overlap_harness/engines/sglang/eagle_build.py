@@ -248,7 +248,8 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
         prefill_attention_backend_str="flashinfer", ngram_embedding_manager=_ngram_manager(pool),
         # the one-rank group older releases' EAGLE worker reads of the draft runner
         tp_group=StrictStub("draft_tp_group", world_size=1, rank_in_group=0,
-                            is_first_rank=True, is_last_rank=True),
+                            is_first_rank=True, is_last_rank=True,
+                            barrier=lambda: None),  # one rank: a graph capture's barrier
         **_translator(pool, allocator, is_draft_worker=True))
     # what older releases' ForwardBatch.init_new reads of a runner: its server arguments
     # and the scheduler's ParallelState (later releases read the published configuration)

@@ -37,6 +37,7 @@ from overlap_harness.engines.sglang.graph_runner import (
     _kernel_values,
     build_runner,
     graph_platform,
+    graph_server_args,
     publish_decode_graphs,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
@@ -168,7 +169,7 @@ class VerifyGraphs:
 
     def __init__(self, worker: Any, server_args: Any, batch_sizes: tuple[int, ...],
                  num_draft_tokens: int, tree_mask: bool) -> None:
-        publish_decode_graphs(batch_sizes)
+        server_args = graph_server_args(server_args, publish_decode_graphs(batch_sizes))
         self.model_runner = VerifyGraphModelRunner(worker, server_args, num_draft_tokens,
                                                    tree_mask)
         with graph_platform():

@@ -315,6 +315,21 @@ def publish_decode_graphs(batch_sizes: tuple[int, ...]) -> Any:
     return config
 
 
+def graph_server_args(server_args: Any, config: Any) -> Any:
+    """The server arguments a graph runner is given: ``server_args`` itself, or, for releases
+    whose runner reads the graph option from its server arguments (0.5.17) rather than the
+    published configuration, a copy holding ``config`` (later releases' resolved arguments
+    refuse the assignment: they read the published one)."""
+    if getattr(server_args, "cuda_graph_config", None) is not None:
+        return server_args
+    runner_args = copy.copy(server_args)
+    try:
+        runner_args.cuda_graph_config = config
+    except AttributeError:
+        return server_args
+    return runner_args
+
+
 def build_runner(model_runner: GraphModelRunner) -> Any:
     """SGLang's ``DecodeCudaGraphRunner`` for ``model_runner``: its ``__init__`` allocates
     the static buffers and captures one graph per batch size (inside :func:`graph_platform`
@@ -362,18 +377,7 @@ class DecodeGraphs:
 
     def __init__(self, worker: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
                  post_replay: bool = False, parallel_state: Any = None) -> None:
-        config = publish_decode_graphs(batch_sizes)
-        if getattr(server_args, "cuda_graph_config", None) is None:
-            # releases whose runner reads the option from its server arguments (0.5.17), not
-            # the published configuration: the runner's own copy holds it; later releases'
-            # resolved arguments refuse the assignment (they read the published one)
-            runner_args = copy.copy(server_args)
-            try:
-                runner_args.cuda_graph_config = config
-            except AttributeError:
-                pass
-            else:
-                server_args = runner_args
+        server_args = graph_server_args(server_args, publish_decode_graphs(batch_sizes))
         fake = worker.model_runner
         self.model_runner = GraphModelRunner(
             worker.req_to_token_pool, fake.token_to_kv_pool_allocator, worker.kv_buffer,
