@@ -80,27 +80,43 @@ def _forward_accesses(result: Any, graphs: DraftExtendGraphs, forward_batch: Any
     with _kernel_values():
         used = int(backend.kv_indptr[bs].item())
     out = reads(forward_batch.input_ids) + reads(forward_batch.positions)
-    out += reads(spec.hidden_states) + reads(spec.select_index)
+    out += reads(spec.hidden_states)
+    if spec.select_index is not None:
+        out += reads(spec.select_index)
     out += reads(forward_batch.out_cache_loc) + reads(backend.kv_indptr[:bs + 1])
     out += writes(runner.kv_buffer, rows=forward_batch.out_cache_loc)
     entries = backend.kv_indices[:used]
     out += reads(entries) + reads(runner.kv_buffer, rows=entries)
     return (out + writes(forward_batch.next_token_logits_buffer)
-            + writes(graphs.hidden_buffer[:bs]))
+            + writes(graphs.hidden_buffer[:_output_rows(forward_batch)]))
+
+
+def _output_rows(forward_batch: Any) -> int:
+    """Rows the graph's forward outputs: one per request where the release selects each
+    request's last accepted token inside the graph (``spec_info.select_index``, 0.5.18 on),
+    else one per token (0.5.17: the worker selects after the replay)."""
+    if forward_batch.spec_info.select_index is not None:
+        return forward_batch.spec_info.select_index.shape[0]
+    return forward_batch.input_ids.shape[0]
 
 
 @declared(_forward_accesses, name="draft_extend_forward_in_graph")
 def _draft_extend_forward(graphs: DraftExtendGraphs, forward_batch: Any) -> None:
-    """The eager fake draft's values for the selected rows (the last accepted token of
-    each request): logits a function of the position, hidden states the token."""
+    """The eager fake draft's values for the output rows (:func:`_output_rows`: the last
+    accepted token of each request, or every token): logits a function of the position,
+    hidden states the token."""
     with _kernel_values():
         graphs.draft_runner.kv_buffer[forward_batch.out_cache_loc.to(torch.int64)] = 1.0
-        select = forward_batch.spec_info.select_index.to(torch.int64)
-        logits = eagle_worker.logits_of(forward_batch.positions[select] + 1, 1)
-        forward_batch.next_token_logits_buffer.copy_(logits)
-        bs = select.shape[0]
-        graphs.hidden_buffer[:bs].copy_(forward_batch.input_ids[select].to(torch.float32)
-                                        .view(-1, 1).expand(-1, eagle_worker.HIDDEN))
+        select = forward_batch.spec_info.select_index
+        positions, tokens = forward_batch.positions, forward_batch.input_ids
+        if select is not None:
+            select = select.to(torch.int64)
+            positions, tokens = positions[select], tokens[select]
+        logits = eagle_worker.logits_of(positions + 1, 1)
+        rows = logits.shape[0]
+        forward_batch.next_token_logits_buffer[:rows].copy_(logits)
+        graphs.hidden_buffer[:rows].copy_(tokens.to(torch.float32).view(-1, 1)
+                                          .expand(-1, eagle_worker.HIDDEN))
 
 
 class _DraftModel:
@@ -116,9 +132,10 @@ class _DraftModel:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
         _draft_extend_forward(self.graphs, forward_batch)
-        bs = forward_batch.batch_size
-        return LogitsProcessorOutput(next_token_logits=forward_batch.next_token_logits_buffer,
-                                     hidden_states=self.graphs.hidden_buffer[:bs])
+        rows = _output_rows(forward_batch)
+        return LogitsProcessorOutput(
+            next_token_logits=forward_batch.next_token_logits_buffer[:rows],
+            hidden_states=self.graphs.hidden_buffer[:rows])
 
 
 class DraftExtendGraphs:
@@ -139,12 +156,12 @@ class DraftExtendGraphs:
         runner = self.draft_runner = draft_worker.draft_runner
         rows = runner.req_to_token_pool.size
         self.backend = DraftExtendAttentionBackend(runner.req_to_token_pool.req_to_token)
-        self.hidden_buffer = torch.zeros((rows, eagle_worker.HIDDEN), dtype=torch.float32,
-                                         device="cuda")
-        # the draft runner's fields the graph runner reads (the fake runner refuses others)
         # rows for every draft token of every request: releases whose draft-extend runner
-        # captures one logits row per draft token (0.5.17) ask that many, later ones fewer
+        # outputs one row per draft token (0.5.17) need that many, later ones fewer
         width = max(1, int(getattr(draft_worker, "speculative_num_draft_tokens", 1) or 1))
+        self.hidden_buffer = torch.zeros((rows * width, eagle_worker.HIDDEN),
+                                         dtype=torch.float32, device="cuda")
+        # the draft runner's fields the graph runner reads (the fake runner refuses others)
         runner.graph_shared_output = GraphSharedOutput(device=torch.device("cuda"),
                                                        max_rows=rows * width)
         runner.model = _DraftModel(self)
