@@ -135,6 +135,19 @@ except environment.SglangTreeError as exc:
 """
 
 
+#: child code that keeps every grammar SGLang's grammar path builds (``grammars``, in order),
+#: for the tests that check the grammar objects advanced on SGLang's own path
+GRAMMAR_SPY = """
+from overlap_harness.engines.sglang import grammar_build
+grammars = []
+constrain = grammar_build.constrain
+def spy(req):
+    constrain(req)
+    grammars.append(req.grammar)
+grammar_build.constrain = spy
+"""
+
+
 def run_child(code: str, *args: Any, timeout: int = 900) -> Any:
     """``code`` (after :data:`CHILD_PRELUDE`) in a child process, each of ``args`` passed as
     JSON in ``sys.argv``; returns the JSON it printed after ``RESULT``. Skips when SGLang is

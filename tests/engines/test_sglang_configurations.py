@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.sglang_trees import (
+    GRAMMAR_SPY,
     edited_tree,
     run_child,
     run_sglang,
@@ -55,19 +56,12 @@ REMOVALS = {
 FIXED_TWINS = ("grammar_eagle_topk1", "embedding", "delay_sample", "eagle_d2h_stream_hip",
                "eagle_mixed_hip")
 
-CHILD = """
+CHILD = GRAMMAR_SPY + """
 import importlib, inspect, json
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.core.results import race_record
-from overlap_harness.engines.sglang import grammar_build
 from overlap_harness.engines.sglang.driver import run_variant
 from overlap_harness.engines.sglang.variants import VARIANTS
-grammars = []
-constrain = grammar_build.constrain
-def spy(req):
-    constrain(req)
-    grammars.append(req.grammar)
-grammar_build.constrain = spy
 removals, twins = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = {"twins": {}, "removed": {}}
 for name in twins:

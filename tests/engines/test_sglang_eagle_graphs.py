@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.sglang_trees import (
+    GRAMMAR_SPY,
     edited_tree,
     run_child,
     run_sglang,
@@ -61,20 +62,13 @@ EAGER = {
 }
 FIXED_TWINS = ("eagle_topk1_graph", "eagle_topk1_graph_plan", "eagle_topk4_graph", "grammar")
 
-CHILD = """
+CHILD = GRAMMAR_SPY + """
 import importlib, json
 from overlap_harness.engines.core.mutation import removed, site
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.results import race_record
-from overlap_harness.engines.sglang import grammar_build
 from overlap_harness.engines.sglang.driver import run_variant
 from overlap_harness.engines.sglang.variants import VARIANTS
-grammars = []
-constrain = grammar_build.constrain
-def spy(req):
-    constrain(req)
-    grammars.append(req.grammar)
-grammar_build.constrain = spy
 removals, twins = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = {"twins": {}, "removed": {}}
 for name in twins:
