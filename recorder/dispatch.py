@@ -37,7 +37,7 @@ from overlap_harness.recorder.elements import (
 )
 from overlap_harness.recorder.iterations import untraced
 from overlap_harness.recorder.names import Targets, label, targets_here
-from overlap_harness.recorder.pageable import note_pageable_copy
+from overlap_harness.recorder.pageable import note_pageable_copy, refuse_pageable_copy_in_capture
 from overlap_harness.recorder.per_thread import PerThread
 from overlap_harness.recorder.pinned_views import reaches_host
 from overlap_harness.recorder.sites import user_site
@@ -187,6 +187,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 inputs.append((t, info, write))
         capture = self.recording.capture  # a CUDA graph capture runs nothing (recorder.graphs)
         if capture is not None and device_involved and capture.takes(memory.current_agent()):
+            refuse_pageable_copy_in_capture(memory, func, args, kwargs, device_involved)
             out = capture.run_unapplied(func, args, kwargs)
         else:
             capture = None

@@ -107,3 +107,35 @@ def _storage_ptr(t: torch.Tensor) -> int | None:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
         return None
+
+
+CAPTURE_COPY_MESSAGE = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture "
+                        "unless the CPU tensor is pinned. Please use tensor.pin_memory() or "
+                        "allocate the tensor with pin_memory=True.")
+
+
+def refuse_pageable_copy_in_capture(memory: Any, func: Any, args: tuple, kwargs: dict,
+                                    device_involved: bool) -> None:
+    """Raise PyTorch's error for a copy between pageable host memory and device memory issued
+    on a capturing stream: the graph would keep the address of memory nothing keeps alive, so
+    PyTorch refuses it during the capture (pytorch/pytorch#172156, torch 2.11 and later). The
+    copies: ``copy_`` either way, ``.to(device)`` of a host tensor (``torch.tensor(...,
+    device=...)`` is one), and ``index_put_`` of a host value into device memory (what
+    ``dev[index_tensor] = 1.0`` does: the scalar becomes a host tensor moved to the device).
+    A 0-dim host source of ``copy_`` is exempt only in ``fill_``'s form, which is not a copy."""
+    if func is aten.copy_.default:
+        sides = (args[0], args[1])
+    elif func is aten._to_copy.default:
+        sides = (args[0],) if device_involved else ()
+        if sides and memory.lookup(args[0]) is not None:
+            return  # device -> host: the blocking read the capture refuses already
+    elif func in (aten.index_put_.default, aten._index_put_impl_.default):
+        sides = (args[0], args[2]) if len(args) > 2 else (args[0], kwargs.get("values"))
+    else:
+        return
+    infos = [memory.lookup(t) if isinstance(t, torch.Tensor) else False for t in sides]
+    pageable = any(info is None for info in infos)
+    device = device_involved if func is aten._to_copy.default else any(
+        info is not None and info is not False and not info.pinned for info in infos)
+    if pageable and device:
+        raise RuntimeError(CAPTURE_COPY_MESSAGE)

@@ -121,6 +121,46 @@ def test_a_host_sync_during_a_capture_fails_as_on_a_gpu(sync):
                 torch.cuda.current_stream().synchronize()
 
 
+# Each form that copies pageable host memory to or from the device, beside its twin that a
+# capture takes (pinned memory, or a fill with a scalar argument instead of a copy).
+_CAPTURE_COPIES = {
+    "copy_ from pageable": (lambda dev, host, pinned, rows: dev.copy_(host), True),
+    "copy_ from pinned": (lambda dev, host, pinned, rows: dev.copy_(pinned, non_blocking=True),
+                          False),
+    "to(device) of pageable": (lambda dev, host, pinned, rows: host.to("cuda"), True),
+    "to(device) of pinned": (lambda dev, host, pinned, rows: pinned.to("cuda", non_blocking=True),
+                             False),
+    "dev[index] = scalar": (lambda dev, host, pinned, rows: dev.__setitem__(rows, 1.0), True),
+    "index_fill_ scalar": (lambda dev, host, pinned, rows: dev.index_fill_(0, rows, 1.0), False),
+    "dev[0] = scalar": (lambda dev, host, pinned, rows: dev.__setitem__(0, 5.0), True),
+    "dev[:2] = scalar": (lambda dev, host, pinned, rows: dev.__setitem__(slice(0, 2), 5.0),
+                         False),
+}
+
+
+@pytest.mark.parametrize("form", sorted(_CAPTURE_COPIES))
+def test_a_copy_of_pageable_host_memory_during_a_capture_fails_as_on_a_gpu(form):
+    """pytorch/pytorch#172156: a copy between pageable host memory and the device on a
+    capturing stream raises; pinned memory and scalar fills are captured."""
+    action, refused = _CAPTURE_COPIES[form]
+    with watch("cpu"):
+        dev = torch.zeros(4, device="cuda")
+        host = torch.ones(4)
+        pinned = torch.ones(4).pin_memory()
+        rows = torch.tensor([0, 2], device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        failure = None
+        try:
+            with torch.cuda.graph(graph):
+                action(dev, host, pinned, rows)
+        except RuntimeError as error:
+            failure = str(error)
+    if refused:
+        assert failure is not None and "Cannot copy between CPU and CUDA tensors" in failure
+    else:
+        assert failure is None
+
+
 @pytest.mark.parametrize(("wait_after_replay", "races"), [(True, []), (False, [("RAW", "out")])])
 def test_an_event_recorded_in_the_capture_fires_at_each_replay(wait_after_replay, races):
     with watch("cpu") as watcher:

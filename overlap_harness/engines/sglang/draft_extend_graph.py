@@ -106,7 +106,8 @@ def _draft_extend_forward(graphs: DraftExtendGraphs, forward_batch: Any) -> None
     accepted token of each request, or every token): logits a function of the position,
     hidden states the token."""
     with _kernel_values():
-        graphs.draft_runner.kv_buffer[forward_batch.out_cache_loc.to(torch.int64)] = 1.0
+        graphs.draft_runner.kv_buffer.index_fill_(0, forward_batch.out_cache_loc.to(torch.int64),
+                                                  1.0)  # no host scalar copied in a capture
         select = forward_batch.spec_info.select_index
         positions, tokens = forward_batch.positions, forward_batch.input_ids
         if select is not None:

@@ -104,7 +104,9 @@ def _verify_forward(runner: VerifyGraphModelRunner, forward_batch: Any) -> None:
     """The eager fake target's values: logits a function of the positions, hidden states
     the draft tokens."""
     with _kernel_values():
-        runner.kv_buffer[forward_batch.out_cache_loc.to(torch.int64)] = 1.0
+        # index_fill_, not ``kv[index] = 1.0``: that moves a host scalar to the device, which a
+        # capture refuses on a GPU (recorder/pageable.py)
+        runner.kv_buffer.index_fill_(0, forward_batch.out_cache_loc.to(torch.int64), 1.0)
         tokens = forward_batch.input_ids.shape[0]
         logits = eagle_worker.logits_of(forward_batch.positions, 0)
         forward_batch.next_token_logits_buffer[:tokens].copy_(logits)
