@@ -84,6 +84,10 @@ class SyncLabel(StrEnum):
     # SGLang 0.5.23's result copy (scheduler.py 5032, utils/common.py 616)
     COPY_STREAM_FORWARD_WAIT = "copy_stream.forward_wait"
     D2H_RESULT_RECORD_STREAM = "d2h_result.record_stream"
+    # SGLang 0.5.23's record_stream of the verify's inputs on F (protocol.verify_record_stream;
+    # spec_utils.py 369-404 before the preparation, eagle_worker_common.py 597 after it)
+    VERIFY_PRE_PREPARE_RECORD_STREAM = "verify_pre_prepare.record_stream"
+    VERIFY_INPUTS_RECORD_STREAM = "verify_inputs.record_stream"
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,11 +138,15 @@ class BatchRunner:
         drafts, verify_cache_loc = worker.spec_draft(ctx, batch, inputs,
                                                      verify_loc=not tree_on_plan)
         self.barrier.after_metadata_reads(device, forward)
+        self._record_verify_inputs(batch, drafts, verify_cache_loc,
+                                   SyncLabel.VERIFY_PRE_PREPARE_RECORD_STREAM)
         if joins:
             verify_cache_loc = self._prepare_verify_on_plan(batch, verify_cache_loc)
             if ctx.config.verify_graph_load:
                 drafts, verify_cache_loc = self._load_verify_graph(batch, drafts,
                                                                    verify_cache_loc)
+        self._record_verify_inputs(batch, drafts, verify_cache_loc,
+                                   SyncLabel.VERIFY_INPUTS_RECORD_STREAM)
         res = worker.spec_verify(ctx, batch, inputs["bonus"], drafts, verify_cache_loc, plan)
         after_verify = ctx.config.publish_point == PublishPoint.AFTER_VERIFY
         if after_verify:
@@ -157,6 +161,21 @@ class BatchRunner:
                    res.get("next_hidden"))
         keys = ("next_tokens", "accept_lens", "out_tokens")
         self._copy_to_cpu(batch, {k: res[k] for k in keys})
+
+    def _record_verify_inputs(self, batch: Batch, drafts: Buffer,
+                              verify_cache_loc: Buffer | None, label: SyncLabel) -> None:
+        """With ``verify_record_stream``: the verify's inputs marked used on F (SGLang 0.5.23:
+        before the preparation also the lengths, after it the tokens and slots the verify
+        reads), so a buffer allocated on another stream is not reused while F may read it."""
+        ctx = self.ctx
+        if not ctx.config.verify_record_stream:
+            return
+        buffers = [drafts, verify_cache_loc]
+        if label == SyncLabel.VERIFY_PRE_PREPARE_RECORD_STREAM:
+            buffers.append(batch.seq_lens)
+        for buf in buffers:
+            if buf is not None and not buf.freed:
+                ctx.device.record_stream(buf, ctx.forward_stream, label)
 
     def _prepare_verify_on_plan(self, batch: Batch, verify_cache_loc: Buffer | None) -> Buffer:
         """SGLang 0.5.23's verify preparation on the plan stream (eagle_worker_common.py

@@ -1,6 +1,6 @@
 """EAGLE's target verify and draft extend under SGLang's CUDA-graph runners
-(eagle_topk1_graph, _graph_plan, eagle_topk4_graph) and grammar-constrained requests without
-speculation (grammar).
+(eagle_topk1_graph, eagle_topk4_graph, each also with the plan stream on: ``_plan``) and
+grammar-constrained requests without speculation (grammar).
 
 One child process imports SGLang once, runs each variant as released (the fixed twin) and
 with one sync statement of SGLang's own function removed (recompiled from its file, so the
@@ -40,9 +40,9 @@ RACING = {
                                  PLAN_WAITS_FORWARD),
     "graph_forward_waits_plan": ("eagle_topk1_graph_plan", COMMON, "", "run_eagle_verify",
                                  FORWARD_WAITS_PLAN),
-    "tree_graph_plan_waits_forward": ("eagle_topk4_graph", COMMON, "", "run_eagle_verify",
+    "tree_graph_plan_waits_forward": ("eagle_topk4_graph_plan", COMMON, "", "run_eagle_verify",
                                       PLAN_WAITS_FORWARD),
-    "tree_graph_forward_waits_plan": ("eagle_topk4_graph", COMMON, "", "run_eagle_verify",
+    "tree_graph_forward_waits_plan": ("eagle_topk4_graph_plan", COMMON, "", "run_eagle_verify",
                                       FORWARD_WAITS_PLAN),
     # the grammar path's host wait before each result's tokens advance the grammars
     "grammar_decode_host_wait": ("grammar", PROCESSOR, "SchedulerBatchResultProcessor",
@@ -60,7 +60,8 @@ EAGER = {
     "eager_forward_waits_plan": ("eagle_topk1", COMMON, "", "run_eagle_verify",
                                  FORWARD_WAITS_PLAN),
 }
-FIXED_TWINS = ("eagle_topk1_graph", "eagle_topk1_graph_plan", "eagle_topk4_graph", "grammar")
+FIXED_TWINS = ("eagle_topk1_graph", "eagle_topk1_graph_plan", "eagle_topk4_graph",
+               "eagle_topk4_graph_plan", "grammar")
 
 CHILD = GRAMMAR_SPY + """
 import importlib, json
@@ -118,7 +119,7 @@ def test_variant_is_race_free_as_released(runs, variant):
 
 
 @pytest.mark.parametrize("variant", ("eagle_topk1_graph", "eagle_topk1_graph_plan",
-                                     "eagle_topk4_graph"))
+                                     "eagle_topk4_graph", "eagle_topk4_graph_plan"))
 def test_every_decode_verify_and_draft_extend_replays_its_graph(runs, variant):
     """The 2 prefills (and their draft extends) run eager; each decode iteration's verify
     and draft extend are replays of SGLang's runners."""
@@ -127,9 +128,10 @@ def test_every_decode_verify_and_draft_extend_replays_its_graph(runs, variant):
     assert twin["extend_replays"] == twin["forwards"] - 2
 
 
-def test_only_the_plan_variant_stages_the_verify_on_the_plan_stream(runs):
-    assert runs["twins"]["eagle_topk1_graph_plan"]["plan_ops"] > 0
-    assert runs["twins"]["eagle_topk1_graph"]["plan_ops"] == 0
+@pytest.mark.parametrize("topk", (1, 4))
+def test_only_the_plan_variant_stages_the_verify_on_the_plan_stream(runs, topk):
+    assert runs["twins"][f"eagle_topk{topk}_graph_plan"]["plan_ops"] > 0
+    assert runs["twins"][f"eagle_topk{topk}_graph"]["plan_ops"] == 0
 
 
 def test_the_grammar_variant_samples_behind_sglangs_mask(runs):
@@ -167,6 +169,7 @@ def test_the_graph_plan_race_names_the_plan_stream_load(runs):
     ("eagle_topk1_graph_plan", {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS", "DECODE_GRAPHS",
                                 "EAGLE_V2"}, {"DELAYED_SAMPLE"}),
     ("eagle_topk4_graph", {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS"}, set()),
+    ("eagle_topk4_graph_plan", {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS"}, set()),
     ("eagle_topk1", {"EAGLE_V2"}, {"VERIFY_GRAPH_LOAD", "DRAFT_EXTEND_GRAPHS"}),
     ("grammar", {"DELAYED_SAMPLE"}, {"EAGLE_V2", "VERIFY_GRAPH_LOAD"}),
 ])

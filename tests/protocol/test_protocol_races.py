@@ -174,3 +174,24 @@ def test_manifest_seq_lens_race_shows_in_values() -> None:
     assert any(d.key == "seq_lens_cpu" for d in diffs), diffs
     out2, obs2, _ = run(BASE, STEADY)
     assert compare_runs(out2, obs2, o_out, o_obs) == []
+
+
+def test_the_verify_inputs_record_stream_keeps_their_blocks_from_reuse() -> None:
+    """SGLang 0.5.23's record_stream of the verify's inputs (protocol.verify_record_stream):
+    with the pin ring at depth 0 and no barrier, dropping the pre-preparation record
+    (record_stream_for_v2_verify) lets the schedule stream reuse the lengths' block while F
+    still reads it; with the record kept (the twin) that block is never reused early."""
+    proto = dc.replace(BASE, mode=Mode.SPEC_V2, topk=4, num_draft_tokens=6,
+                       plan_stream_joins=True, verify_record_stream=True,
+                       war_barrier=WarBarrier.NONE, pin_ring_depth=0)
+
+    def lengths_reused(races: list[Race]) -> list[Race]:
+        return [r for r in races if r.kind == RaceKind.REUSE and r.buffer == "seq_lens"
+                and r.first.agent == "forward" and r.second.agent == "schedule"]
+
+    _, _, removed = run(proto, STEADY, ("verify_pre_prepare.record_stream",))
+    assert lengths_reused(removed), sorted(keys(removed))
+    _, _, twin = run(proto, STEADY)
+    assert not lengths_reused(twin), describe(twin)
+    _, _, unmarked = run(dc.replace(proto, verify_record_stream=False), STEADY)
+    assert lengths_reused(unmarked), sorted(keys(unmarked))

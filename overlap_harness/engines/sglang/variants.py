@@ -131,9 +131,15 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # inside the verify's plan-stream block, between its two stream joins
     Variant("eagle_topk1_graph_plan", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
             pools=TWO_ROWS, eagle=EagleConfig(verify_graph_sizes=(1, 2), draft_extend_graph=True)),
-    # eagle_topk4's tree drafting with both graphs and the plan stream: the static
-    # tree mask, which attention reads, is among the buffers load_batch fills
+    # eagle_topk4's tree drafting with both graphs, plan stream off (SGLang's default): the
+    # static tree mask, which attention reads, is among the buffers load_batch fills
     Variant("eagle_topk4_graph", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
+                                              verify_graph_sizes=(1, 2),
+                                              draft_extend_graph=True, plan_stream=False)),
+    # the same with the plan stream on: load_batch fills the tree's static buffers inside the
+    # verify's plan-stream block
+    Variant("eagle_topk4_graph_plan", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
             pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
                                               verify_graph_sizes=(1, 2),
                                               draft_extend_graph=True)),
