@@ -17,6 +17,7 @@ eager runner and runs the command on it.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -108,24 +109,39 @@ def test_without_the_event_the_chunk_prep_races_the_radix_rewrite(runs, key):
     assert war, removal["races"]
     first, second = war[0]["first"], war[0]["second"]
     assert first["op"] == "attn_metadata_prep (eager)"
+    assert first["file"].endswith("model_executor/runner/eager_runner.py")  # SGLang's call
     assert first["stream"] == "self.forward_stream"
     assert second["file"].endswith("mem_cache/memory_pool.py")
     assert second["stream"] == "self.schedule_stream"
 
 
+def _metadata_init_after_publish(text: str) -> str:
+    """``EagerRunner._execute_extend`` with the backend's ``init_forward_metadata`` statement
+    moved after the ``maybe_publish_prefill_shared_read_done`` call (found by the file's
+    syntax tree, never by a line number; fails when either is missing)."""
+    runner = next(node for node in ast.walk(ast.parse(text))
+                  if isinstance(node, ast.FunctionDef) and node.name == "_execute_extend")
+
+    def statement(needle: str) -> ast.stmt:
+        found = [node for node in ast.walk(runner) if isinstance(node, ast.Expr)
+                 and needle in ast.unparse(node)]
+        assert len(found) == 1, (needle, len(found))
+        return found[0]
+    init = statement("attn_backend.init_forward_metadata(")
+    publish = statement("maybe_publish_prefill_shared_read_done(")
+    assert init.lineno < publish.lineno
+    lines = text.splitlines(keepends=True)
+    moved = lines[init.lineno - 1:init.end_lineno]
+    return "".join(lines[:init.lineno - 1] + lines[init.end_lineno:publish.end_lineno]
+                   + moved + lines[publish.end_lineno:])
+
+
 def _tree_command(tmp_path: Path, moved: bool) -> tuple[int, str, dict]:
     """The command on a tree whose eager extend calls the backend's metadata init after the
     publish of the read-done event (``moved``), or as released."""
-    def edit(text: str) -> str:
-        call = "            model_runner.attn_backend.init_forward_metadata(forward_batch)\n"
-        publish = "            maybe_publish_prefill_shared_read_done("
-        assert text.count(call) == 1 and text.count(publish) == 1
-        text = text.replace(call, "")
-        head, tail = text.split(publish)
-        close = tail.index("\n            )\n") + len("\n            )\n")
-        return head + publish + tail[:close] + call + tail[close:]
+    edit = _metadata_init_after_publish if moved else unchanged
     tree = edited_tree(tmp_path, "srt/model_executor/runner/eager_runner.py",
-                       edit if moved else unchanged)
+                       edit)
     return run_sglang("--sglang-src", str(tree), "--variant", VARIANT,
                       json_path=tmp_path / "races.json", timeout=600)
 
