@@ -146,7 +146,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
           eagle_build.selected(variant.eagle, hip=variant.hip),
-          delay_sample.enabled(variant.delay_sample)):
+          delay_sample.enabled(variant.delay_sample),
+          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,

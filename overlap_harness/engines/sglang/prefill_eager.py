@@ -20,14 +20,24 @@ fields the runner reads (:class:`EagerModelRunner`); then the graph path's decla
 
 from __future__ import annotations
 
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 import overlap_harness.recorder as recorder
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang.eagle_kernels import _positions, _positions_accesses
 from overlap_harness.engines.sglang.graph_runner import GraphModelRunner, _sample, graph_platform
 from overlap_harness.engines.sglang.prefill_backend import EagerModel, pre_replay_backend_class
+
+#: ModelRunner's own methods the fake runner runs (each where the loaded release has it): the
+#: dispatch to the eager runner and what it and the eager runner call on the model runner
+MODEL_RUNNER_METHODS = ("_forward_raw", "_prepare_eager_forward_batch",
+                        "_maybe_execute_deferred_mamba_cow_and_clear", "_pp_kwargs",
+                        "_extend_forward_kwargs")
 
 
 class EagerModelRunner(GraphModelRunner):
@@ -50,23 +60,29 @@ class EagerModelRunner(GraphModelRunner):
         self.attn_backend = pre_replay_backend_class()(req_to_token_pool.req_to_token,
                                                        self.max_running_requests)
         self.model = EagerModel(self)
+        # what ModelRunner._forward_raw reads on the way to the eager runner: no decode or
+        # prefill graph runner, one pipeline stage (set: the eager runner, once built)
+        self.decode_cuda_graph_runner = None
+        self.prefill_cuda_graph_runner = None
+        self.eager_runner: Any = None
+        self.pp_group = StrictStub("pp_group", is_last_rank=True, world_size=1)
+        self.enable_elastic_ep = False
+        for name in MODEL_RUNNER_METHODS:
+            self._bind(name)
 
-    def _pp_kwargs(self, pp_proxy_tensors: Any) -> dict:
-        """No pipeline parallelism: no extra forward arguments (ModelRunner's rule)."""
-        return {}
+    def _bind(self, name: str) -> None:
+        """SGLang's ``ModelRunner.name`` bound to this runner, where the release has it."""
+        from sglang.srt.model_executor.model_runner import ModelRunner
 
-    def _extend_forward_kwargs(self, forward_batch: Any, pp_proxy_tensors: Any) -> dict:
-        """A generation model of token inputs: no embeddings overrides (ModelRunner's
-        rule gives none for such a batch)."""
-        if forward_batch.input_embeds is not None or forward_batch.replace_embeds is not None:
-            raise NotImplementedError("input embeddings are not driven")
-        return {}
+        if hasattr(ModelRunner, name):
+            setattr(self, name, types.MethodType(getattr(ModelRunner, name), self))
 
 
 class EagerForwards:
     """The worker's forwards through SGLang's ``EagerRunner``: each batch a ``ForwardBatch``
-    made by SGLang's ``ForwardBatch.init_new``, run by the runner's ``execute`` inside the
-    forward context ``ModelRunner._forward_raw`` opens, then sampled."""
+    made by SGLang's ``ForwardBatch.init_new``, dispatched by SGLang's
+    ``ModelRunner._forward_raw`` (bound to the fake runner) to the runner's ``execute``, then
+    sampled."""
 
     def __init__(self, worker: Any, server_args: Any, parallel_state: Any = None) -> None:
         from sglang.srt.model_executor.runner.eager_runner import EagerRunner
@@ -79,6 +95,7 @@ class EagerForwards:
             self.model_runner.ps = parallel_state
         with graph_platform():
             self.runner = EagerRunner(self.model_runner)
+        self.model_runner.eager_runner = self.runner
         self.extends = 0
         self.decodes = 0
 
@@ -87,8 +104,6 @@ class EagerForwards:
         ``GenerationBatchResult``."""
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-        from sglang.srt.runtime_context import get_model
 
         forward_batch = ForwardBatch.init_new(batch, self.model_runner,
                                               return_hidden_states_before_norm=False)
@@ -96,13 +111,25 @@ class EagerForwards:
             self.decodes += 1
         else:
             self.extends += 1
-        context = ForwardContext(attn_backend=self.model_runner.attn_backend)
-        with (get_model().override(shared_experts=None),
-              forward_context(context, forward_batch=forward_batch)):
-            output = self.runner.execute(forward_batch)
+        # SGLang's dispatch (its forward context, the eager-batch preparation, the runner)
+        output = self.model_runner._forward_raw(forward_batch, None).logits_output
         return GenerationBatchResult(logits_output=output,
                                      next_token_ids=_sample(output.next_token_logits),
                                      can_run_cuda_graph=False)
+
+
+@contextmanager
+def fastpath_enabled(on: bool) -> Iterator[None]:
+    """``SGLANG_ENABLE_PREFILL_WAR_READ_DONE`` set for the block when ``on``: SGLang's switch
+    of the prefill read-done fastpath (on by default where the release defaults it so, off in
+    releases that ship it opt-in)."""
+    if not on:
+        yield
+        return
+    from sglang.srt.environ import envs
+
+    with envs.SGLANG_ENABLE_PREFILL_WAR_READ_DONE.override(True):
+        yield
 
 
 def declare() -> None:
