@@ -27,6 +27,7 @@ from tests.engines.sglang_trees import edited_tree, run_child, run_sglang, uncha
 VARIANT = "prefill_pre_replay"
 SCHEDULER = "sglang.srt.managers.scheduler"
 READ_EVENT = "sglang.srt.model_executor.runner_utils.shared_read_event"
+PROCESSOR = "sglang.srt.managers.scheduler_components.batch_result_processor"
 PUBLISH_RECORD = "read_done.record()"
 
 #: name -> (module, owner or "", function, needle)
@@ -36,6 +37,11 @@ REMOVALS = {
     "publish_record": (READ_EVENT, "", "maybe_publish_prefill_shared_read_done",
                        PUBLISH_RECORD),
 }
+#: the prefill result's host wait: the sampled tokens the eager path leaves on the device
+#: are read by the host only behind it (the same removal as in the other variants)
+HOST_WAIT = {"prefill_host_wait": (PROCESSOR, "SchedulerBatchResultProcessor",
+                                   "process_batch_result_prefill",
+                                   "result.copy_done.synchronize()")}
 
 CHILD = """
 import importlib, json
@@ -77,7 +83,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def runs():
-    return run_child(CHILD, VARIANT, REMOVALS)
+    return run_child(CHILD, VARIANT, {**REMOVALS, **HOST_WAIT})
 
 
 def test_the_fastpath_is_race_free_as_released(runs):
@@ -134,6 +140,13 @@ def _metadata_init_after_publish(text: str) -> str:
     moved = lines[init.lineno - 1:init.end_lineno]
     return "".join(lines[:init.lineno - 1] + lines[init.end_lineno:publish.end_lineno]
                    + moved + lines[publish.end_lineno:])
+
+
+def test_the_prefill_tokens_are_read_by_the_host_only_behind_the_result_copy(runs):
+    """The eager path's sampled tokens are device memory copied to the host on the copy
+    stream: without the prefill result's host wait, the host reads them before the copy."""
+    races = runs["removed"]["prefill_host_wait"]["races"]
+    assert races and {r["kind"] for r in races} == {"host-D2H"}, races
 
 
 def _tree_command(tmp_path: Path, moved: bool) -> tuple[int, str, dict]:

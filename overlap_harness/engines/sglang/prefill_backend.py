@@ -59,17 +59,18 @@ def _forward_accesses(result: Any, runner: Any, forward_batch: Any
     out += writes(runner.kv_buffer, rows=forward_batch.out_cache_loc)
     entries = backend.kv_indices[:used]
     out += reads(entries) + reads(runner.kv_buffer, rows=entries)
-    return out + writes(result.next_token_logits)
+    return out + writes(result)
 
 
 @declared(_forward_accesses, name="model_forward (eager)")
-def _eager_model_forward(runner: Any, forward_batch: Any) -> Any:
+def _eager_model_forward(runner: Any, forward_batch: Any) -> torch.Tensor:
     """Values a model could produce, as the fake worker's forward makes them (worker.py):
     each new KV slot holds its input token + 1; each request's logits row is one-hot at the
     sum of the KV its private indices name plus its length (mod the vocabulary)."""
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-
     backend = runner.attn_backend
+    # allocated outside the kernel's value computation: a device tensor, as the model's is
+    logits = torch.zeros((forward_batch.batch_size, VOCAB), dtype=torch.float32,
+                         device=runner.kv_buffer.device)
     with _kernel_values():
         tokens = forward_batch.input_ids.to(torch.float32) + 1.0
         runner.kv_buffer.index_copy_(0, forward_batch.out_cache_loc.to(torch.int64),
@@ -85,9 +86,8 @@ def _eager_model_forward(runner: Any, forward_batch: Any) -> Any:
         slots = backend.kv_indices.index_select(0, where.reshape(-1)).to(torch.int64)
         kv = runner.kv_buffer.index_select(0, slots).reshape(bs, width)
         sums = (kv * inside).sum(dim=1).to(torch.int64) + lengths
-        logits = torch.zeros((bs, VOCAB), dtype=torch.float32, device=starts.device)
         logits.scatter_(1, torch.remainder(sums, VOCAB).unsqueeze(1), 1.0)
-    return LogitsProcessorOutput(next_token_logits=logits)
+    return logits  # a fresh tensor: the recorder adopts it as the kernel's output
 
 
 @functools.cache
@@ -136,4 +136,7 @@ class EagerModel:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: Any) -> Any:
-        return _eager_model_forward(self.runner, forward_batch)
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        return LogitsProcessorOutput(
+            next_token_logits=_eager_model_forward(self.runner, forward_batch))
