@@ -66,7 +66,6 @@ class EagerModelRunner(GraphModelRunner):
         self.prefill_cuda_graph_runner = None
         self.eager_runner: Any = None
         self.pp_group = StrictStub("pp_group", is_last_rank=True, world_size=1)
-        self.enable_elastic_ep = False
         for name in MODEL_RUNNER_METHODS:
             self._bind(name)
 
