@@ -30,6 +30,7 @@ from overlap_harness.engines.sglang import (
     graph_kernels,
     graph_runner,
     kernels,
+    prefill_eager,
     scheduler_build,
 )
 from overlap_harness.engines.sglang.variants import Variant
@@ -124,10 +125,13 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
     :mod:`.gpu_loop`."""
     kernels.declare()
-    if variant.decode_graph_sizes or (variant.eagle and variant.eagle.verify_graph_sizes):
+    if (variant.decode_graph_sizes or variant.eager_prefill_pre_replay
+            or (variant.eagle and variant.eagle.verify_graph_sizes)):
         graph_kernels.declare()
     if variant.eagle is not None:
         eagle_kernels.declare()
+    if variant.eager_prefill_pre_replay:
+        prefill_eager.declare()
     started = time.process_time()
     if variant.eagle is None:
         args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
@@ -142,7 +146,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
           eagle_build.selected(variant.eagle, hip=variant.hip),
-          delay_sample.enabled(variant.delay_sample)):
+          delay_sample.enabled(variant.delay_sample),
+          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
@@ -152,6 +157,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay)
+        if variant.eager_prefill_pre_replay:
+            prefill_eager.attach(scheduler, args)
         if variant.eagle is not None and variant.eagle.verify_graph_sizes:
             eagle_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
                                variant.eagle.num_draft_tokens, variant.eagle.topk > 1)

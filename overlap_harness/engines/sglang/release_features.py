@@ -68,6 +68,10 @@ HIP_BRANCHES = Feature("the overlap loop's HIP branches", SCHEDULER, "_is_hip")
 DELAY_SAMPLE = Feature("delayed sampling of every non-prefill-only forward, switched on by "
                        "SGLANG_ENABLE_DELAY_SAMPLE (older releases delay only grammar batches)",
                        "sglang.srt.environ", "Envs.SGLANG_ENABLE_DELAY_SAMPLE")
+EAGER_PREFILL_READ_DONE = Feature("the eager runner's prefill read-done fastpath (its extend "
+                                  "publishes the event of a PRE_REPLAY backend)",
+                                  "sglang.srt.model_executor.runner.eager_runner",
+                                  "maybe_publish_prefill_shared_read_done")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
                        "TEST_RETRACT")
 
@@ -85,6 +89,8 @@ def required_features(variant: Variant) -> list[Feature]:
             features.append(POST_REPLAY_READS)
     if variant.dp_peer is not None:
         features.append(DP_ATTENTION_SYNC)
+    if variant.eager_prefill_pre_replay:
+        features.append(EAGER_PREFILL_READ_DONE)
     if variant.delay_sample:
         features.append(DELAY_SAMPLE)
     if variant.eagle is not None:

@@ -61,7 +61,9 @@ CONDITIONS: tuple[Condition, ...] = (
               "the prefill read-done fastpath is taken by SGLang's eager runner or prefill "
               "graph runner when the attention backend resolves the prefill's shared reads to "
               "PRE_REPLAY (TRT-LLM MHA, DeepSeek-V4, MiniMax sparse NVFP4 backends on CUDA); "
-              "the harness's fake worker replaces the model runner and its backend"),
+              "the harness drives it only in prefill_pre_replay (SGLang's eager runner with a "
+              "PRE_REPLAY stand-in backend), which needs the eager runner's publish; the "
+              "prefill graph runner is not driven"),
 )
 
 

@@ -38,6 +38,9 @@ class Variant:
     grammar: bool = False  # every request grammar-constrained (grammar_build.py)
     embedding: bool = False  # an embedding model (is_generation False: embedding_build.py)
     delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (delay_sample.py)
+    # every forward run by SGLang's EagerRunner, its attention backend declaring a prefill's
+    # shared reads ended in its metadata init (PRE_REPLAY: prefill_eager.py)
+    eager_prefill_pre_replay: bool = False
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -149,4 +152,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # bitmask built from that state, staged to the device and applied (grammar_build.py)
     Variant("grammar", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))}, pools=TWO_ROWS,
             grammar=True),
+    # radix_cache's requests, chunked in 4s, every forward by SGLang's eager runner with a
+    # backend whose prefill reads end in its metadata init (PRE_REPLAY, as TRT-LLM MHA's):
+    # each prefill chunk publishes its read-done event (the prefill fastpath) and the next
+    # chunk's cache_unfinished_req rewrites the row behind it, not behind the whole forward
+    Variant("prefill_pre_replay", 12, {0: ((13, 3),), 5: ((13, 3),), 9: ((6, 2),)},
+            chunked_prefill_size=4, radix_cache=True, pools=TWO_ROWS, graph_runner=False,
+            eager_prefill_pre_replay=True),
 )}

@@ -122,11 +122,15 @@ class FakeModelWorker:
         self.forwards = 0
         # SGLang's decode CUDA-graph runner (graph_runner.DecodeGraphs), when a variant asks
         self.decode_graphs: Any = None
+        # SGLang's eager runner for every forward (prefill_eager.EagerForwards), when asked
+        self.eager_forwards: Any = None
 
     @property
     def last_shared_read_runner(self) -> FakeRunner:
         """The runner whose event the WAR barrier waits on: the one the decode graph runner
-        publishes on when graphs are on, else the fake runner."""
+        publishes on when graphs are on (or SGLang's eager runner's), else the fake runner."""
+        if self.eager_forwards is not None:
+            return self.eager_forwards.model_runner
         if self.decode_graphs is not None:
             return self.decode_graphs.model_runner
         return self.model_runner
@@ -143,6 +147,8 @@ class FakeModelWorker:
         if kwargs:
             raise TypeError(f"forward_batch_generation: unplanned arguments {sorted(kwargs)}")
         self.forwards += 1
+        if self.eager_forwards is not None:
+            return self.eager_forwards.forward(batch)
         if self.decode_graphs is not None and batch.forward_mode.is_decode():
             replayed = self.decode_graphs.forward(batch)
             if replayed is not None:
