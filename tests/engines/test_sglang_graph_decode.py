@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GRAPH_VARIANTS = ("graph_decode", "graph_decode_radix", "graph_decode_post_replay")
+GRAPH_VARIANTS = ("graph_decode", "graph_decode_radix", "graph_decode_post_replay",
+                  "graph_decode_radix_pre_replay")
 RUNNER = "model_executor/runner/decode_cuda_graph_runner.py"
 IN_GRAPH_RECORD = "event.record()"  # _record_in_graph_metadata_prep_done, during capture
 POST_REPLAY_RECORD = "read_done.record()"  # _publish_read_done(in_graph=False)
@@ -82,6 +83,21 @@ def test_without_the_read_done_event_the_graph_prep_races_the_radix_rewrite(tabl
     assert first["stream"] == "self.forward_stream"
     assert second["file"].endswith("mem_cache/memory_pool.py")
     assert second["stream"] == "self.schedule_stream"
+
+
+def test_a_backend_preparing_before_the_replay_races_without_the_barrier_wait(table):
+    """PRE_REPLAY (decode metadata prepared out of the graph, before the replay): the
+    scheduler's WAR barrier removed, the out-of-graph prep on the forward stream reads the row
+    the radix cache rewrites on the schedule stream; the in-graph record is not what orders
+    it (the backend captures no prep)."""
+    row = _row(table[2], "graph_decode_radix_pre_replay", "managers/scheduler.py", BARRIER_WAIT)
+    assert row["verdict"] == "necessary" and row["reached"] > 0, row
+    war = [r for r in row["races"] if r["kind"] == "WAR"
+           and r["tensor"].startswith("self.req_to_token@")]
+    assert war, row["races"]
+    assert war[0]["first"]["op"] == "attn_metadata_prep_out_graph", war[0]["first"]
+    assert war[0]["first"]["stream"] == "self.forward_stream"
+    assert war[0]["second"]["stream"] == "self.schedule_stream"
 
 
 def test_each_read_done_site_is_reached_where_its_backend_declares_it(table):

@@ -19,10 +19,11 @@ from overlap_harness.engines.sglang import releases
 #: run by CI beside the default tests: one mid-range release and the newest
 CI_RELEASES = ("0.5.20", "0.5.23")
 MIN_VARIANTS = 10
-#: the variants every release has the features of (no speculative decoding)
-NON_SPEC_VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill",
-                     "radix_cache", "idle_iteration", "retracted_request", "idle_dp_rank",
-                     "graph_decode", "graph_decode_radix", "graph_decode_post_replay")
+#: SGLang's default of the switch behind the older releases' EAGLE races (plan stream off)
+DEFAULT_CONFIG = ("plan_stream=off",)
+#: ... with an attention backend that prepares its decode metadata before the graph replay
+#: (0.5.17's FlashInfer, Triton and FA3: SGLang's defaults on SM80/SM90)
+PRE_REPLAY_CONFIG = ("plan_stream=off", "attention_reads_end=pre_replay")
 #: where the whole default set does not come out clean yet, and why (measured 2026-11-28,
 #: docs/sglang-release-driving.md); strict: a release that starts passing says so. The EAGLE
 #: variants run with SGLang's plan stream on (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by
@@ -30,24 +31,23 @@ NON_SPEC_VARIANTS = ("non_spec_decode", "non_spec_decode_hip", "chunked_prefill"
 #: forward stream (and before 0.5.20 the verify too): real races, the waits SGLang added later
 _PLAN_WAITS = ("EAGLE (plan stream on): races, the draft extend's preparation queued on the "
                "plan stream without the wait for the forward stream SGLang added in 0.5.22")
+_RADIX_0517 = ("graph_decode_radix: real race in 0.5.17, 3 WAR races on req_to_token: "
+               "DecodeCudaGraphRunner.execute records the WAR barrier's read-done event "
+               "before the replay (decode_cuda_graph_runner.py:1231, replay :1233), yet a "
+               "backend's init_forward_metadata_in_graph reads req_to_token inside the replay "
+               "(TRTLLM-MHA, trtllm_mha_backend.py:873 -> :711, the SM100 default); the "
+               "schedule stream's next ReqToTokenPool.write (memory_pool.py:286) is ordered "
+               "only after the event (scheduler.py:1664-1680). 0.5.18 fixed it with "
+               "SharedReadEnds.IN_REPLAY (docs/sglang-release-driving.md)")
 KNOWN_DEFAULT_GAPS = {
-    "0.5.17": _PLAN_WAITS + " (and the verify's, added in 0.5.20); graph_decode_radix: "
-              "real race in 0.5.17 (see KNOWN_NON_SPEC_GAPS)",
+    "0.5.17": _PLAN_WAITS + " (and the verify's, added in 0.5.20); " + _RADIX_0517,
     "0.5.18": _PLAN_WAITS + " (and the verify's, added in 0.5.20)",
     "0.5.19": _PLAN_WAITS + " (and the verify's, added in 0.5.20)",
     "0.5.20": _PLAN_WAITS,
     "0.5.21": _PLAN_WAITS,
 }
-KNOWN_NON_SPEC_GAPS = {
-    "0.5.17": "graph_decode_radix: real race in 0.5.17, 3 WAR races on req_to_token: "
-              "DecodeCudaGraphRunner.execute records the WAR barrier's read-done event "
-              "before the replay (decode_cuda_graph_runner.py:1231, replay :1233), yet a "
-              "backend's init_forward_metadata_in_graph reads req_to_token inside the replay "
-              "(TRTLLM-MHA, trtllm_mha_backend.py:873 -> :711, the SM100 default); the "
-              "schedule stream's next ReqToTokenPool.write (memory_pool.py:286) is ordered "
-              "only after the event (scheduler.py:1664-1680). 0.5.18 fixed it with "
-              "SharedReadEnds.IN_REPLAY (docs/sglang-release-driving.md)",
-}
+#: with the plan stream off, only 0.5.17's in-replay backends race
+KNOWN_DEFAULT_CONFIG_GAPS = {"0.5.17": _RADIX_0517}
 
 
 def _params(gaps: dict[str, str], ci_where: Callable[[str], bool]) -> list:
@@ -62,13 +62,13 @@ def _params(gaps: dict[str, str], ci_where: Callable[[str], bool]) -> list:
     return params
 
 
-def _drive(version: str, tmp_path: Path, variants: tuple[str, ...] = ()) -> dict:
+def _drive(version: str, tmp_path: Path, config: tuple[str, ...] = ()) -> dict:
     try:
         tree = releases.release_tree(version)
     except releases.ReleaseUnavailable as exc:
         pytest.skip(str(exc))
     out = tmp_path / "loop.json"
-    chosen = [arg for name in variants for arg in ("--variant", name)]
+    chosen = [arg for item in config for arg in ("--config", item)]
     done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
                            str(tree), "--json", str(out), *chosen],
                           capture_output=True, text=True, timeout=900)
@@ -90,17 +90,41 @@ def test_release_drives_its_default_variants_race_free(version: str, tmp_path: P
     assert len(document["variants"]) >= MIN_VARIANTS, document.get("not_applicable")
 
 
-# in CI only where the default set is a known gap: elsewhere the default set, which holds
-# these variants, already runs there (``-m slow`` runs both everywhere)
-@pytest.mark.parametrize("version", _params(KNOWN_NON_SPEC_GAPS,
+def _check_configuration(document: dict, config: tuple[str, ...]) -> None:
+    """Every variant that ran is of ``config``; every one left out says which key differs."""
+    wanted = dict(item.split("=") for item in config)
+    assert document["config"] == wanted
+    for name in document["variants"]:
+        ran_under = document["configurations"][name]
+        assert all(ran_under.get(key, value) == value for key, value in wanted.items()), name
+    for entry in document["not_selected"]:
+        assert entry["variant"] not in document["variants"]
+        assert any(f"{key}=" in entry["reason"] for key in wanted), entry
+
+
+# in CI for the mid-range release, whose whole default set is a known gap
+@pytest.mark.parametrize("version", _params(KNOWN_DEFAULT_CONFIG_GAPS,
                                             lambda version: version in KNOWN_DEFAULT_GAPS))
-def test_release_drives_the_non_spec_variants_race_free(version: str,
-                                                        tmp_path: Path) -> None:
-    """The variants without speculative decoding, which every release has the features of
-    (one may still be not applicable: its reason is checked)."""
-    document = _drive(version, tmp_path, NON_SPEC_VARIANTS)
-    ran = set(document["variants"]) | {e["variant"] for e in document.get("not_applicable", [])}
-    assert ran == set(NON_SPEC_VARIANTS)
+def test_release_drives_sglangs_default_configuration_race_free(version: str,
+                                                                tmp_path: Path) -> None:
+    """``--config plan_stream=off`` (SGLang's default): at least 10 variants run, EAGLE eager
+    and under graphs among them, exit 0, race-free."""
+    document = _drive(version, tmp_path, DEFAULT_CONFIG)
+    _check_configuration(document, DEFAULT_CONFIG)
+    assert len(document["variants"]) >= MIN_VARIANTS, document.get("not_applicable")
+    assert "eagle_topk1_plan_off" in document["variants"]
+    assert "eagle_topk1_graph" in document["variants"]
+
+
+@pytest.mark.parametrize("version", _params({}, lambda version: False))
+def test_release_drives_the_pre_replay_backend_configuration_race_free(version: str,
+                                                                       tmp_path: Path) -> None:
+    """Plan stream off and a backend preparing its decode metadata before the replay: every
+    release, 0.5.17 included, race-free with at least 10 variants."""
+    document = _drive(version, tmp_path, PRE_REPLAY_CONFIG)
+    _check_configuration(document, PRE_REPLAY_CONFIG)
+    assert len(document["variants"]) >= MIN_VARIANTS, document.get("not_applicable")
+    assert "graph_decode_radix_pre_replay" in document["variants"]
 
 
 @pytest.mark.slow

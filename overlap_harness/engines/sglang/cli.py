@@ -61,6 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-resume", type=Path, metavar="FILE", default=None,
                         help="with --gpu: an earlier GPU report (json) of the same tree and "
                         "device; its rows with trials are kept, only the others run")
+    parser.add_argument("--config", action="append", metavar="KEY=VALUE", default=[],
+                        help="run only the variants of this SGLang configuration "
+                        "(repeatable, e.g. plan_stream=off; the keys: docs/sglang-loop.md, "
+                        "Configurations); the others are listed as not selected")
     add_pr_options(parser, "sglang")
     parser.set_defaults(func=run)
     return parser
@@ -78,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
     prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report,
                              "--gpu-report": args.gpu_report},
                     files={"--json": args.json, "--sarif": args.sarif})
+    from overlap_harness.engines.sglang.configurations import ConfigError
+
+    try:
+        not_selected = _apply_config(args)
+    except ConfigError as exc:
+        return fail_all(PROG, exc.problems)
+    except ValueError as exc:  # an unknown variant
+        return fail(PROG, str(exc))
     if args.base is not None:  # a pull request's view: both trees, each in a child
         from overlap_harness.engines.core.pr_view.view import run as run_pr_view
 
@@ -95,13 +107,14 @@ def run(args: argparse.Namespace) -> int:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
         return fail(PROG, str(exc))
+    from overlap_harness.engines.sglang.configurations import configuration
     from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     names = args.variant or list(VARIANTS)
-    if (message := unknown_variants(names, list(VARIANTS))) is not None:
-        return fail(PROG, message)
     print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")
+    for name, reason in not_selected.items():
+        print(f"  {name}: not selected ({reason})")
     not_applicable = _not_applicable(names)
     outcomes, errors = run_variants([n for n in names if n not in not_applicable],
                                     run_outcome,
@@ -111,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         "source": str(tree.package_dir), "sglang_version": tree.version,
         "variants": names,
         "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
+        "config": dict(args.config_wanted),
+        "not_selected": [{"variant": n, "reason": r} for n, r in not_selected.items()],
+        "configurations": {n: configuration(VARIANTS[n]) for n in names},
         "races": [r for o in outcomes.values() for r in o.races]}
     if errors:  # what did run is still written, then the tree is reported undrivable
         document["errors"] = errors
@@ -143,6 +159,24 @@ def run(args: argparse.Namespace) -> int:
         md.write_text(markdown(document))
         print(f"wrote {md}")
     return 1 if document["races"] else 0
+
+
+def _apply_config(args: argparse.Namespace) -> dict[str, str]:
+    """Resolve ``--variant`` and ``--config`` into ``args.variant`` (the variants to run) and
+    ``args.config_wanted``; return the variants ``--config`` left out, each with why. Raises
+    ``ValueError`` on an unknown variant or a bad or empty selection."""
+    from overlap_harness.engines.sglang import configurations
+    from overlap_harness.engines.sglang.variants import VARIANTS
+
+    names = args.variant or list(VARIANTS)
+    if (message := unknown_variants(names, list(VARIANTS))) is not None:
+        raise ValueError(message)
+    args.config_wanted = configurations.parse(args.config)
+    if not args.config_wanted:
+        return {}
+    chosen, left_out = configurations.select(VARIANTS, names, args.config_wanted)
+    args.variant = chosen
+    return left_out
 
 
 def _not_applicable(names: list[str]) -> dict[str, str]:

@@ -156,7 +156,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
             embedding_build.make_embedding_scheduler(scheduler)
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
-                                post_replay=variant.graph_reads_end_post_replay)
+                                post_replay=variant.graph_reads_end_post_replay,
+                                pre_replay=variant.graph_reads_end_pre_replay)
         if variant.eager_prefill_pre_replay:
             prefill_eager.attach(scheduler, args)
         if variant.eagle is not None and variant.eagle.verify_graph_sizes:

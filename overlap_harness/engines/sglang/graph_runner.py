@@ -21,7 +21,10 @@ What is the harness's (the model is not loaded, and these need weights, NCCL or 
   there, docs/sglang-release-driving.md); after it, the attention reads only that private
   copy. Its ``shared_read_ends`` is the base class's (SGLang's): decode reads
   end ``IN_REPLAY``. ``post_replay=True`` declares ``POST_REPLAY`` instead (a backend without a
-  metadata snapshot: the runner then records a fresh event after the replay).
+  metadata snapshot: the runner then records a fresh event after the replay);
+  ``pre_replay=True`` builds the private copy in ``init_forward_metadata_out_graph``, before
+  the replay, and declares ``PRE_REPLAY`` (a backend whose decode metadata is prepared out of
+  the graph, as 0.5.17's FlashInfer, Triton and FA3 are).
 * :func:`_graph_model_forward`: the model body, one declared op inside the graph: reads the
   static ``input_ids``/``positions``, the private KV indices and the KV slots they name,
   writes the static ``out_cache_loc`` slots of the KV buffer and the static logits buffer.
@@ -88,6 +91,13 @@ def _metadata_prep(backend: DeclaredAttentionBackend, forward_batch: Any) -> Non
         copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
 
 
+@declared(_metadata_prep_accesses, name="attn_metadata_prep_out_graph")
+def _metadata_prep_out_graph(backend: DeclaredAttentionBackend, forward_batch: Any) -> None:
+    """The same private copy, made before the replay (eager, on the current stream)."""
+    with _kernel_values():
+        copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
+
+
 def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
                       ) -> list[DeclaredAccess]:
     backend = runner.attn_backend
@@ -132,24 +142,40 @@ def _graph_model_forward(runner: GraphModelRunner, forward_batch: Any) -> None:
 class DeclaredAttentionBackend(PrivateIndexBackend):
     """The decode attention backend: its one scheduler-shared read declared
     (``_metadata_prep``); ``post_replay`` declares its shared reads ending after the
-    replay (``SharedReadEnds.POST_REPLAY``)."""
+    replay (``SharedReadEnds.POST_REPLAY``); ``pre_replay`` makes the copy before the
+    replay, out of the graph (``SharedReadEnds.PRE_REPLAY``)."""
 
     needs_cpu_seq_lens = True
 
-    def __init__(self, req_to_token: torch.Tensor, *, post_replay: bool) -> None:
+    def __init__(self, req_to_token: torch.Tensor, *, post_replay: bool,
+                 pre_replay: bool = False) -> None:
+        if post_replay and pre_replay:
+            raise ValueError("a backend's shared reads end either before or after the replay")
         super().__init__(req_to_token)
         self.post_replay = post_replay
+        self.pre_replay = pre_replay
 
     def shared_read_ends(self, forward_mode: Any) -> Any:
         from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 
         if self.post_replay:
             return SharedReadEnds.POST_REPLAY
+        if self.pre_replay:
+            return SharedReadEnds.PRE_REPLAY
         return super().shared_read_ends(forward_mode)
 
+    def init_forward_metadata_out_graph(self, forward_batch: Any,
+                                        in_capture: bool = False) -> None:
+        """Before each replay (and the capture): the private copy, when made out of the
+        graph."""
+        if self.pre_replay:
+            _metadata_prep_out_graph(self, forward_batch)
+
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
-        """Captured: the private copy of the shared ``req_to_token`` rows."""
-        _metadata_prep(self, forward_batch)
+        """Captured: the private copy of the shared ``req_to_token`` rows (unless it is
+        made before the replay)."""
+        if not self.pre_replay:
+            _metadata_prep(self, forward_batch)
 
 
 class _GraphModel:
@@ -183,7 +209,8 @@ class GraphModelRunner(ReadDoneEventNames):
     device_timer = None
 
     def __init__(self, req_to_token_pool: Any, allocator: Any, kv_buffer: torch.Tensor,
-                 ngram_manager: Any, server_args: Any, *, post_replay: bool) -> None:
+                 ngram_manager: Any, server_args: Any, *, post_replay: bool,
+                 pre_replay: bool = False) -> None:
         from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -195,7 +222,8 @@ class GraphModelRunner(ReadDoneEventNames):
         self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
         self.ngram_embedding_manager = ngram_manager
         self.attn_backend = DeclaredAttentionBackend(req_to_token_pool.req_to_token,
-                                                     post_replay=post_replay)
+                                                     post_replay=post_replay,
+                                                     pre_replay=pre_replay)
         self.model_config = StrictStub(
             "model_config", absent=("hc_hidden_size",), is_encoder_decoder=False,
             hidden_size=8, dtype=torch.float32, requires_mm_token_modalities=False,
@@ -376,12 +404,14 @@ class DecodeGraphs:
     ``ForwardBatch.init_new`` and replayed by the runner's ``execute``, then sampled."""
 
     def __init__(self, worker: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
-                 post_replay: bool = False, parallel_state: Any = None) -> None:
+                 post_replay: bool = False, pre_replay: bool = False,
+                 parallel_state: Any = None) -> None:
         server_args = graph_server_args(server_args, publish_decode_graphs(batch_sizes))
         fake = worker.model_runner
         self.model_runner = GraphModelRunner(
             worker.req_to_token_pool, fake.token_to_kv_pool_allocator, worker.kv_buffer,
-            fake.ngram_embedding_manager, server_args, post_replay=post_replay)
+            fake.ngram_embedding_manager, server_args, post_replay=post_replay,
+            pre_replay=pre_replay)
         if parallel_state is not None:  # releases whose runners keep the scheduler's
             self.model_runner.ps = parallel_state
         with graph_platform():
@@ -403,11 +433,11 @@ class DecodeGraphs:
 
 
 def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
-           post_replay: bool = False) -> DecodeGraphs:
+           post_replay: bool = False, pre_replay: bool = False) -> DecodeGraphs:
     """Give the scheduler's fake worker SGLang's decode graph runner (captured now, at
     startup, as ``ModelRunner.init_device_graphs`` does before the loop starts)."""
     worker = scheduler.model_worker
     graphs = DecodeGraphs(worker, server_args, batch_sizes, post_replay=post_replay,
-                          parallel_state=getattr(scheduler, "ps", None))
+                          pre_replay=pre_replay, parallel_state=getattr(scheduler, "ps", None))
     worker.decode_graphs = graphs
     return graphs

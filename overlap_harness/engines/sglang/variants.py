@@ -30,6 +30,8 @@ class Variant:
     # the graph's attention backend declares its shared reads end after the replay
     # (POST_REPLAY: the runner records a fresh read-done event) instead of inside it
     graph_reads_end_post_replay: bool = False
+    # ... or its decode metadata is prepared before the replay, out of the graph (PRE_REPLAY)
+    graph_reads_end_pre_replay: bool = False
     pools: PoolSizes = field(default_factory=PoolSizes)
     # attention DP (tp 2, attn-dp 2): this rank beside a peer whose steps are scripted per
     # iteration (absent iterations: the peer is idle); None: no DP
@@ -87,6 +89,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("graph_decode_post_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
             radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,),
             graph_reads_end_post_replay=True),
+    # the same with a backend that prepares its decode metadata before the replay, out of the
+    # graph (PRE_REPLAY: 0.5.17's FlashInfer, Triton and FA3 for plain decode)
+    Variant("graph_decode_radix_pre_replay", 12, {0: ((8, 3),), 4: ((8, 3),), 8: ((8, 2),)},
+            radix_cache=True, pools=TWO_ROWS, graph_runner=False, decode_graph_sizes=(2,),
+            graph_reads_end_pre_replay=True),
     # EAGLE spec v2, topk 1, 3 draft steps: prefill + draft-extend, then draft, verify and
     # draft-extend each decode; two more requests recycle the two rows
     Variant("eagle_topk1", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))}, pools=TWO_ROWS,
@@ -146,6 +153,14 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
                                               verify_graph_sizes=(1, 2),
                                               draft_extend_graph=True)),
+    # eagle_topk1 and eagle_mixed eager with the plan stream off (SGLang's default; the
+    # configuration of a server with --disable-cuda-graph): the verify's and the draft
+    # extend's preparation run on the forward stream
+    Variant("eagle_topk1_plan_off", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(plan_stream=False)),
+    Variant("eagle_mixed_plan_off", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
+            chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS,
+            eagle=EagleConfig(plan_stream=False)),
     # non_spec_decode's requests, each grammar-constrained, without speculation: the worker
     # defers sampling (TpModelWorker's grammar branch); the scheduler samples after the
     # previous result advanced each grammar on the host (process_batch_result_*), the

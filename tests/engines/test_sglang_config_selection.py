@@ -1,0 +1,93 @@
+"""``--config KEY=VALUE``: the variants of one SGLang configuration (configurations.py).
+
+The configurations are computed from the variants' fields; these tests check them against
+the fields read directly (not through the code under test), the selection's rule (a key
+that does not apply to a variant does not leave it out), and every bad input's line.
+SGLang itself is not needed: the selection happens before the tree is loaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from overlap_harness.engines.sglang import configurations
+from overlap_harness.engines.sglang.variants import VARIANTS
+
+
+def test_every_variant_states_its_configuration_from_its_own_fields():
+    for name, variant in VARIANTS.items():
+        config = configurations.configuration(variant)
+        assert config["platform"] == ("hip" if variant.hip else "cuda"), name
+        assert config["speculative"] == ("none" if variant.eagle is None else "eagle"), name
+        if variant.eagle is None:
+            assert "plan_stream" not in config and "eagle_topk" not in config, name
+        else:
+            assert config["plan_stream"] == ("on" if variant.eagle.plan_stream else "off")
+            assert config["eagle_topk"] == str(variant.eagle.topk)
+        assert config["radix_cache"] == ("on" if variant.radix_cache else "off"), name
+        graphs = bool(variant.decode_graph_sizes) or (
+            variant.eagle is not None and bool(variant.eagle.verify_graph_sizes))
+        assert (config["cuda_graph"] != "off") == graphs, name
+        for key, value in config.items():
+            switch = next(s for s in configurations.SWITCHES if s.key == key)
+            assert value in switch.values, (name, key, value)
+
+
+def test_plan_stream_off_keeps_the_variants_without_speculation():
+    names = list(VARIANTS)
+    chosen, left_out = configurations.select(VARIANTS, names,
+                                             configurations.parse(["plan_stream=off"]))
+    for name in names:
+        eagle = VARIANTS[name].eagle
+        expected_in = eagle is None or not eagle.plan_stream
+        assert (name in chosen) == expected_in, name
+        if not expected_in:
+            assert left_out[name] == ("runs with plan_stream=on; --config asks "
+                                      "plan_stream=off")
+    assert set(chosen) | set(left_out) == set(names)
+
+
+def test_two_keys_leave_out_what_differs_in_either():
+    wanted = configurations.parse(["speculative=none", "cuda_graph=decode"])
+    chosen, left_out = configurations.select(VARIANTS, list(VARIANTS), wanted)
+    assert chosen and all(VARIANTS[n].eagle is None and VARIANTS[n].decode_graph_sizes
+                          for n in chosen)
+    assert all("--config asks" in reason for reason in left_out.values())
+
+
+@pytest.mark.parametrize(("items", "problem"), [
+    (["plan_stream"], "--config 'plan_stream': expected KEY=VALUE, e.g. plan_stream=off"),
+    (["colour=red"], "--config 'colour=red': no key 'colour' (keys: "),
+    (["plan_stream=maybe"], "--config 'plan_stream=maybe': plan_stream takes on|off, got "
+                            "'maybe'"),
+    (["plan_stream=on", "plan_stream=off"],
+     "--config 'plan_stream=off': plan_stream already asked as 'on'"),
+])
+def test_a_bad_config_says_what_is_accepted(items, problem):
+    with pytest.raises(configurations.ConfigError) as caught:
+        configurations.parse(items)
+    [line] = caught.value.problems
+    assert line.startswith(problem), line
+
+
+def test_a_selection_no_variant_has_is_refused():
+    wanted = configurations.parse(["speculative=eagle"])
+    with pytest.raises(configurations.ConfigError, match="no variant runs under "
+                       "--config speculative=eagle"):
+        configurations.select(VARIANTS, ["non_spec_decode"], wanted)
+
+
+def test_the_command_prints_every_bad_config_on_its_own_line_and_exits_2():
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang",
+                           "--config", "plan_stream=maybe", "--config", "nokey=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "overlap-harness sglang: --config 'plan_stream=maybe': plan_stream takes on|off, "
+        "got 'maybe'",
+        "overlap-harness sglang: --config 'nokey=1': no key 'nokey' (keys: "
+        + ", ".join(s.key for s in configurations.SWITCHES) + ")"]
