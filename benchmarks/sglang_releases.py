@@ -4,8 +4,10 @@ variants (``overlap-harness sglang --sglang-src TREE``), each in a fresh process
 (user + system of the child, ``resource.getrusage(RUSAGE_CHILDREN)``) beside wall seconds;
 with the run's variants run, not applicable, races and exit status.
 
-Usage: ``python benchmarks/sglang_releases.py [--releases-root DIR] [VERSION ...]``; a release's
-tree is ``DIR/VERSION`` (default: the cache ``releases.release_tree`` fills).
+Usage: ``python benchmarks/sglang_releases.py [--releases-root DIR] [--config KEY=VALUE ...]
+[VERSION ...]``; a release's tree is ``DIR/VERSION`` (default: the cache
+``releases.release_tree`` fills); ``--config`` is passed to the run (the variants of one SGLang
+configuration; the others are counted as not selected).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _tree(version: str, root: Path | None) -> Path:
     return releases.release_tree(version)
 
 
-def measure(version: str, root: Path | None) -> dict:
+def measure(version: str, root: Path | None, config: list[str]) -> dict:
     """One release's row."""
     tree = _tree(version, root)
     status, import_wall, import_cpu = _child([sys.executable, "-c", IMPORT, str(tree)])
@@ -51,12 +53,14 @@ def measure(version: str, root: Path | None) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "loop.json"
         status, run_wall, run_cpu = _child([sys.executable, "-m", "overlap_harness", "sglang",
-                                            "--sglang-src", str(tree), "--json", str(out)])
+                                            "--sglang-src", str(tree), "--json", str(out),
+                                            *[a for item in config for a in ("--config", item)]])
         document = json.loads(out.read_text()) if out.exists() else {}
     return {"version": version, "import_wall": import_wall, "import_cpu": import_cpu,
             "run_wall": run_wall, "run_cpu": run_cpu, "exit": status,
             "ran": len(document.get("variants", [])),
             "not_applicable": len(document.get("not_applicable", [])),
+            "not_selected": len(document.get("not_selected", [])),
             "races": len(document.get("races", [])),
             "errors": len(document.get("errors", []))}
 
@@ -67,16 +71,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", default=list(releases.SUPPORTED))
     parser.add_argument("--releases-root", type=Path, default=None)
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.config:
+        print(f"--config {' --config '.join(args.config)}")
     print("| release | import wall (s) | import CPU (s) | run wall (s) | run CPU (s) | "
-          "variants run | not applicable | cannot be driven | races | exit |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "variants run | not applicable | not selected | cannot be driven | races | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for version in args.versions:
-        row = measure(version, args.releases_root)
+        row = measure(version, args.releases_root, args.config)
         print(f"| {row['version']} | {row['import_wall']:.1f} | {row['import_cpu']:.1f} | "
               f"{row['run_wall']:.1f} | {row['run_cpu']:.1f} | {row['ran']} | "
-              f"{row['not_applicable']} | {row['errors']} | {row['races']} | {row['exit']} |",
-              flush=True)
+              f"{row['not_applicable']} | {row['not_selected']} | {row['errors']} | "
+              f"{row['races']} | {row['exit']} |", flush=True)
 
 
 if __name__ == "__main__":
