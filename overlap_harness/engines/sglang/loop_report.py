@@ -287,6 +287,7 @@ def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     version = document["sglang_version"]
     sites = site_configs.per_site(rows)
     report = {"sglang_version": version, "variants": document["variants"],
+              "configurations": document.get("configurations", {}),
               **({"model_protocol": protocol} if protocol else {}),
               "summary": summarize(rows), "sites": sites,
               "unreached_sites": site_configs.unreached_sites(sites,
@@ -322,8 +323,21 @@ def markdown(report: dict[str, Any]) -> str:
         code = row["code"].replace("|", "\\|")[:70]
         lines.append(f"| {row['variant']} | {row['site']} | `{code}` | {row['real']} | "
                      f"{row['races']} | {row['model']} | {row['explanation']} |")
-    lines += ["", *site_configs.markdown(report["sites"], report["unreached_sites"])]
+    lines += ["", *site_configs.markdown(report["sites"], report["unreached_sites"]),
+              *_configuration_lines(report.get("configurations", {}))]
     return "\n".join(lines)
+
+
+def _configuration_lines(configurations: dict[str, dict[str, str]]) -> list[str]:
+    """Each variant's SGLang configuration (configurations.py): what its verdicts hold under."""
+    if not configurations:
+        return []
+    lines = ["", "## The variants' configurations", "",
+             "Each verdict above holds under its variant's configuration (`--config KEY=VALUE` "
+             "runs the variants of one).", "", "| variant | configuration |", "|---|---|"]
+    for name, config in configurations.items():
+        lines.append(f"| {name} | {' '.join(f'{k}={v}' for k, v in config.items())} |")
+    return lines
 
 
 def _protocol_lines(protocol: dict[str, Any]) -> list[str]:
