@@ -41,6 +41,7 @@ class DecodeReadDone(StrEnum):
     AFTER_READS = "after_reads"
     IN_GRAPH = "in_graph"
     POST_REPLAY = "post_replay"
+    PRE_REPLAY = "pre_replay"
 
 
 class PublishPoint(StrEnum):
@@ -123,7 +124,7 @@ class ProtocolConfig:
     pool_size: int = _f(16, "request-pool rows; row 0 is the padding row", (2, 4096))
     alloc_factor: int = _f(2, "KV over-allocation factor in prepare_for_decode (2 at REF)", (1, 4))
     pin_ring_depth: int = _f(2, "iterations a batch's snapshot tensors stay pinned", (0, 4))
-    decode_read_done: DecodeReadDone = _f(DecodeReadDone.AFTER_READS, "with war_barrier after_launch_read_done, how a non-spec decode's read-done event is recorded: after_reads (one event after the forward's reads, never removed), in_graph (SGLang 0.5.23's decode CUDA graph with the base backend's IN_REPLAY read end: the external event recorded inside the captured graph at each replay, label read_done.record_in_graph), post_replay (a POST_REPLAY backend: a fresh event recorded after the replay, label read_done.record_post_replay; the in-graph one is recorded too and left unused, decode_cuda_graph_runner.py 655-697)", late=True)
+    decode_read_done: DecodeReadDone = _f(DecodeReadDone.AFTER_READS, "with war_barrier after_launch_read_done, how a non-spec decode's read-done event is recorded: after_reads (one event after the forward's reads, never removed), in_graph (SGLang 0.5.23's decode CUDA graph with the base backend's IN_REPLAY read end: the external event recorded inside the captured graph at each replay, label read_done.record_in_graph), post_replay (a POST_REPLAY backend: a fresh event recorded after the replay, label read_done.record_post_replay; the in-graph one is recorded too and left unused, decode_cuda_graph_runner.py 655-697), pre_replay (a PRE_REPLAY backend, its decode metadata read before the replay: the same fresh event, recorded after those reads, from the same SGLang line and so under the same label; the in-graph one unused, decode_cuda_graph_runner.py 2008-2009)", late=True)
     max_running_requests: int = _f(0, "non-spec: at most this many requests in SGLang's running batch (0: rows only). A prefill admits only what get_num_allocatable_reqs allows, the batch's size counted before update_running_batch filters out the requests finished since the last schedule (scheduler.py get_new_batch_prefill; the harness gives SGLang as many as request rows)", (0, 4096), late=True)
     skip_finishing_decode: bool = _f(False, "non-spec: leave out of the decode batch a request whose queued result commits its last token by length (SGLang 0.5.23's _reqs_finishing_inflight, scheduler.py 4444-4457, on in event_loop_overlap)", late=True)
     prefill_rewrites_prefix: bool = _f(False, "a prefill chunk writes its request's req_to_token row from column 0, the prefix's entries again (SGLang 0.5.23's write_req_to_token_pool_triton, allocation.py 452)", late=True)

@@ -129,7 +129,8 @@ class AfterLaunchReadDone(BarrierPlacement):
     def after_forward_reads(self, device: Device, forward: Stream) -> None:
         """The runner publishes a read-done event recorded on F: one recorded after the reads
         (``after_reads``), or as SGLang's decode CUDA graph records it: inside the replay
-        (``in_graph``), or after it (``post_replay``, the in-graph one still recorded, unused).
+        (``in_graph``), or after it (``post_replay``, the in-graph one still recorded, unused),
+        or before it after the out-of-graph reads (``pre_replay``, the same).
         A record removed leaves the event unrecorded: waiting on it orders nothing."""
         self.read_done = device.event("read_done")  # shared_read_done_event
         if self.record is DecodeReadDone.AFTER_READS:
@@ -138,7 +139,9 @@ class AfterLaunchReadDone(BarrierPlacement):
         in_graph = self.read_done if self.record is DecodeReadDone.IN_GRAPH else device.event(
             "in_graph_metadata_prep_done")
         device.record(in_graph, forward, SyncLabel.READ_DONE_RECORD_IN_GRAPH)
-        if self.record is DecodeReadDone.POST_REPLAY:
+        if self.record in (DecodeReadDone.POST_REPLAY, DecodeReadDone.PRE_REPLAY):
+            # one SGLang line (_publish_read_done(in_graph=False)) records it for both: after
+            # the replay, or before it once the out-of-graph metadata reads are done
             device.record(self.read_done, forward, SyncLabel.READ_DONE_RECORD_POST_REPLAY)
 
     def before_draft_extend(self, device: Device, forward: Stream) -> None:
