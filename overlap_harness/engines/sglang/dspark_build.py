@@ -173,7 +173,7 @@ class DsparkWorker:
     ``forward_batch_generation`` statements on the relay path, SGLang's verify planner, and
     the fields the scheduler reads."""
 
-    def __init__(self, target: Any, config: DsparkConfig) -> None:
+    def __init__(self, target: Any, config: DsparkConfig, server_args: Any) -> None:
         import importlib
 
         planner = importlib.import_module(PLANNER_MODULE)
@@ -183,11 +183,12 @@ class DsparkWorker:
         self.device = torch.device(DEVICE)
         self.verify_num_draft_tokens = config.verify_tokens
         # SGLang's own, as DSparkWorkerV2.__init__ builds it: a draft with a confidence head
-        self._verify_planner = planner.DSparkVerifyPlanner(
+        self._verify_planner = planner.DSparkVerifyPlanner(**_by_signature(
+            planner.DSparkVerifyPlanner,
             draft_model=StrictStub("draft_model", confidence_head=StrictStub("confidence_head")),
             gamma=config.gamma, model_runner=target.model_runner, device=self.device,
             tp_rank=0, verify_num_draft_tokens=config.verify_tokens,
-            tp_sync=StrictStub("tp_sync"))
+            tp_sync=StrictStub("tp_sync"), server_args=server_args))
         self._make_next_draft_input = importlib.import_module(DRAFT_MODULE).make_next_draft_input
         self.published_confidences: list[torch.Tensor] = []  # what each decode published
         self.budgets: list[int | None] = []  # each decode's budget from the relayed confidence
@@ -277,6 +278,23 @@ class DsparkWorker:
             speculative_num_draft_tokens=self.config.verify_tokens, new_seq_lens=new_seq_lens)
 
 
+def _by_signature(constructor: Any, **given: Any) -> dict[str, Any]:
+    """The arguments of ``given`` that ``constructor`` takes, by name (releases differ: older
+    planners take the server arguments, later ones the TP sync); a required parameter not in
+    ``given`` is a changed constructor the driver does not know how to call."""
+    import inspect
+
+    taken = {}
+    for name, parameter in inspect.signature(constructor).parameters.items():
+        if name in given:
+            taken[name] = given[name]
+        elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
+                parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+            raise TypeError(f"{constructor.__qualname__} takes {name!r}, which the driver "
+                            "does not know how to give (a changed constructor of the release)")
+    return taken
+
+
 def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
     """The target worker: :mod:`.eagle_worker`'s prefill forward over a runner whose
     backend declares ``needs_cpu_seq_lens`` as the configuration says."""
@@ -299,7 +317,7 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Non
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     target = _target(scheduler, sizes, config)
-    worker = DsparkWorker(target, config)
+    worker = DsparkWorker(target, config, scheduler.server_args)
     scheduler.spec_algorithm = SpeculativeAlgorithm.from_string("DSPARK")
     scheduler.tp_worker = target
     scheduler.draft_worker = scheduler.model_worker = worker
