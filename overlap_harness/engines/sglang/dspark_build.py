@@ -208,6 +208,11 @@ class DsparkWorker:
         return self.target.model_runner
 
     @property
+    def war_fastpath_runner(self) -> Any:
+        """:attr:`last_shared_read_runner` under the older name 0.5.17's WAR barrier reads."""
+        return self.last_shared_read_runner
+
+    @property
     def spec_v2_attn_backends(self) -> tuple[Any, ...]:
         """DSparkWorkerV2's: the target's and the draft's backends (one stand-in each)."""
         return (self.target.model_runner.attn_backend, self.target.model_runner.attn_backend)
