@@ -9,15 +9,17 @@ One child process imports SGLang once and runs, every verdict the detector's:
 * variant ``dspark_confidence_relay`` (backends that need host sequence lengths) as released
   (race-free, the planner's budgets computed from the relayed confidence), without :241 (the
   ring copy reads ``confidence_buf`` before the scatter is published: RAW) and without :244
-  (race-free: ``resolve_seq_lens_cpu`` synchronizes the same D2H stream every decode, which
-  orders the ring copies before the host read; the site is reached and redundant here);
+  or the resolve's query (race-free both: ``resolve_seq_lens_cpu`` synchronizes the same D2H
+  stream every decode, which orders the ring copies before the host read; the site is
+  reached and redundant here);
 * ``DSPARK_GPU_LENS`` (backends that need none, DeepSeek-V4's under DSpark): as released it
   races, the ring copy's read of ``confidence_buf`` against the next decode's scatter (WAR;
   nothing orders the D2H stream before the forward stream), and never reads the ring (the
   copy_done query's first answer is False); its fixed twin, a copy of SGLang's
   ``ConfidenceRelay.scatter`` whose stream first waits on the last ring copy's ``copy_done``,
   is race-free; with that fix and :244 removed the query says done at once and the host
-  reads the pinned ring while its copy may still run (host-D2H at the copy's lines).
+  reads the pinned ring while its copy may still run (host-D2H at the copy's lines); the
+  same with the resolve's host wait (``copy_done[slot].query()``) removed instead.
 
 Tree copies (slow) run the command on a tree without :241 and on one as released.
 """
@@ -38,6 +40,8 @@ VARIANT = "dspark_confidence_relay"
 WAIT = "stream.wait_event(publish_ready)"
 RECORD = "self.copy_done[slot].record()"
 SCATTER = "self.confidence_buf[indices] = confidence.to(self.confidence_buf.dtype)"
+#: the resolve's host wait on the slot's copy (an early return while the copy is not done)
+QUERY = "if not self.copy_done[slot].query():"
 #: the fixed twin's wait, inserted before SCATTER in a copy of ConfidenceRelay.scatter
 LAST_COPY_WAIT = (
     "if self.copy_done is not None and self.ring_pos > 0:\n"
@@ -45,28 +49,32 @@ LAST_COPY_WAIT = (
     "        self.copy_done[(self.ring_pos - 1) % CONFIDENCE_RELAY_RING_DEPTH])\n")
 
 CHILD = """
-import importlib, inspect, json, tempfile, textwrap
+import importlib, inspect, json, tempfile
 from pathlib import Path
 from overlap_harness.engines.core.mutation import function_from_file, removed, site
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.results import race_record
 from overlap_harness.engines.sglang.driver import run_variant
 from overlap_harness.engines.sglang.variants import DSPARK_GPU_LENS, VARIANTS
-variant_name, wait, record, scatter, fix = (json.loads(arg) for arg in sys.argv[1:6])
+variant_name, wait, record, scatter, fix, query = (json.loads(arg) for arg in sys.argv[1:7])
 ou = importlib.import_module("sglang.srt.managers.overlap_utils")
 
-def fixed_scatter():
-    text = Path(inspect.getsourcefile(ou)).read_text()
-    lines = text.splitlines(keepends=True)
-    index = next(i for i, line in enumerate(lines) if line.strip() == scatter)
+def edited(function, line_text, replacement):
+    # ConfidenceRelay.<function> compiled from a copy of SGLang's file whose line reading
+    # line_text is replaced by the replacement's lines (at its indentation)
+    lines = Path(inspect.getsourcefile(ou)).read_text().splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == line_text)
     indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
-    lines[index:index] = [indent + line + "\\n" for line in fix.splitlines()]
+    lines[index:index + 1] = [indent + line + "\\n" for line in replacement.splitlines()]
     path = Path(tempfile.mkdtemp()) / "overlap_utils.py"
     path.write_text("".join(lines))
-    return function_from_file(path, "ConfidenceRelay", "scatter", vars(ou))
+    return function_from_file(path, "ConfidenceRelay", function, vars(ou))
 
-def run(variant, cut=None, fixed=False):
-    patches = [(ou.ConfidenceRelay, "scatter", fixed_scatter())] if fixed else []
+FIXED = ("scatter", scatter, fix + scatter)
+NO_QUERY = ("resolve", query, "if False:")  # the host wait gone, every line kept
+
+def run(variant, cut=None, *edits):
+    patches = [(ou.ConfidenceRelay, name, edited(name, text, new)) for name, text, new in edits]
     with attributes_set(patches):
         if cut is None:
             loop = run_variant(variant)
@@ -85,15 +93,17 @@ def run(variant, cut=None, fixed=False):
 
 default = VARIANTS[variant_name]
 out = {"intact": run(default), "no_wait": run(default, wait), "no_record": run(default, record),
-       "gpu_lens": run(DSPARK_GPU_LENS), "gpu_lens_fixed": run(DSPARK_GPU_LENS, fixed=True),
-       "gpu_lens_fixed_no_record": run(DSPARK_GPU_LENS, record, fixed=True)}
+       "no_query": run(default, None, NO_QUERY),
+       "gpu_lens": run(DSPARK_GPU_LENS), "gpu_lens_fixed": run(DSPARK_GPU_LENS, None, FIXED),
+       "gpu_lens_fixed_no_record": run(DSPARK_GPU_LENS, record, FIXED),
+       "gpu_lens_fixed_no_query": run(DSPARK_GPU_LENS, None, FIXED, NO_QUERY)}
 print("RESULT", json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return run_child(CHILD, VARIANT, WAIT, RECORD, SCATTER, LAST_COPY_WAIT)
+    return run_child(CHILD, VARIANT, WAIT, RECORD, SCATTER, LAST_COPY_WAIT, QUERY)
 
 
 def _pairs(races: list[dict], kind: str, tensor: str) -> set[tuple]:
@@ -136,6 +146,13 @@ def test_without_the_copy_record_the_seq_lens_synchronize_still_orders_the_ring(
     assert cut["budgets"] == runs["intact"]["budgets"]
 
 
+def test_without_the_query_the_seq_lens_synchronize_still_orders_the_ring(runs):
+    """The resolve's host wait gone (``if False:``): the same, the host already knows every
+    copy before the last decode's done."""
+    cut = runs["no_query"]
+    assert cut["races"] == [] and cut["budgets"] == runs["intact"]["budgets"]
+
+
 def test_without_host_lengths_the_ring_copy_races_the_next_scatter_as_released(runs):
     """Backends that need no host lengths: the D2H stream only waits for the forward stream,
     never the other way, so the next decode's scatter into confidence_buf (:235, forward
@@ -164,6 +181,17 @@ def test_without_the_copy_record_the_host_reads_the_ring_under_its_copy(runs):
     assert ("overlap_utils.py:243", "self.fwd_prepare_d2h_stream", "overlap_utils.py:276",
             "host") in _pairs(cut["races"], "host-D2H", "self.conf_ring")
     assert any(isinstance(b, int) for b in cut["budgets"])
+
+
+def test_without_the_query_the_host_reads_the_ring_under_its_copy(runs):
+    """The fixed twin without the resolve's host wait: the slot read (:276) from the second
+    lagged decode on, unordered after its copy (:243); and the ring is read from the first
+    decode past the lag (no first False answer)."""
+    cut = runs["gpu_lens_fixed_no_query"]
+    assert ("overlap_utils.py:243", "self.fwd_prepare_d2h_stream", "overlap_utils.py:276",
+            "host") in _pairs(cut["races"], "host-D2H", "self.conf_ring")
+    assert cut["budgets"][:2] == [None, None]
+    assert all(isinstance(b, int) for b in cut["budgets"][2:])
 
 
 def _tree_command(tmp_path, edit) -> tuple[int, str, dict]:
