@@ -25,7 +25,7 @@ def test_every_variant_states_its_configuration_from_its_own_fields():
                        else "dspark" if variant.dspark is not None else "none")
         assert config["speculative"] == speculative, name
         if variant.dspark is not None:
-            assert config["ragged_verify"] == variant.dspark.ragged_verify_mode, name
+            assert config["ragged_verify"] == variant.dspark.ragged_verify_mode.value, name
             assert config["plan_stream"] == "off" and "eagle_topk" not in config, name
         elif variant.eagle is None:
             assert "plan_stream" not in config and "eagle_topk" not in config, name

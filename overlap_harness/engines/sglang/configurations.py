@@ -81,7 +81,7 @@ def configuration(variant: Variant) -> dict[str, str]:
             graphs = "verify_and_draft_extend"
     if variant.dspark is not None:
         config["plan_stream"] = "off"  # DFlashDraftInputV2 reads the same switch, unset
-        config["ragged_verify"] = variant.dspark.ragged_verify_mode
+        config["ragged_verify"] = variant.dspark.ragged_verify_mode.value
         config["cpu_seq_lens"] = _on(variant.dspark.needs_cpu_seq_lens)
     config["cuda_graph"] = graphs
     if variant.decode_graph_sizes:

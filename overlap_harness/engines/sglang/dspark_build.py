@@ -41,6 +41,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -61,13 +62,21 @@ SPEC_FLAGGED_MODULES = ("sglang.srt.speculative.spec_utils",
                         "sglang.kernels.ops.speculative.cache_locs")
 
 
+class RaggedVerify(StrEnum):
+    """SGLang's ragged verify modes (``SGLANG_RAGGED_VERIFY_MODE``, ragged_verify.py's
+    ``RaggedVerifyMode`` values): every mode but ``static`` relays the draft confidence."""
+
+    STATIC = "static"
+    CAP_ACCEPT = "cap-accept"
+    COMPACT = "compact"
+
+
 @dataclass(frozen=True, slots=True)
 class DsparkConfig:
     """The speculative options of a DSpark variant (SGLang's server arguments and switches)."""
 
     gamma: int = 3  # --speculative-dspark-block-size: draft tokens per step
-    # SGLANG_RAGGED_VERIFY_MODE: anything but "static" turns the confidence relay on
-    ragged_verify_mode: str = "cap-accept"
+    ragged_verify_mode: RaggedVerify = RaggedVerify.CAP_ACCEPT
     # what the attention backends declare: DeepSeek-V4's backend under DSpark says False
     # (resolve_seq_lens_cpu then skips its D2H pull); a backend without the flag, True
     needs_cpu_seq_lens: bool = True
@@ -351,12 +360,6 @@ def selected(config: DsparkConfig | None) -> Iterator[None]:
     flags = [(sys.modules[name], flag, flag == "_is_cuda") for name in SPEC_FLAGGED_MODULES
              for flag in ("_is_cuda", "_is_hip") if hasattr(sys.modules[name], flag)]
     with attributes_set(flags), envs.SGLANG_RAGGED_VERIFY_MODE.override(
-            config.ragged_verify_mode):
+            config.ragged_verify_mode.value):
         yield
 
-
-def relayed_host_values(worker: DsparkWorker) -> list[list[float]]:
-    """The confidences each decode published, read once the device is idle (for tests)."""
-    torch.cuda.synchronize()
-    with torch._C.DisableTorchFunction():
-        return [tensor.tolist() for tensor in worker.published_confidences]
