@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import pytest
 
+from overlap_harness.engines.sglang import release_features
+from overlap_harness.engines.sglang.variants import DSPARK_GPU_LENS, VARIANTS
 from tests.engines.sglang_trees import (
     edited_tree,
     run_child,
@@ -192,6 +194,26 @@ def test_without_the_query_the_host_reads_the_ring_under_its_copy(runs):
             "host") in _pairs(cut["races"], "host-D2H", "self.conf_ring")
     assert cut["budgets"][:2] == [None, None]
     assert all(isinstance(b, int) for b in cut["budgets"][2:])
+
+
+def test_a_release_without_the_relay_is_not_applicable_by_feature(monkeypatch):
+    """The variant needs the relay's ring copy, the planner's budget prepare and the DFlash
+    draft input (and the D2H stream for host lengths); a release whose module lacks one is
+    not applicable, the reason naming the module (no SGLang needed: the lookup is faked)."""
+    needed = {f.where() for f in release_features.required_features(VARIANTS[VARIANT])}
+    assert {"sglang.srt.managers.overlap_utils:ConfidenceRelay.issue_ring_copy",
+            "sglang.srt.speculative.dspark_components.dspark_planner:"
+            "DSparkVerifyPlanner.prepare_verify_budget",
+            "sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2.prepare_for_decode",
+            "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu"} <= needed
+    assert ("sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu" not in
+            {f.where() for f in release_features.required_features(DSPARK_GPU_LENS)})
+    monkeypatch.setattr(release_features, "lacks", lambda feature: (
+        f"no module {feature.module}" if feature.module.endswith("dspark_planner") else None))
+    reason = release_features.not_applicable_reason(VARIANTS[VARIANT])
+    assert reason == ("the release lacks DSpark's verify planner preparing the verify budget "
+                      "from the relayed confidence: no module "
+                      "sglang.srt.speculative.dspark_components.dspark_planner")
 
 
 def _tree_command(tmp_path, edit) -> tuple[int, str, dict]:
