@@ -21,9 +21,15 @@ def test_every_variant_states_its_configuration_from_its_own_fields():
     for name, variant in VARIANTS.items():
         config = configurations.configuration(variant)
         assert config["platform"] == ("hip" if variant.hip else "cuda"), name
-        assert config["speculative"] == ("none" if variant.eagle is None else "eagle"), name
-        if variant.eagle is None:
+        speculative = ("eagle" if variant.eagle is not None
+                       else "dspark" if variant.dspark is not None else "none")
+        assert config["speculative"] == speculative, name
+        if variant.dspark is not None:
+            assert config["ragged_verify"] == variant.dspark.ragged_verify_mode.value, name
+            assert config["plan_stream"] == "off" and "eagle_topk" not in config, name
+        elif variant.eagle is None:
             assert "plan_stream" not in config and "eagle_topk" not in config, name
+            assert "ragged_verify" not in config, name
         else:
             assert config["plan_stream"] == ("on" if variant.eagle.plan_stream else "off")
             assert config["eagle_topk"] == str(variant.eagle.topk)

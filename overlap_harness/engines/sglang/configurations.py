@@ -35,16 +35,19 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("platform", "the device the loop's branches are written for (SGLang's _is_hip)",
            ("cuda", "hip")),
     Switch("model", "the model kind (is_generation)", ("generation", "embedding")),
-    Switch("speculative", "speculative decoding (--speculative-algorithm)", ("none", "eagle")),
+    Switch("speculative", "speculative decoding (--speculative-algorithm)",
+           ("none", "eagle", "dspark")),
     Switch("eagle_topk", "EAGLE's draft candidates per step (--speculative-eagle-topk)",
            ("1", "4")),
-    Switch("plan_stream", "EAGLE's plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by "
+    Switch("plan_stream", "the spec-v2 plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by "
            "default)", ON_OFF),
     Switch("cuda_graph", "the forwards CUDA graphs replay (--disable-cuda-graph: off)",
            ("off", "decode", "verify_and_draft_extend")),
     Switch("attention_reads_end", "where the attention backend's shared req_to_token reads "
            "end (SharedReadEnds: inside the graph replay, after it, before it)",
            ("in_replay", "post_replay", "pre_replay")),
+    Switch("ragged_verify", "DSpark's ragged verify mode (SGLANG_RAGGED_VERIFY_MODE; all but "
+           "static relay the draft confidence)", ("static", "cap-accept", "compact")),
     Switch("cpu_seq_lens", "attention backends that need host sequence lengths", ON_OFF),
     Switch("chunked_prefill", "chunked prefill (--chunked-prefill-size)", ON_OFF),
     Switch("mixed_chunk", "prefill chunks mixed into decode batches (--enable-mixed-chunk)",
@@ -65,7 +68,8 @@ def configuration(variant: Variant) -> dict[str, str]:
     """``variant``'s SGLang configuration, key -> value (keys that do not apply are absent)."""
     config = {"platform": "hip" if variant.hip else "cuda",
               "model": "embedding" if variant.embedding else "generation",
-              "speculative": "none" if variant.eagle is None else "eagle"}
+              "speculative": ("eagle" if variant.eagle is not None
+                              else "dspark" if variant.dspark is not None else "none")}
     graphs = "off"
     if variant.decode_graph_sizes:
         graphs = "decode"
@@ -75,6 +79,10 @@ def configuration(variant: Variant) -> dict[str, str]:
         config["cpu_seq_lens"] = _on(variant.eagle.needs_cpu_seq_lens)
         if variant.eagle.verify_graph_sizes or variant.eagle.draft_extend_graph:
             graphs = "verify_and_draft_extend"
+    if variant.dspark is not None:
+        config["plan_stream"] = "off"  # DFlashDraftInputV2 reads the same switch, unset
+        config["ragged_verify"] = variant.dspark.ragged_verify_mode.value
+        config["cpu_seq_lens"] = _on(variant.dspark.needs_cpu_seq_lens)
     config["cuda_graph"] = graphs
     if variant.decode_graph_sizes:
         config["attention_reads_end"] = ("post_replay" if variant.graph_reads_end_post_replay

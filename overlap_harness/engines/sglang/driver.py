@@ -21,6 +21,7 @@ from overlap_harness.engines.sglang import (
     delay_sample,
     dp_rank,
     draft_extend_graph,
+    dspark_build,
     eagle_build,
     eagle_graph,
     eagle_kernels,
@@ -81,9 +82,10 @@ class _Intake:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         self.counter += 1
-        # EAGLE variants sample greedily (the verify takes SGLang's greedy tree walk)
+        # spec variants sample greedily (EAGLE's verify takes SGLang's greedy tree walk)
+        greedy = self.variant.eagle is not None or self.variant.dspark is not None
         params = SamplingParams(max_new_tokens=max_new, ignore_eos=True,
-                                temperature=0.0 if self.variant.eagle else 1.0)
+                                temperature=0.0 if greedy else 1.0)
         params.normalize(None)
         ids = array("q", [(self.counter * 7 + k) % 97 + 1 for k in range(prompt_len)])
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
@@ -128,12 +130,17 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     if (variant.decode_graph_sizes or variant.eager_prefill_pre_replay
             or (variant.eagle and variant.eagle.verify_graph_sizes)):
         graph_kernels.declare()
-    if variant.eagle is not None:
-        eagle_kernels.declare()
+    if variant.eagle is not None or variant.dspark is not None:
+        eagle_kernels.declare()  # the spec-v2 allocation and relay kernels DSpark shares
     if variant.eager_prefill_pre_replay:
         prefill_eager.declare()
     started = time.process_time()
-    if variant.eagle is None:
+    if variant.dspark is not None:
+        args = dspark_build.server_args(variant.dspark,
+                                        chunked_prefill_size=variant.chunked_prefill_size,
+                                        mixed_chunk=variant.mixed_chunk,
+                                        max_running_requests=variant.pools.request_rows)
+    elif variant.eagle is None:
         args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                            radix_cache=variant.radix_cache,
                                            mixed_chunk=variant.mixed_chunk,
@@ -146,12 +153,14 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
           eagle_build.selected(variant.eagle, hip=variant.hip),
+          dspark_build.selected(variant.dspark),
           delay_sample.enabled(variant.delay_sample),
           prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
-            worker_class=_worker_class(variant), spec_workers=eagle_build.workers(variant.eagle))
+            worker_class=_worker_class(variant), spec_workers=(eagle_build.workers(variant.eagle)
+                                                  or dspark_build.workers(variant.dspark)))
         if variant.embedding:
             embedding_build.make_embedding_scheduler(scheduler)
         if variant.decode_graph_sizes:

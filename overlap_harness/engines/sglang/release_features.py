@@ -72,6 +72,16 @@ EAGER_PREFILL_READ_DONE = Feature("the eager runner's prefill read-done fastpath
                                   "publishes the event of a PRE_REPLAY backend)",
                                   "sglang.srt.model_executor.runner.eager_runner",
                                   "maybe_publish_prefill_shared_read_done")
+DSPARK_CONFIDENCE_RELAY = Feature("FutureMap's confidence relay (DSpark's draft confidence to "
+                                  "the host through a pinned ring)", OVERLAP_UTILS,
+                                  "ConfidenceRelay.issue_ring_copy")
+DSPARK_VERIFY_BUDGET = Feature("DSpark's verify planner preparing the verify budget from the "
+                               "relayed confidence",
+                               "sglang.srt.speculative.dspark_components.dspark_planner",
+                               "DSparkVerifyPlanner.prepare_verify_budget")
+DFLASH_DRAFT_INPUT = Feature("the DFlash-family spec-v2 draft input (its decode preparation)",
+                             "sglang.srt.speculative.dflash_info_v2",
+                             "DFlashDraftInputV2.prepare_for_decode")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
                        "TEST_RETRACT")
 
@@ -103,6 +113,10 @@ def required_features(variant: Variant) -> list[Feature]:
             features += [DECODE_GRAPHS, VERIFY_GRAPH_LOAD]
         if variant.eagle.draft_extend_graph:
             features.append(DRAFT_EXTEND_GRAPHS)
+    elif variant.dspark is not None:
+        features += [DSPARK_CONFIDENCE_RELAY, DSPARK_VERIFY_BUDGET, DFLASH_DRAFT_INPUT]
+        if variant.dspark.needs_cpu_seq_lens:
+            features.append(SEQ_LENS_D2H)
     elif variant.grammar or variant.delay_sample:
         features.append(DELAYED_SAMPLE)
     return features

@@ -44,12 +44,6 @@ class Condition:
 
 
 CONDITIONS: tuple[Condition, ...] = (
-    Condition("overlap_utils.py", "issue_ring_copy", "", "publish",
-              "publish_confidence", "not_driven",
-              "the confidence relay's ring copy runs in FutureMap.publish only when "
-              "needs_confidence_relay (decide_needs_confidence_relay: the DSPARK algorithm "
-              "with a non-static ragged verify mode) and the worker publishes a confidence; "
-              "the DSpark worker is not driven (relay_replay.py drives its relay buffers only)"),
     Condition("scheduler.py", "run_batch", "forward_done", "run_batch",
               "self.enable_unified_memory", "not_driven",
               "unified memory's forward_done event is recorded only with "

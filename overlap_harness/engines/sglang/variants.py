@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from overlap_harness.engines.sglang.dp_rank import PeerStep
+from overlap_harness.engines.sglang.dspark_build import DsparkConfig
 from overlap_harness.engines.sglang.eagle_build import EagleConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 
@@ -37,6 +38,8 @@ class Variant:
     # iteration (absent iterations: the peer is idle); None: no DP
     dp_peer: dict[int, PeerStep] | None = None
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
+    # DSpark spec decoding with its confidence relay (dspark_build.py) when set
+    dspark: DsparkConfig | None = None
     grammar: bool = False  # every request grammar-constrained (grammar_build.py)
     embedding: bool = False  # an embedding model (is_generation False: embedding_build.py)
     delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (delay_sample.py)
@@ -174,4 +177,20 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("prefill_pre_replay", 12, {0: ((13, 3),), 5: ((13, 3),), 9: ((6, 2),)},
             chunked_prefill_size=4, radix_cache=True, pools=TWO_ROWS, graph_runner=False,
             eager_prefill_pre_replay=True),
+    # DSpark spec v2 (gamma 3) with a ragged verify mode (cap-accept): SGLang's FutureMap
+    # relays each decode's draft confidence through its pinned ring (issue_ring_copy on the
+    # private D2H stream) to the next batches' verify-budget planner (resolve_confidence_cpu,
+    # read on the host two steps later); backends that need host sequence lengths
+    Variant("dspark_confidence_relay", 12, {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))},
+            pools=TWO_ROWS, dspark=DsparkConfig()),
 )}
+
+#: dspark_confidence_relay with backends that need no host sequence lengths (DeepSeek-V4's
+#: backend under DSpark): resolve_seq_lens_cpu then leaves the D2H stream alone, so only
+#: copy_done orders a ring copy before the host read, and nothing orders it before the next
+#: decode's confidence scatter. Not in VARIANTS: SGLang 0.5.23 races here as released (the
+#: ring copy's read of confidence_buf against the next publish's scatter, WAR;
+#: docs/sglang-loop.md, "DSpark's confidence relay"), so the default run would exit 1.
+DSPARK_GPU_LENS = Variant("dspark_confidence_relay_gpu_lens", 12,
+                          {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))}, pools=TWO_ROWS,
+                          dspark=DsparkConfig(needs_cpu_seq_lens=False))
