@@ -303,7 +303,9 @@ class FutureMap:
         ctx.device.launch(stream, op, lambda v, fo: take_rows(v, keep),
                           reads=[new_seq_lens, batch.fo], writes=[(self.new_seq_lens_buf, rows)],
                           cost_us=ctx.kernel_us)
-        relay = self.confidence_relay if ctx.is_spec else None
+        # DSpark publishes a confidence with a decode's lengths only (a prefill's publish has
+        # none: FutureMap.publish's publish_confidence is False, no scatter, no ring copy)
+        relay = self.confidence_relay if ctx.is_spec and batch.kind == "decode" else None
         if relay is not None:
             relay.scatter(batch, new_seq_lens)
         if ctx.legacy_verify_done:  # S's seq_lens are the forward's output, fenced by verify_done

@@ -87,8 +87,10 @@ def test_confidence_relay_is_race_free_under_both_query_answers() -> None:
     assert races == [] and "read_confidence_ring" not in ops
     assert {s.event for s in sites} == {"conf_copy_done_0", "conf_copy_done_1",
                                         "conf_copy_done_2"}
-    # publishes of iterations 0 (prefill) and 1 put ring_pos at the lag of 2 by iteration 2
-    assert min(s.iteration for s in sites) == 2
+    # the prefill's publish (iteration 0) carries no confidence (DSpark's on_publish has
+    # none there: no scatter, no ring copy), so the decodes of iterations 1 and 2 put
+    # ring_pos at the lag of 2 by iteration 3
+    assert min(s.iteration for s in sites) == 3
     races, _, ops = query_sites(proto, {s.key: True for s in sites})
     assert races == [] and "read_confidence_ring" in ops
 

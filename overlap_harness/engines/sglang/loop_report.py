@@ -106,6 +106,9 @@ SITE_LABELS: tuple[SiteLabel, ...] = (
      ("verify_pre_prepare.record_stream", "verify_inputs.record_stream")),
     ("eagle_worker_common.py", "run_eagle_verify", "record_stream_each((batch.input_ids",
      ("verify_inputs.record_stream",)),
+    # the confidence relay's ring copy waits on publish_ready on the D2H stream (DSpark)
+    ("overlap_utils.py", "issue_ring_copy", "stream.wait_event(publish_ready)",
+     ("confidence.d2h_wait",)),
     # an event never recorded: every wait on it returns at once
     ("overlap_utils.py", "self.publish_ready.record()",
      ("publish_ready.schedule_wait", "publish_ready.d2h_wait")),
@@ -118,6 +121,10 @@ _GRAMMAR_TREE = ("not modelled: GrammarTree's host copy of the verify tree (its 
 EXPLANATIONS: tuple[tuple[str, str, str], ...] = (
     ("spec_utils.py", "done.record()", _GRAMMAR_TREE),
     ("spec_utils.py", "self._done.synchronize()", _GRAMMAR_TREE),
+    ("overlap_utils.py", "self.copy_done[slot].record()",
+     "not modelled: without the record the ring slot's event is never recorded and its "
+     "query() answers done at once; the model's confidence.copy_done_query stands for the "
+     "probe removed (never done), not for this"),
 )
 
 
