@@ -50,11 +50,6 @@ CONDITIONS: tuple[Condition, ...] = (
               "needs_confidence_relay (decide_needs_confidence_relay: the DSPARK algorithm "
               "with a non-static ragged verify mode) and the worker publishes a confidence; "
               "the DSpark worker is not driven (relay_replay.py drives its relay buffers only)"),
-    Condition("scheduler.py", "run_batch", "forward_done", "run_batch",
-              "self.enable_unified_memory", "not_driven",
-              "unified memory's forward_done event is recorded only with "
-              "--enable-unified-memory, whose pool allocator (set_latest_forward_done_event, "
-              "set_inflight_forward) the harness does not build"),
     Condition("shared_read_event.py", "maybe_publish_prefill_shared_read_done", "record",
               "maybe_publish_prefill_shared_read_done",
               "shared_read_ends is not SharedReadEnds.PRE_REPLAY", "harness",
