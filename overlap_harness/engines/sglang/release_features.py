@@ -72,10 +72,14 @@ EAGER_PREFILL_READ_DONE = Feature("the eager runner's prefill read-done fastpath
                                   "publishes the event of a PRE_REPLAY backend)",
                                   "sglang.srt.model_executor.runner.eager_runner",
                                   "maybe_publish_prefill_shared_read_done")
-UNIFIED_MEMORY = Feature("the unified memory pool's lazy compaction gated on the forward's "
-                         "forward_done event (--enable-unified-memory)",
+UNIFIED_MEMORY = Feature("the unified memory pool's sub-pool allocator where the harness drives "
+                         "it (older releases keep their MultiEndedAllocator in "
+                         "mem_cache/multi_ended_allocator.py)",
                          "sglang.srt.mem_cache.allocator.unified_sub_pool",
                          "MultiEndedAllocator.set_inflight_forward")
+UNIFIED_PAGE_COPY = Feature("the unified pool's page-copy kernel of compaction moves (the one "
+                             "the harness declares; older releases move pages otherwise)",
+                             "sglang.kernels.ops.kvcache.copy_pages", "copy_pages")
 UNIFIED_SWA_POOLS = Feature("the unified memory pool of hybrid-SWA models",
                             "sglang.srt.mem_cache.unified_memory_pool", "init_unified_swa_pools")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
@@ -100,7 +104,7 @@ def required_features(variant: Variant) -> list[Feature]:
     if variant.delay_sample:
         features.append(DELAY_SAMPLE)
     if variant.unified_memory is not None:
-        features += [UNIFIED_MEMORY, UNIFIED_SWA_POOLS]
+        features += [UNIFIED_MEMORY, UNIFIED_SWA_POOLS, UNIFIED_PAGE_COPY]
         if variant.unified_memory.prefill_reads_end_pre_replay:
             features.append(EAGER_PREFILL_READ_DONE)
     if variant.eagle is not None:

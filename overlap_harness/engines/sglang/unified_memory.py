@@ -18,7 +18,8 @@ components (SGLang's own sliding-window eviction frees the SWA pages a request n
 reads), the scheduler and its loop. What the harness gives: the model's geometry (two layers,
 one full and one SWA, KV rows of 16 bytes), and the forward (:class:`UnifiedMemoryWorker`):
 it translates the batch's virtual ids with SGLang's own translation and reads and writes the
-page envelopes of the shared buffer those ids name.
+page envelopes of the shared buffer those ids name. This file is plumbing to the recorder
+(``not_user_code``): the forward's op is reported at SGLang's line that called the worker.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import torch
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
 from overlap_harness.engines.sglang.worker import VOCAB, FakeModelWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+from overlap_harness.recorder.sites import not_user_code
+
+not_user_code(__file__)  # a race names SGLang's line that called the worker's forward
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ envelopes it hands out (``zero_pages``) and moves live pages when it compacts
 sees its accesses: each kernel is declared here with what it reads and writes, read off the
 kernel's own loads and stores (rows of the page tables, page envelopes of the pool's byte
 buffer). Its values are computed by SGLang's own kernel, run by Triton's interpreter (the
-CPU has no device to launch it on).
+CPU has no device to launch it on). Triton's launcher (``triton/runtime/jit.py``) is plumbing
+to the recorder: a launch is reported at SGLang's line that launched the kernel.
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ def declare() -> None:
     import importlib
     import importlib.util
 
+    import triton.runtime.jit
+
+    from overlap_harness.recorder.sites import not_user_code
+
+    not_user_code(triton.runtime.jit.__file__)
     for module_name, attribute, accesses in KERNELS:
         if importlib.util.find_spec(module_name) is None:
             continue
