@@ -154,7 +154,9 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
           environment.retraction_forced(variant.retract_every),
           eagle_build.selected(variant.eagle, hip=variant.hip),
           delay_sample.enabled(variant.delay_sample),
-          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay),
+          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay
+                                         or unified_memory.publishes_prefill_read_done(
+                                             variant.unified_memory)),
           unified_memory.eviction_selected(variant.unified_memory)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
 from overlap_harness.engines.sglang.worker import VOCAB, FakeModelWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
@@ -195,7 +196,7 @@ class UnifiedMemoryWorker(FakeModelWorker):
                 allocator.translate_loc_from_full_to_swa(
                     req_to_token[row, max(0, seq_len - self.window):seq_len])))
         if self.prefill_reads_end_pre_replay and batch.forward_mode.is_extend():
-            _publish_prefill_read_done(self.model_runner)
+            _publish_prefill_read_done(self.model_runner, batch)
         tokens = _unified_forward(self, batch, writes_at, reads_at)
         return GenerationBatchResult(logits_output=_logits_output(), next_token_ids=tokens,
                                      can_run_cuda_graph=False)
@@ -218,16 +219,40 @@ def attach(scheduler: Any, config: UnifiedMemoryConfig) -> None:
     """The model's sliding window, given to the forward that reads it."""
     scheduler.tp_worker.window = config.sliding_window
     scheduler.tp_worker.prefill_reads_end_pre_replay = config.prefill_reads_end_pre_replay
-    scheduler.tp_worker.model_runner.spec_algorithm = scheduler.spec_algorithm
+    runner = scheduler.tp_worker.model_runner
+    runner.spec_algorithm = scheduler.spec_algorithm
+    if config.prefill_reads_end_pre_replay:
+        runner.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True,
+                                         shared_read_ends=_prefill_reads_end,
+                                         absent=("extend_attention_block_m",))
 
 
-def _publish_prefill_read_done(model_runner: Any) -> None:
-    """SGLang's own publish of a prefill's read-done event, for the backend's answer
-    PRE_REPLAY (its metadata init, the translations above, was the forward's last read of
-    what the scheduler rewrites)."""
+def _prefill_reads_end(forward_mode: Any) -> Any:
+    """The stand-in backend's answer to where a forward's shared reads end: a prefill's in
+    its metadata init (``PRE_REPLAY``, as TRT-LLM MHA declares for EXTEND), anything else's
+    after the forward (None: no early event)."""
     from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+
+    return SharedReadEnds.PRE_REPLAY if forward_mode.is_extend() else None
+
+
+def _publish_prefill_read_done(model_runner: Any, batch: Any) -> None:
+    """SGLang's own publish of a prefill's read-done event after its metadata reads (the
+    translations above), with the backend's answer: in releases whose publish takes the
+    resolved answer (0.5.23), the answer; in those that ask the backend themselves
+    (``shared_read_ends``, 0.5.22), the batch."""
     from sglang.srt.model_executor.runner_utils.shared_read_event import (
         maybe_publish_prefill_shared_read_done,
     )
 
-    maybe_publish_prefill_shared_read_done(model_runner, SharedReadEnds.PRE_REPLAY, torch.cuda)
+    takes_answer = "shared_read_ends" in inspect.signature(
+        maybe_publish_prefill_shared_read_done).parameters
+    maybe_publish_prefill_shared_read_done(
+        model_runner, _prefill_reads_end(batch.forward_mode) if takes_answer else batch,
+        torch.cuda)
+
+def publishes_prefill_read_done(config: UnifiedMemoryConfig | None) -> bool:
+    """Whether the variant's prefills publish their read-done event early: SGLang's switch of
+    that fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``, on by default in 0.5.23, opt-in
+    in 0.5.22) is then set on for the run."""
+    return config is not None and config.prefill_reads_end_pre_replay
