@@ -56,6 +56,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("grammar", "grammar-constrained requests", ON_OFF),
     Switch("delay_sample", "delayed sampling (SGLANG_ENABLE_DELAY_SAMPLE)", ON_OFF),
     Switch("dp_attention", "attention data parallelism (--enable-dp-attention)", ON_OFF),
+    Switch("unified_memory", "a hybrid-SWA model's KV in one lazily compacted pool "
+           "(--enable-unified-memory)", ON_OFF),
 )
 _BY_KEY = {switch.key: switch for switch in SWITCHES}
 
@@ -88,7 +90,9 @@ def configuration(variant: Variant) -> dict[str, str]:
         config["attention_reads_end"] = ("post_replay" if variant.graph_reads_end_post_replay
                                          else "pre_replay" if variant.graph_reads_end_pre_replay
                                          else "in_replay")
-    elif variant.eager_prefill_pre_replay:
+    elif variant.eager_prefill_pre_replay or (
+            variant.unified_memory is not None
+            and variant.unified_memory.prefill_reads_end_pre_replay):
         config["attention_reads_end"] = "pre_replay"
     config["chunked_prefill"] = _on(variant.chunked_prefill_size is not None)
     config["mixed_chunk"] = _on(variant.mixed_chunk)
@@ -96,6 +100,7 @@ def configuration(variant: Variant) -> dict[str, str]:
     config["grammar"] = _on(variant.grammar)
     config["delay_sample"] = _on(variant.delay_sample)
     config["dp_attention"] = _on(variant.dp_peer is not None)
+    config["unified_memory"] = _on(variant.unified_memory is not None)
     unknown = set(config) - set(_BY_KEY)
     assert not unknown, f"configuration keys without a Switch: {sorted(unknown)}"
     return {switch.key: config[switch.key] for switch in SWITCHES if switch.key in config}

@@ -33,6 +33,8 @@ from overlap_harness.engines.sglang import (
     kernels,
     prefill_eager,
     scheduler_build,
+    unified_memory,
+    unified_memory_kernels,
 )
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
@@ -103,6 +105,8 @@ def _worker_class(variant: Variant) -> type | None:
     if variant.delay_sample or (variant.grammar and variant.eagle is None):
         # TpModelWorker defers the sampling of grammar batches (without speculation)
         return delay_sample.DelaySampleWorker
+    if variant.unified_memory is not None:
+        return unified_memory.UnifiedMemoryWorker
     return embedding_build.FakeEmbeddingWorker if variant.embedding else None
 
 
@@ -134,6 +138,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         eagle_kernels.declare()  # the spec-v2 allocation and relay kernels DSpark shares
     if variant.eager_prefill_pre_replay:
         prefill_eager.declare()
+    if variant.unified_memory is not None:
+        unified_memory_kernels.declare()
     started = time.process_time()
     if variant.dspark is not None:
         args = dspark_build.server_args(variant.dspark,
@@ -144,7 +150,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
                                            radix_cache=variant.radix_cache,
                                            mixed_chunk=variant.mixed_chunk,
-                                           dp_attention=variant.dp_peer is not None)
+                                           dp_attention=variant.dp_peer is not None,
+                                           unified_memory=variant.unified_memory is not None)
     else:
         args = eagle_build.server_args(variant.eagle,
                                        chunked_prefill_size=variant.chunked_prefill_size,
@@ -155,14 +162,20 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
           eagle_build.selected(variant.eagle, hip=variant.hip),
           dspark_build.selected(variant.dspark),
           delay_sample.enabled(variant.delay_sample),
-          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay)):
+          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay
+                                         or unified_memory.publishes_prefill_read_done(
+                                             variant.unified_memory)),
+          unified_memory.eviction_selected(variant.unified_memory)):
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
             worker_class=_worker_class(variant), spec_workers=(eagle_build.workers(variant.eagle)
-                                                  or dspark_build.workers(variant.dspark)))
+                                                  or dspark_build.workers(variant.dspark)),
+            pools=unified_memory.pools(variant.unified_memory))
         if variant.embedding:
             embedding_build.make_embedding_scheduler(scheduler)
+        if variant.unified_memory is not None:
+            unified_memory.attach(scheduler, variant.unified_memory)
         if variant.decode_graph_sizes:
             graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay,

@@ -82,6 +82,16 @@ DSPARK_VERIFY_BUDGET = Feature("DSpark's verify planner preparing the verify bud
 DFLASH_DRAFT_INPUT = Feature("the DFlash-family spec-v2 draft input (its decode preparation)",
                              "sglang.srt.speculative.dflash_info_v2",
                              "DFlashDraftInputV2.prepare_for_decode")
+UNIFIED_MEMORY = Feature("the unified memory pool's sub-pool allocator where the harness drives "
+                         "it (older releases keep their MultiEndedAllocator in "
+                         "mem_cache/multi_ended_allocator.py)",
+                         "sglang.srt.mem_cache.allocator.unified_sub_pool",
+                         "MultiEndedAllocator.set_inflight_forward")
+UNIFIED_PAGE_COPY = Feature("the unified pool's page-copy kernel of compaction moves (the one "
+                             "the harness declares; older releases move pages otherwise)",
+                             "sglang.kernels.ops.kvcache.copy_pages", "copy_pages")
+UNIFIED_SWA_POOLS = Feature("the unified memory pool of hybrid-SWA models",
+                            "sglang.srt.mem_cache.unified_memory_pool", "init_unified_swa_pools")
 RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDULER,
                        "TEST_RETRACT")
 
@@ -103,6 +113,10 @@ def required_features(variant: Variant) -> list[Feature]:
         features.append(EAGER_PREFILL_READ_DONE)
     if variant.delay_sample:
         features.append(DELAY_SAMPLE)
+    if variant.unified_memory is not None:
+        features += [UNIFIED_MEMORY, UNIFIED_SWA_POOLS, UNIFIED_PAGE_COPY]
+        if variant.unified_memory.prefill_reads_end_pre_replay:
+            features.append(EAGER_PREFILL_READ_DONE)
     if variant.eagle is not None:
         features.append(EAGLE_V2)
         if variant.eagle.needs_cpu_seq_lens:

@@ -51,16 +51,19 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
-                mixed_chunk: bool, dp_attention: bool = False) -> Any:
+                mixed_chunk: bool, dp_attention: bool = False,
+                unified_memory: bool = False) -> Any:
     """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration
-    (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0)."""
+    (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0;
+    ``unified_memory``: ``--enable-unified-memory``)."""
     from sglang.srt.server_args import ServerArgs
 
     parallel = _dp_attention_arguments(ServerArgs) if dp_attention else {}
     args = ServerArgs(model_path="dummy", page_size=1,
                       chunked_prefill_size=chunked_prefill_size,
                       disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
-                      skip_tokenizer_init=True, **parallel)
+                      skip_tokenizer_init=True, **parallel,
+                      **({"enable_unified_memory": True} if unified_memory else {}))
     return publish(args)
 
 
@@ -229,11 +232,14 @@ def build_pools(sizes: PoolSizes, *, radix_cache: bool) -> tuple[Any, Any, Any]:
 
 def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
                     graph_runner: bool, worker_class: type | None = None,
-                    spec_workers: Any = None) -> Any:
+                    spec_workers: Any = None, pools: Any = None) -> Any:
     """A bare SGLang ``Scheduler`` ready for ``event_loop_overlap`` (inside a recorder watch
     and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`). ``spec_workers``
     (``fn(scheduler, sizes)``) installs a speculative worker before the overlap state that
-    depends on it is made (:mod:`.eagle_build`)."""
+    depends on it is made (:mod:`.eagle_build`). ``pools`` builds other pools than
+    :func:`build_pools`' (``pools.build(sizes, radix_cache=, forward_stream=)`` gives the
+    request pool, the token allocator and the tree cache; ``pools.report(scheduler)`` sets
+    what SGLang's ``build_kv_cache`` reports of them: :mod:`.unified_memory`)."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.utils.common import require_mlp_sync
@@ -253,8 +259,15 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     _plumbing(self)
     self.is_generation = True
     self.spec_algorithm = SpeculativeAlgorithm.from_string(None)
-    self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = build_pools(
-        sizes, radix_cache=radix_cache)
+    if pools is None:
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = build_pools(
+            sizes, radix_cache=radix_cache)
+    else:
+        # SGLang's model runner makes its forward stream before the pools that keep it
+        self.schedule_stream = torch.cuda.Stream()
+        self.forward_stream = torch.cuda.Stream()
+        self.req_to_token_pool, self.token_to_kv_pool_allocator, self.tree_cache = pools.build(
+            sizes, radix_cache=radix_cache, forward_stream=self.forward_stream)
     self.model_worker = self.tp_worker = (worker_class or FakeModelWorker)(
         self.req_to_token_pool, self.token_to_kv_pool_allocator, sizes.kv_tokens,
         graph_runner=graph_runner)
@@ -264,8 +277,9 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
         spec_workers(self, sizes)
     self.model_config = checkpoint.model_config(args)
     _worker_info(self, sizes)
-    self.schedule_stream = torch.cuda.Stream()
-    self.forward_stream = torch.cuda.Stream()
+    if pools is None:
+        self.schedule_stream = torch.cuda.Stream()
+        self.forward_stream = torch.cuda.Stream()
     own_init(self, "init_running_status")
     own_init(self, "init_chunked_prefill")
     own_init(self, "init_schedule_policy")
@@ -277,6 +291,8 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     self.is_hybrid_swa = self.is_hybrid_ssm = False  # what build_kv_cache reports for the pools
     self.sliding_window_size = self.swa_tokens_per_layer = None
     self.full_tokens_per_layer = sizes.kv_tokens
+    if pools is not None:
+        pools.report(self)  # what build_kv_cache reports for those pools
     self.kv_shard_widening = 1
     self.disable_radix_cache = not radix_cache
     self.hisparse_coordinator = self.decode_offload_manager = None

@@ -47,8 +47,11 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("scheduler.py", "run_batch", "forward_done", "run_batch",
               "self.enable_unified_memory", "not_driven",
               "unified memory's forward_done event is recorded only with "
-              "--enable-unified-memory, whose pool allocator (set_latest_forward_done_event, "
-              "set_inflight_forward) the harness does not build"),
+              "--enable-unified-memory; the unified_memory variant drives it where the "
+              "release has the unified pool's allocator package "
+              "(sglang.srt.mem_cache.allocator.unified_sub_pool) and its page-copy kernel "
+              "(sglang.kernels.ops.kvcache.copy_pages), and is not applicable to a release "
+              "without them (release_features.py)"),
     Condition("shared_read_event.py", "maybe_publish_prefill_shared_read_done", "record",
               "maybe_publish_prefill_shared_read_done",
               "shared_read_ends is not SharedReadEnds.PRE_REPLAY", "harness",

@@ -8,6 +8,7 @@ from overlap_harness.engines.sglang.dp_rank import PeerStep
 from overlap_harness.engines.sglang.dspark_build import DsparkConfig
 from overlap_harness.engines.sglang.eagle_build import EagleConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
+from overlap_harness.engines.sglang.unified_memory import UnifiedMemoryConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,9 @@ class Variant:
     # every forward run by SGLang's EagerRunner, its attention backend declaring a prefill's
     # shared reads ended in its metadata init (PRE_REPLAY: prefill_eager.py)
     eager_prefill_pre_replay: bool = False
+    # --enable-unified-memory: a hybrid-SWA model's full and SWA KV in SGLang's unified pool,
+    # lazily compacted behind the forward_done event run_batch records (unified_memory.py)
+    unified_memory: UnifiedMemoryConfig | None = None
 
 
 TWO_ROWS = PoolSizes(request_rows=2)
@@ -183,6 +187,16 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # read on the host two steps later); backends that need host sequence lengths
     Variant("dspark_confidence_relay", 12, {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))},
             pools=TWO_ROWS, dspark=DsparkConfig()),
+    # --enable-unified-memory: a hybrid-SWA model (window 4) whose full and SWA KV share one
+    # 56-page buffer; a 40-token prompt prefilled in chunks of 10 by a backend whose prefill
+    # reads end in its metadata init (PRE_REPLAY, as TRT-LLM MHA's), so the WAR barrier waits
+    # only on the early read-done event; SWA eviction of the earlier chunks leaves holes, and
+    # a chunk's allocation compacts them urgently (lazy compaction's _flush) while the
+    # previous chunk's forward is in flight, ordered behind run_batch's forward_done event
+    Variant("unified_memory", 12, {0: ((40, 2),)}, chunked_prefill_size=10, pools=TWO_ROWS,
+            graph_runner=False,
+            unified_memory=UnifiedMemoryConfig(buffer_pages=56,
+                                               prefill_reads_end_pre_replay=True)),
 )}
 
 #: dspark_confidence_relay with backends that need no host sequence lengths (DeepSeek-V4's
