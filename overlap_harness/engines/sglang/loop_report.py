@@ -255,9 +255,16 @@ def build_rows(necessity: Iterable[dict[str, Any]], protocol: Protocol = ()
 
 
 def short_site(site: str) -> str:
-    """``sglang/srt/managers/scheduler.py:4672`` for a site anywhere inside a sglang tree."""
+    """``sglang/srt/managers/scheduler.py:4672`` for a site anywhere inside a sglang tree, and
+    ``sglang/kernels/ops/kvcache/copy_pages.py:61`` for one of the package outside ``srt``
+    (the path from the package folder on, so that a GPU run's probe, whose tree is elsewhere,
+    matches it: the last ``/sglang/`` of a cache path such as ``.../sglang/0.5.23/sglang/``)."""
     marker = "/sglang/srt/"
-    return "sglang/srt/" + site.split(marker, 1)[1] if marker in site else site
+    if marker in site:
+        return "sglang/srt/" + site.split(marker, 1)[1]
+    if "/sglang/" in site and "/overlap_harness/" not in site:  # the harness's own sglang/
+        return "sglang/" + site.rsplit("/sglang/", 1)[1]
+    return site
 
 
 def _race_text(race: dict[str, Any]) -> str:

@@ -1,0 +1,23 @@
+"""``loop_report.short_site``: a site named from the sglang package folder on, wherever the
+tree lies (a GPU run's probe matches the loop report's race sides by that tail)."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlap_harness.engines.sglang.loop_report import short_site
+
+
+@pytest.mark.parametrize(("site", "short"), [
+    ("/root/.cache/overlap-harness/sglang/0.5.23/sglang/srt/managers/scheduler.py:4722",
+     "sglang/srt/managers/scheduler.py:4722"),
+    ("/root/.cache/overlap-harness/sglang/0.5.23/sglang/kernels/ops/kvcache/copy_pages.py:61",
+     "sglang/kernels/ops/kvcache/copy_pages.py:61"),
+    ("/home/me/sglang/python/sglang/srt/utils/common.py:616", "sglang/srt/utils/common.py:616"),
+    # the harness's adapter package is not SGLang's: kept whole
+    ("/work/main/overlap_harness/engines/sglang/worker.py:10",
+     "/work/main/overlap_harness/engines/sglang/worker.py:10"),
+    ("prog.py:3", "prog.py:3"),
+])
+def test_a_site_is_named_from_the_package_folder_on(site, short):
+    assert short_site(site) == short
