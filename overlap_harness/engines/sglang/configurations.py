@@ -37,6 +37,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("model", "the model kind (is_generation)", ("generation", "embedding")),
     Switch("speculative", "speculative decoding (--speculative-algorithm)",
            ("none", "eagle", "dspark")),
+    Switch("multi_layer_eagle", "EAGLE's multi-layer worker of MTP models, one draft runner "
+           "per step (--enable-multi-layer-eagle)", ON_OFF),
     Switch("eagle_topk", "EAGLE's draft candidates per step (--speculative-eagle-topk)",
            ("1", "4")),
     Switch("plan_stream", "the spec-v2 plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by "
@@ -76,6 +78,7 @@ def configuration(variant: Variant) -> dict[str, str]:
     if variant.decode_graph_sizes:
         graphs = "decode"
     if variant.eagle is not None:
+        config["multi_layer_eagle"] = _on(variant.eagle.multi_layer)
         config["eagle_topk"] = str(variant.eagle.topk)
         config["plan_stream"] = _on(variant.eagle.plan_stream)
         config["cpu_seq_lens"] = _on(variant.eagle.needs_cpu_seq_lens)

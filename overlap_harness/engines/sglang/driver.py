@@ -31,6 +31,8 @@ from overlap_harness.engines.sglang import (
     graph_kernels,
     graph_runner,
     kernels,
+    multi_layer_eagle_build,
+    multi_layer_eagle_worker,
     prefill_eager,
     scheduler_build,
     unified_memory,
@@ -136,6 +138,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         graph_kernels.declare()
     if variant.eagle is not None or variant.dspark is not None:
         eagle_kernels.declare()  # the spec-v2 allocation and relay kernels DSpark shares
+    if variant.eagle is not None and variant.eagle.multi_layer:
+        multi_layer_eagle_worker.declare()
     if variant.eager_prefill_pre_replay:
         prefill_eager.declare()
     if variant.unified_memory is not None:
@@ -153,7 +157,8 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
                                            dp_attention=variant.dp_peer is not None,
                                            unified_memory=variant.unified_memory is not None)
     else:
-        args = eagle_build.server_args(variant.eagle,
+        args = (multi_layer_eagle_build if variant.eagle.multi_layer
+                else eagle_build).server_args(variant.eagle,
                                        chunked_prefill_size=variant.chunked_prefill_size,
                                        mixed_chunk=variant.mixed_chunk)
     watching = recorder.watch(mode="cpu") if device is None else device.watch()
@@ -169,8 +174,9 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         scheduler = scheduler_build.build_scheduler(
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
-            worker_class=_worker_class(variant), spec_workers=(eagle_build.workers(variant.eagle)
-                                                  or dspark_build.workers(variant.dspark)),
+            worker_class=_worker_class(variant), spec_workers=(
+                multi_layer_eagle_build.workers(variant.eagle)
+                or eagle_build.workers(variant.eagle) or dspark_build.workers(variant.dspark)),
             pools=unified_memory.pools(variant.unified_memory))
         if variant.embedding:
             embedding_build.make_embedding_scheduler(scheduler)

@@ -58,6 +58,10 @@ class EagleConfig:
     # the draft extend replayed by SGLang's draft-extend graph runner, capturing the same
     # sizes (draft_extend_graph.py); False: an eager draft extend
     draft_extend_graph: bool = False
+    # SGLang's multi-layer worker (MultiLayerEagleWorkerV2, --enable-multi-layer-eagle: an
+    # MTP model's draft layers, one runner per step) instead of EAGLEWorkerV2
+    # (multi_layer_eagle_build.py)
+    multi_layer: bool = False
 
 
 def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
@@ -298,7 +302,7 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
 
 def workers(config: EagleConfig | None) -> Any:
     """``build_scheduler``'s ``spec_workers`` for ``config`` (None: no speculative worker)."""
-    if config is None:
+    if config is None or config.multi_layer:  # the multi-layer worker: its own module
         return None
     return lambda scheduler, sizes: build_workers(scheduler, sizes, config)
 

@@ -39,6 +39,10 @@ class Feature:
 OVERLAP_LOOP = Feature("the overlap event loop", SCHEDULER, "Scheduler.event_loop_overlap")
 EAGLE_V2 = Feature("the EAGLE v2 worker (speculative decoding v2 under the overlap loop)",
                    "sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2")
+MULTI_LAYER_EAGLE = Feature("the multi-layer EAGLE v2 worker (MTP models' draft layers, one "
+                           "runner per step)",
+                           "sglang.srt.speculative.multi_layer_eagle_worker_v2",
+                           "MultiLayerEagleWorkerV2")
 SEQ_LENS_D2H = Feature("FutureMap's D2H stream for host sequence lengths", OVERLAP_UTILS,
                        "FutureMap.resolve_seq_lens_cpu")
 MIXED_SPEC_TAILS = Feature("mixed chunked prefill beside EAGLE decodes (FutureMap's "
@@ -118,7 +122,7 @@ def required_features(variant: Variant) -> list[Feature]:
         if variant.unified_memory.prefill_reads_end_pre_replay:
             features.append(EAGER_PREFILL_READ_DONE)
     if variant.eagle is not None:
-        features.append(EAGLE_V2)
+        features.append(MULTI_LAYER_EAGLE if variant.eagle.multi_layer else EAGLE_V2)
         if variant.eagle.needs_cpu_seq_lens:
             features.append(SEQ_LENS_D2H)
         if variant.mixed_chunk:

@@ -168,6 +168,14 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("eagle_mixed_plan_off", 14, {0: ((3, 10),), 2: ((13, 3),), 9: ((6, 3),)},
             chunked_prefill_size=4, mixed_chunk=True, pools=TWO_ROWS,
             eagle=EagleConfig(plan_stream=False)),
+    # eagle_d2h_stream and its tree twin with the plan stream off (SGLang's default) and
+    # backends that need host sequence lengths (FlashInfer: SGLang's pick on SM80, and on
+    # Hopper with topk > 1): resolve_seq_lens_cpu's D2H pull beside a forward-stream plan
+    Variant("eagle_d2h_stream_plan_off", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(needs_cpu_seq_lens=True, plan_stream=False)),
+    Variant("eagle_topk4_d2h_stream_plan_off", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(topk=4, num_draft_tokens=6,
+                                              needs_cpu_seq_lens=True, plan_stream=False)),
     # non_spec_decode's requests, each grammar-constrained, without speculation: the worker
     # defers sampling (TpModelWorker's grammar branch); the scheduler samples after the
     # previous result advanced each grammar on the host (process_batch_result_*), the
@@ -187,6 +195,23 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # read on the host two steps later); backends that need host sequence lengths
     Variant("dspark_confidence_relay", 12, {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))},
             pools=TWO_ROWS, dspark=DsparkConfig()),
+    # dspark_confidence_relay with backends that need no host sequence lengths (any backend
+    # declaring needs_cpu_seq_lens False; DeepSeek-V4's under DSpark): resolve_seq_lens_cpu
+    # then leaves the D2H stream alone, so only copy_done orders a ring copy before the host
+    # read, and nothing orders it before the next decode's confidence scatter. SGLang
+    # 0.5.17-0.5.23 race here as released (the ring copy's read of confidence_buf against the
+    # next publish's scatter, WAR; docs/findings.md): the default run exits 1 on it
+    Variant("dspark_no_host_lengths", 12, {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))},
+            pools=TWO_ROWS, dspark=DsparkConfig(needs_cpu_seq_lens=False)),
+    # eagle_topk1's requests through SGLang's multi-layer EAGLE worker (an MTP model's draft
+    # layers, one runner per draft step: MultiLayerEagleWorkerV2, multi_layer_eagle_build.py),
+    # eager, plan stream on: the draft extend's preparation on the plan stream
+    Variant("multi_layer_eagle", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(multi_layer=True)),
+    # the same with the plan stream off (SGLang's default): the preparation on the forward
+    # stream
+    Variant("multi_layer_eagle_plan_off", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
+            pools=TWO_ROWS, eagle=EagleConfig(multi_layer=True, plan_stream=False)),
     # --enable-unified-memory: a hybrid-SWA model (window 4) whose full and SWA KV share one
     # 56-page buffer; a 40-token prompt prefilled in chunks of 10 by a backend whose prefill
     # reads end in its metadata init (PRE_REPLAY, as TRT-LLM MHA's), so the WAR barrier waits
@@ -199,12 +224,5 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                                                prefill_reads_end_pre_replay=True)),
 )}
 
-#: dspark_confidence_relay with backends that need no host sequence lengths (DeepSeek-V4's
-#: backend under DSpark): resolve_seq_lens_cpu then leaves the D2H stream alone, so only
-#: copy_done orders a ring copy before the host read, and nothing orders it before the next
-#: decode's confidence scatter. Not in VARIANTS: SGLang 0.5.23 races here as released (the
-#: ring copy's read of confidence_buf against the next publish's scatter, WAR;
-#: docs/sglang-loop.md, "DSpark's confidence relay"), so the default run would exit 1.
-DSPARK_GPU_LENS = Variant("dspark_confidence_relay_gpu_lens", 12,
-                          {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))}, pools=TWO_ROWS,
-                          dspark=DsparkConfig(needs_cpu_seq_lens=False))
+#: dspark_no_host_lengths (the name the relay's tests use)
+DSPARK_GPU_LENS = VARIANTS["dspark_no_host_lengths"]
