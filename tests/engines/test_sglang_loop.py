@@ -28,6 +28,22 @@ from tests.engines.sglang_trees import (
 )
 
 VARIANTS = tuple(ALL_VARIANTS)
+#: the default variants SGLang 0.5.23 races on as released, each a finding of
+#: docs/findings.md, with what each of its races must show (computed by the detector; the
+#: fixed twins are in test_sglang_multi_layer_eagle.py and test_sglang_confidence_relay.py)
+RACING_AS_RELEASED = {
+    # the multi-layer worker's draft-extend preparation on the plan stream, not waiting for
+    # the forward stream: every race has a side on the plan stream
+    "multi_layer_eagle": lambda race: "plan_stream" in (race["first"]["stream"],
+                                                        race["second"]["stream"]),
+    # DSpark's confidence relay without host lengths: the ring copy (D2H stream) against the
+    # next decode's scatter into confidence_buf, both in overlap_utils.py
+    "dspark_no_host_lengths": lambda race: (
+        race["kind"] == "WAR" and "confidence_buf" in race["tensor"]
+        and {Path(race["first"]["file"]).name, Path(race["second"]["file"]).name}
+        == {"overlap_utils.py"}),
+}
+RACE_FREE = tuple(name for name in VARIANTS if name not in RACING_AS_RELEASED)
 def _command(*args: str, json_path: Path) -> tuple[int, str, dict]:
     return run_sglang(*args, json_path=json_path, timeout=600)
 
@@ -43,13 +59,23 @@ def installed_run(tmp_path_factory):
     return _command(json_path=tmp_path_factory.mktemp("sglang") / "races.json")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", RACE_FREE)
 def test_unmodified_loop_is_race_free(installed_run, variant):
     status, output, document = installed_run
-    assert status == 0, output
+    assert status == 1, output  # the variants of RACING_AS_RELEASED race
     assert variant in document["variants"]
     assert [r for r in document["races"] if r["variant"] == variant] == []
     assert f"  {variant}: race-free" in output
+
+
+@pytest.mark.parametrize("variant", sorted(RACING_AS_RELEASED))
+def test_the_findings_variants_race_as_released(installed_run, variant):
+    """The default run exits 1 on these alone, every race the finding's."""
+    status, output, document = installed_run
+    assert status == 1, output
+    assert {r["variant"] for r in document["races"]} == set(RACING_AS_RELEASED)
+    races = [r for r in document["races"] if r["variant"] == variant]
+    assert races and all(RACING_AS_RELEASED[variant](r) for r in races), races[:2]
 
 
 def test_variants_in_reverse_order_in_one_process_are_race_free(tmp_path):
@@ -60,10 +86,11 @@ def test_variants_in_reverse_order_in_one_process_are_race_free(tmp_path):
         pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     order = [word for name in reversed(VARIANTS) for word in ("--variant", name)]
     status, output, document = _command(*order, json_path=tmp_path / "races.json")
-    assert status == 0, output
-    assert document["races"] == []
+    assert status == 1, output
+    assert {r["variant"] for r in document["races"]} == set(RACING_AS_RELEASED)
+    assert all(RACING_AS_RELEASED[r["variant"]](r) for r in document["races"])
     assert [line.split(":")[0].strip() for line in output.splitlines()
-            if line.endswith(")") and ": race-free (" in line] == list(reversed(VARIANTS))
+            if line.endswith(")") and ": race-free (" in line] == list(reversed(RACE_FREE))
 
 
 def _loop_report_sites(real: str) -> list[tuple[str, int, str]]:

@@ -73,8 +73,9 @@ def test_model_column_recomputed(report):
     for row in report["rows"]:
         if row["real"] in REACHED:
             function = (row["function"] or "").rsplit(".", 1)[-1]
-            if any((row["variant"], function, label) in loop_report.VARIANT_GAPS
-                   for label in row["model_labels"]):
+            if row["variant"] in loop_report.VARIANTS_NOT_MODELLED or any(
+                    (row["variant"], function, label) in loop_report.VARIANT_GAPS
+                    for label in row["model_labels"]):
                 assert row["model"] == "not_modelled", row  # a declared gap: no verdict
                 continue
             got = loop_report.model_verdict(row["variant"], tuple(row["model_labels"]),
@@ -159,3 +160,18 @@ def test_the_plan_stream_joins_map_by_function():
         "self.plan_stream )", draft_extend) == ("plan.extend_join",)
     assert loop_report.labels_for(common, "plan_stream.wait_stream(fwd_stream)",
                                   "run_multi_layer_verify") == ()
+
+
+def test_a_variant_racing_as_released_is_not_modelled_with_its_reason():
+    """A variant of VARIANTS_NOT_MODELLED (it races as released) gets no model verdict on any
+    row, whatever the removal, and its row says why; another variant's row with the same
+    site is judged by its model scenario."""
+    entry = {"site": "/x/sglang/srt/managers/overlap_utils.py:241", "function":
+             "ConfidenceRelay.issue_ring_copy",
+             "code": "stream.wait_event(publish_ready)", "verdict": "necessary",
+             "real": "race", "races": [], "variant": "dspark_no_host_lengths"}
+    [row] = loop_report.build_rows([entry])
+    assert row["model"] == "not_modelled" and not row["agrees"]
+    assert row["explanation"] == loop_report.VARIANTS_NOT_MODELLED["dspark_no_host_lengths"]
+    [judged] = loop_report.build_rows([{**entry, "variant": "dspark_confidence_relay"}])
+    assert judged["model"] == "race" and judged["model_labels"] == ["confidence.d2h_wait"]

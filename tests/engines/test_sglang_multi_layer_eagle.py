@@ -1,0 +1,191 @@
+"""SGLang's multi-layer EAGLE worker (``MultiLayerEagleWorkerV2``: MTP models' draft layers,
+one runner per draft step) inside its own ``event_loop_overlap``, under the recorder.
+
+The finding (docs/findings.md): with the plan stream on, its ``_draft_extend_for_decode``
+queues the draft extend's preparation (``prepare_for_draft_extend``) on the plan stream
+waiting only on the boundary-KV event, which it records only when the boundary-KV window is
+on (``SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX`` with a hybrid model's pool); without it the plan
+stream waits for nothing, while the single-layer worker waits for the forward stream there
+since 0.5.22. Both ways: the worker as released races (a plan-stream side inside
+``prepare_for_draft_extend``, and sides in ``multi_layer_eagle_worker_v2.py``), and the tree
+with that one wait written in (over the blank line above ``with self.plan_stream_ctx:``,
+every line keeping its number) is race-free. With the plan stream off it is race-free as
+released. Every verdict is the detector's.
+
+One child process runs both variants on the installed SGLang; slow tests run the command on
+a tree copy as released and with the fix, and on every supported release (fetched into the
+user's cache): a release without the worker would be ``not_applicable`` by feature.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.engines.sglang_trees import edited_tree, run_child, run_sglang, unchanged
+
+WORKER_FILE = "srt/speculative/multi_layer_eagle_worker_v2.py"
+COMMON_FILE = "srt/speculative/eagle_worker_common.py"
+VARIANTS = ("multi_layer_eagle", "multi_layer_eagle_plan_off")
+#: SGLang's single-layer worker's wait (eagle_worker_v2.py, 0.5.22 on), on one line
+PLAN_WAIT = ("if self.plan_stream: self.plan_stream.wait_stream("
+             "torch.get_device_module(self.device).current_stream())")
+
+CHILD = """
+import json
+from overlap_harness.engines.core.results import race_record
+from overlap_harness.engines.sglang.driver import run_variant
+from overlap_harness.engines.sglang.variants import VARIANTS
+out = {}
+for name in json.loads(sys.argv[1]):
+    run = run_variant(VARIANTS[name])
+    worker = run.scheduler.draft_worker
+    out[name] = {"races": [race_record(r, name) for r in run.races],
+                 "worker": type(worker).__name__,
+                 "draft_worker": type(worker.draft_worker).__name__,
+                 "step_forwards": [r.forwards for r in worker.draft_worker.draft_runner_list],
+                 "target_forwards": run.forwards, "unknown": run.unknown_ops,
+                 "plan_ops": sum(r.agent == "plan_stream"
+                                 for r in run.watch.recording.timeline),
+                 "rotations": sum(r.name == "rotate_input_ids_kernel"
+                                  for r in run.watch.recording.timeline),
+                 "finished": [q.finished() for q in run.requests]}
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_child(CHILD, list(VARIANTS))
+
+
+def _function_lines(path: Path, name: str) -> range:
+    """The lines of the function ``name`` in ``path`` (found by its syntax tree)."""
+    node = next(n for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    return range(node.lineno, (node.end_lineno or node.lineno) + 1)
+
+
+def _installed(relative: str) -> Path:
+    return Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / relative
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sglangs_multi_layer_worker_runs_every_draft_step(runs, variant):
+    """SGLang's own MultiLayerEagleWorkerV2 drives the loop: each draft step's runner ran a
+    forward per prefill and per decode (3 steps), every request finished, every kernel on
+    the path is declared."""
+    run = runs[variant]
+    assert run["worker"] == "MultiLayerEagleWorkerV2"
+    assert run["draft_worker"] == "MultiLayerEagleDraftWorker"
+    assert len(run["step_forwards"]) == 3
+    assert len(set(run["step_forwards"])) == 1 and run["step_forwards"][0] >= 4
+    assert run["step_forwards"][0] == run["target_forwards"]  # one draft pass per forward
+    assert run["rotations"] >= 3 * run["target_forwards"]
+    assert run["unknown"] == [] and all(run["finished"]) and len(run["finished"]) == 4
+
+
+def test_plan_stream_on_races_as_released(runs):
+    """Plan stream on: races, each with a side on the plan stream; a plan-stream side inside
+    prepare_for_draft_extend (what the worker queues there) and sides in the worker's file."""
+    races = runs["multi_layer_eagle"]["races"]
+    assert races
+    assert all("plan_stream" in (r["first"]["stream"], r["second"]["stream"]) for r in races)
+    prep = _function_lines(_installed(COMMON_FILE), "prepare_for_draft_extend")
+    sides = [side for r in races for side in (r["first"], r["second"])]
+    assert any(s["stream"] == "plan_stream" and s["file"] == str(_installed(COMMON_FILE))
+               and s["line"] in prep for s in sides)
+    extend = _function_lines(_installed(WORKER_FILE), "_draft_extend_for_decode")
+    assert any(s["file"] == str(_installed(WORKER_FILE)) and s["line"] in extend
+               for s in sides)
+
+
+def test_plan_stream_off_is_race_free_as_released(runs):
+    run = runs["multi_layer_eagle_plan_off"]
+    assert run["races"] == []
+    assert run["plan_ops"] == 0  # nothing queued on a plan stream: there is none
+
+
+def with_plan_wait(text: str) -> str:
+    """The plan stream made to wait for the current (forward) stream before the draft
+    extend's preparation, written over the blank line above the ``with
+    self.plan_stream_ctx:`` that opens with the boundary-KV wait (every line keeps its
+    number)."""
+    lines = text.splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines)
+                 if line.strip() == "with self.plan_stream_ctx:"
+                 and "boundary_kv_ready_event" in lines[i + 1])
+    assert lines[index - 1].strip() == "", lines[index - 1]
+    indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+    lines[index - 1] = f"{indent}{PLAN_WAIT}\n"
+    return "".join(lines)
+
+
+def _plan_waits(path: Path) -> int:
+    """How many ``self.plan_stream.wait_stream(`` calls the worker's file has."""
+    return sum("self.plan_stream.wait_stream(" in line for line in path.read_text().splitlines())
+
+
+def _command(tmp_path: Path, package: Path | None, fix: bool) -> tuple[int, str, dict, Path]:
+    tree = edited_tree(tmp_path, WORKER_FILE, with_plan_wait if fix else unchanged,
+                       package=package)
+    status, output, document = run_sglang("--sglang-src", str(tree),
+                                          *(w for v in VARIANTS for w in ("--variant", v)),
+                                          json_path=tmp_path / "races.json", timeout=900)
+    return status, output, document, tree
+
+
+def _check_released(status: int, output: str, document: dict, tree: Path) -> None:
+    assert status == 1, output
+    assert document["variants"] == list(VARIANTS), output
+    races = document["races"]
+    assert races and {r["variant"] for r in races} == {"multi_layer_eagle"}, output
+    worker = tree / "sglang" / WORKER_FILE
+    assert _plan_waits(worker) == 0  # as released: no wait for the forward stream
+    sides = [side for r in races for side in (r["first"], r["second"])]
+    assert any(s["stream"] == "plan_stream" for s in sides), output
+    assert any(s["file"] == str(worker) for s in sides), output
+
+
+def _check_fixed(status: int, output: str, document: dict, tree: Path) -> None:
+    assert _plan_waits(tree / "sglang" / WORKER_FILE) == 1
+    assert status == 0, output
+    assert document["variants"] == list(VARIANTS) and document["races"] == [], output
+
+
+@pytest.mark.slow
+def test_tree_as_released_races_in_the_workers_file(tmp_path):
+    _check_released(*_command(tmp_path, None, fix=False))
+
+
+@pytest.mark.slow
+def test_tree_with_the_plan_wait_is_race_free(tmp_path):
+    _check_fixed(*_command(tmp_path, None, fix=True))
+
+
+def _release_package(version: str) -> Path:
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(version) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _release_versions() -> list[str]:
+    from overlap_harness.engines.sglang import releases
+
+    return list(releases.SUPPORTED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", _release_versions())
+@pytest.mark.parametrize("fix", [False, True], ids=["released", "fixed"])
+def test_every_release_both_ways(tmp_path, version, fix):
+    """Every supported release has the worker and its missing wait: as released it races
+    (plan stream on; off race-free), with the one-line fix both variants are race-free."""
+    result = _command(tmp_path, _release_package(version), fix=fix)
+    (_check_fixed if fix else _check_released)(*result)
