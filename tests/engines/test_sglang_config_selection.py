@@ -29,10 +29,13 @@ def test_every_variant_states_its_configuration_from_its_own_fields():
             assert config["plan_stream"] == "off" and "eagle_topk" not in config, name
         elif variant.eagle is None:
             assert "plan_stream" not in config and "eagle_topk" not in config, name
+            assert "multi_layer_eagle" not in config, name
             assert "ragged_verify" not in config, name
         else:
             assert config["plan_stream"] == ("on" if variant.eagle.plan_stream else "off")
             assert config["eagle_topk"] == str(variant.eagle.topk)
+            assert config["multi_layer_eagle"] == ("on" if variant.eagle.multi_layer
+                                                   else "off"), name
         assert config["radix_cache"] == ("on" if variant.radix_cache else "off"), name
         graphs = bool(variant.decode_graph_sizes) or (
             variant.eagle is not None and bool(variant.eagle.verify_graph_sizes))
@@ -97,3 +100,28 @@ def test_the_command_prints_every_bad_config_on_its_own_line_and_exits_2():
         "got 'maybe'",
         "overlap-harness sglang: --config 'nokey=1': no key 'nokey' (keys: "
         + ", ".join(s.key for s in configurations.SWITCHES) + ")"]
+
+
+@pytest.mark.parametrize(("items", "expected"), [
+    # EAGLE with the plan stream off and backends that need host lengths (issue 41)
+    (["speculative=eagle", "plan_stream=off", "cpu_seq_lens=on"],
+     {"eagle_d2h_stream_plan_off", "eagle_topk4_d2h_stream_plan_off"}),
+    # DSpark with backends that need none
+    (["speculative=dspark", "cpu_seq_lens=off"], {"dspark_no_host_lengths"}),
+    # SGLang's multi-layer worker (the key applies to EAGLE variants only)
+    (["speculative=eagle", "multi_layer_eagle=on"],
+     {"multi_layer_eagle", "multi_layer_eagle_plan_off"}),
+])
+def test_the_configurations_users_run_select_their_variants(items, expected):
+    """Each selects exactly the variants whose fields say so (read here directly)."""
+    wanted = configurations.parse(items)
+    chosen, _left_out = configurations.select(VARIANTS, list(VARIANTS), wanted)
+    assert set(chosen) == expected
+    for name in chosen:
+        variant = VARIANTS[name]
+        spec = variant.eagle if variant.eagle is not None else variant.dspark
+        assert spec is not None, name
+        if wanted.get("cpu_seq_lens"):
+            assert spec.needs_cpu_seq_lens == (wanted["cpu_seq_lens"] == "on"), name
+        if wanted.get("multi_layer_eagle") == "on":
+            assert variant.eagle.multi_layer, name

@@ -12,8 +12,8 @@ from overlap_harness.engines.core.results import VariantOutcome, race_record
 from overlap_harness.engines.core.sites import SyncSite
 
 #: modules scanned for sync sites: the loop, its relay, result processing, the D2H helper,
-#: the result copy, the EAGLE v2 worker and its record_stream helpers, the CUDA-graph runners
-#: and their read-done event
+#: the result copy, the EAGLE v2 workers (single- and multi-layer) and their record_stream
+#: helpers, the CUDA-graph runners and their read-done event
 PATH_MODULES = (
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.overlap_utils",
@@ -21,6 +21,7 @@ PATH_MODULES = (
     "sglang.srt.managers.utils",
     "sglang.srt.utils.common",
     "sglang.srt.speculative.eagle_worker_v2",
+    "sglang.srt.speculative.multi_layer_eagle_worker_v2",
     "sglang.srt.speculative.eagle_worker_common",
     "sglang.srt.speculative.spec_utils",
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
