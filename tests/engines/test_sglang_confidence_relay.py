@@ -12,7 +12,9 @@ One child process imports SGLang once and runs, every verdict the detector's:
   or the resolve's query (race-free both: ``resolve_seq_lens_cpu`` synchronizes the same D2H
   stream every decode, which orders the ring copies before the host read; the site is
   reached and redundant here);
-* ``DSPARK_GPU_LENS`` (backends that need none, DeepSeek-V4's under DSpark): as released it
+* ``DSPARK_GPU_LENS``, the default variant ``dspark_no_host_lengths`` (backends that all
+  declare they need none: FlashAttention-3 without a KV-shard pool, DeepSeek-V4's under
+  DSpark): as released it
   races, the ring copy's read of ``confidence_buf`` against the next decode's scatter (WAR;
   nothing orders the D2H stream before the forward stream), and never reads the ring (the
   copy_done query's first answer is False); its fixed twin, a copy of SGLang's

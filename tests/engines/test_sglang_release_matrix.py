@@ -29,6 +29,7 @@ PRE_REPLAY_CONFIG = ("plan_stream=off", "attention_reads_end=pre_replay")
 #: variants run with SGLang's plan stream on (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by
 #: default); releases before 0.5.22 prepare the draft extend on it without waiting for the
 #: forward stream (and before 0.5.20 the verify too): real races, the waits SGLang added later
+#: (beside the races of FINDINGS' variants, below, which every release has)
 _PLAN_WAITS = ("EAGLE (plan stream on): races, the draft extend's preparation queued on the "
                "plan stream without the wait for the forward stream SGLang added in 0.5.22")
 _RADIX_0517 = ("graph_decode_radix: real race in 0.5.17, 3 WAR races on req_to_token: "
