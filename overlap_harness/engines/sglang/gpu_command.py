@@ -63,15 +63,19 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         args.gpu_report.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
-    kept, earlier = _resumed(args.gpu_resume, tree.version, device)
+    kept, earlier = _resumed(args.gpu_resume, tree.version)
     if isinstance(kept, str):
         return fail(PROG, kept)
     skip = frozenset((r["variant"], r["site"]) for r in kept)
     rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
                                          args.gpu_deadline, progress, skip)
+    for row in rows:  # each row names the device and torch its trials ran on
+        row["device"], row["torch"] = device, torch.__version__
     command = relative_command(sys.argv[1:])
     report = gpu_report.document(
-        kept + rows, version=tree.version, device=device, torch_version=torch.__version__,
+        kept + rows, version=tree.version,
+        device=", ".join(sorted({r["device"] for r in kept + rows})) or device,
+        torch_version=", ".join(sorted({r["torch"] for r in kept + rows})) or torch.__version__,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=f"{earlier['command']}; then {command}" if earlier else command,
         failures=[f for f in (earlier or {}).get("child_failures", [])
@@ -165,18 +169,18 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
-def _resumed(path: Path | None, version: str, device: str
-             ) -> tuple[list[dict] | str, dict | None]:
+def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | None]:
     """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
-    trials, :func:`.gpu_table.settled`) and that report; an error text when it is of another
-    tree or device. Its other rows run again."""
+    trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
+    that report; an error text when it is of another tree. Its other rows run again."""
     from overlap_harness.engines.sglang.gpu_table import recounted, settled
 
     if path is None:
         return [], None
     earlier = json.loads(path.read_text())
-    if earlier["sglang_version"] != version or earlier["device"] != device:
-        return (f"{path}: a report of sglang {earlier['sglang_version']} on "
-                f"{earlier['device']}, not {version} on {device}"), None
-    rows = [recounted(r) for r in earlier["rows"]]
+    if earlier["sglang_version"] != version:
+        return (f"{path}: a report of sglang {earlier['sglang_version']}, not "
+                f"{version}"), None
+    rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
+            for r in earlier["rows"]]
     return [r for r in rows if settled(r)], earlier
