@@ -152,3 +152,43 @@ def test_a_host_earlier_side_is_held_on_the_host() -> None:
     assert gpu_table.earlier_streams([example]) == ["host"]
     probe = probes([example], "host")
     assert probe.earlier == ("sglang/srt/a.py:3",) and probe.later == ("sglang/srt/b.py:4",)
+
+
+class _FakeProbe:
+    """Says whether the op being issued comes from the earlier side; counts what it is told."""
+
+    def __init__(self, earlier: bool) -> None:
+        self.earlier = earlier
+        self.told: list[bool] = []
+
+    def at_earlier(self, depth: int) -> bool:
+        return self.earlier
+
+    def after_op(self, at_earlier: bool) -> None:
+        self.told.append(at_earlier)
+
+
+@pytest.mark.parametrize(("current", "earlier", "targeted", "held"), [
+    (7, True, True, True),     # the earlier side's op on the delayed stream
+    (7, False, True, False),   # another op of that stream: not held when targeted
+    (7, False, False, True),   # ... held when the whole stream is delayed
+    (9, True, True, True),     # the earlier side's op on a stream object the loop does not hold
+    (9, True, False, False),   # whole-stream forcing holds only the named stream
+])
+def test_the_targeted_forcing_holds_exactly_the_earlier_sides_ops(
+        monkeypatch: pytest.MonkeyPatch, current: int, earlier: bool, targeted: bool,
+        held: bool) -> None:
+    import torch
+
+    slept: list[int] = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda: type("S", (), {"cuda_stream": current})())
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    probe = _FakeProbe(earlier)
+    mode = gpu_loop._Forced({7}, 1 << 21, serial=False, probe=probe, targeted=targeted)
+    assert mode.launch(lambda x: x + 1, (1,), {}, True) == 2
+    assert (slept == [1 << 21]) == held and mode.sleeps == int(held)
+    if held:
+        assert probe.told == [earlier]
+    # a host op (no CUDA tensor) is never held
+    assert mode.launch(lambda x: x, (0,), {}, False) == 0 and mode.sleeps == int(held)

@@ -92,13 +92,17 @@ class _Forced(TorchDispatchMode):
         serial run."""
         on_delayed = device and bool(self.delayed) and \
             torch.cuda.current_stream().cuda_stream in self.delayed
-        earlier = on_delayed and self.probe is not None and self.probe.at_earlier(3)
-        held = on_delayed and (earlier or not self.targeted)
+        # targeted: an op from the earlier side's line is on the earlier side's stream by
+        # definition, whichever stream object the loop's attributes hold (a stream made per
+        # call, a context's own), so it is held wherever it is issued
+        watched = self.probe is not None and (on_delayed or (device and self.targeted))
+        earlier = watched and self.probe.at_earlier(3)
+        held = earlier if self.targeted else on_delayed
         if held:
             torch.cuda._sleep(self.cycles)
             self.sleeps += 1
         out = func(*args, **kwargs)
-        if on_delayed and self.probe is not None:
+        if watched:
             self.probe.after_op(earlier)
         if device and self.serial:
             torch.cuda.synchronize()
@@ -196,7 +200,8 @@ class DeviceRun:
         """The dispatch mode of :attr:`plan` around the loop."""
         streams = loop_streams(scheduler)
         self.streams_seen = sorted(streams)
-        device_streams = [s for s in self.plan.streams if s != "host"]
+        device_streams = [s for s in self.plan.streams if s != "host" and (
+            s in streams or not self.plan.targeted)]  # targeted: held where issued (above)
         missing = [s for s in device_streams if s not in streams]
         if missing:
             raise KeyError(f"streams {missing} not found; the loop holds {sorted(streams)}")
