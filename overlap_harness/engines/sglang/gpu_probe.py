@@ -97,8 +97,7 @@ class SideProbe:
             "later_done": self.later_done, "later_first": self.later_first}
         if self.host_sleeps:
             out["host_sleeps"] = self.host_sleeps
-        if self.orderings:
-            out["orderings"] = dict(sorted(self.orderings.items(), key=lambda kv: -kv[1])[:6])
+        out["orderings"] = dict(sorted(self.orderings.items(), key=lambda kv: -kv[1])[:6])
         return out
 
     def made(self) -> bool:
@@ -209,10 +208,11 @@ def why_equal(probe_counts: dict[str, Any], probe: dict[str, Any]) -> tuple[str,
                           f"in the probed trial ({sides}): the delay has nothing to hold")
     if not reached:
         return "timing", f"the later side was not reached in the probed trial ({sides})"
-    seen = c.get("orderings") or {}
-    between = ("; calls that can order them ran between the sides: "
-               + ", ".join(f"{call} ({times}x)" for call, times in seen.items())) if seen \
-        else "; no synchronizing call ran between the sides on the host"
+    seen = c.get("orderings")
+    between = "" if seen is None else (  # None: a probe older than the orderings' count
+        "; calls that can order them ran between the sides: "
+        + ", ".join(f"{call} ({times}x)" for call, times in seen.items()) if seen
+        else "; no call that can order them ran between the sides on the host")
     return "timing", (
         f"the earlier side had finished each of the {c['later_done']} times the later side "
         f"was reached ({c['later_first']} reaches came before any earlier side; {sides})"
