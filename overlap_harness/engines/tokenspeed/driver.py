@@ -126,7 +126,8 @@ def build_executor(setup: Setup) -> Any:
         virtual_block_counts={front_end.GROUP_ID: front_end.VIRTUAL_BLOCKS})
     executor.attn_backend = StrictStub("attention backend",
                                        skips_incomplete_prefill_outputs=False)
-    executor.token_to_kv_pool = StrictStub("kv pool")
+    executor.token_to_kv_pool = front_end.KvPoolStandIn()
+    executor.draft_token_to_kv_pool = None
     executor.drafter = (StrictStub("drafter", absent=("prepare_request_state",))
                         if setup.draft_width else None)
     executor.tree_spec = None

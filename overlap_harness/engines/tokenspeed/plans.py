@@ -48,10 +48,13 @@ class Script:
         self.decode_width = decode_width
         self._next_page = 1
 
-    def _grow(self, request: Request, length: int) -> list[int]:
+    def _grow(self, request: Request, length: int, fresh: list[int] | None = None
+              ) -> list[int]:
         request.cached += length
         while len(request.pages) * PAGE_SIZE < request.cached:
             request.pages.append(self._next_page)
+            if fresh is not None:
+                fresh.append(self._next_page)
             self._next_page += 1
         return list(request.pages)
 
@@ -62,6 +65,7 @@ class Script:
         if not steps:
             return PlanStandIn([])
         op = ForwardOpStandIn([], [], [], [], [], [], len(extends))
+        fresh: list[int] = []  # pages this round hands out: the plan zeroes them first
         for step in extends:
             request = self.requests[step.rid]
             start = request.cached
@@ -72,14 +76,14 @@ class Script:
             op.extend_prefix_lens.append(start)
             op.prefill_lengths.append(len(request.prompt))
             op.input_ids.extend(request.prompt[start:start + length])
-            op.pages.append(self._grow(request, length))
+            op.pages.append(self._grow(request, length, fresh))
         for step in decodes:
             request = self.requests[step.rid]
             op.request_ids.append(request.rid)
             op.request_pool_indices.append(request.slot)
             op.input_lengths.append(self.decode_width)
-            op.pages.append(self._grow(request, self.decode_width))
-        return PlanStandIn([op])
+            op.pages.append(self._grow(request, self.decode_width, fresh))
+        return PlanStandIn([op], pages_to_zero=fresh)
 
     def cached_prefix(self, rid: str, length: int) -> None:
         """``rid``'s first ``length`` prompt tokens are already cached (a prefix hit)."""

@@ -37,7 +37,10 @@ def _next_token(token: int, vocab: int) -> int:
 def _model_values(input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
                   slots: torch.Tensor, block_table: torch.Tensor | None,
                   coins: torch.Tensor, ends: list[int], width: int, vocab: int,
-                  tokens: torch.Tensor, lengths: torch.Tensor) -> None:
+                  tokens: torch.Tensor, lengths: torch.Tensor, kv: torch.Tensor | None,
+                  pages: torch.Tensor | None) -> None:
+    if kv is not None and pages is not None:
+        kv[pages] += 1.0  # attention: reads the batch's pages, writes its new tokens' KV
     for row, end in enumerate(ends):
         last = int(input_ids[end - 1])
         for column in range(width):
@@ -49,9 +52,12 @@ def _model_accesses(_result: Any, input_ids: torch.Tensor, positions: torch.Tens
                     seq_lens: torch.Tensor, slots: torch.Tensor,
                     block_table: torch.Tensor | None, coins: torch.Tensor, ends: list[int],
                     width: int, vocab: int, tokens: torch.Tensor,
-                    lengths: torch.Tensor) -> list:
+                    lengths: torch.Tensor, kv: torch.Tensor | None,
+                    pages: torch.Tensor | None) -> list:
+    kv_accesses = [] if kv is None else reads(kv, rows=pages) + writes(kv, rows=pages)
     return (reads(input_ids) + reads(positions) + reads(seq_lens) + reads(slots)
-            + reads(block_table) + reads(coins) + writes(tokens) + writes(lengths))
+            + reads(block_table) + reads(coins) + writes(tokens) + writes(lengths)
+            + kv_accesses)
 
 
 _declared_model = declared(_model_accesses, cpu_impl=_model_values,
@@ -97,7 +103,8 @@ class ForwardCut:
         slots = buffers.req_pool_indices_buf[:bs]
         _declared_model(buffers.input_ids_buf[:max(ends)], buffers.positions_buf[:max(ends)],
                         buffers.seq_lens_buf[:bs], slots, self._block_table,
-                        backend._coins_buf[:bs], ends, width, self.vocab, tokens, lengths)
+                        backend._coins_buf[:bs], ends, width, self.vocab, tokens, lengths,
+                        self._kv, self._pages)
         if draft:
             _declared_draft(executor.runtime_states.future_input_map,
                             buffers.state_write_req_pool_indices_buf[:bs], tokens, width,
@@ -110,6 +117,12 @@ class ForwardCut:
                  block_tables_cpu: dict, positions: torch.Tensor | None = None,
                  block_tables: dict | None = None) -> tuple[Any, Any, None, None]:
         self._block_table = next(iter((block_tables or {}).values()), None)
+        table_cpu = next(iter(block_tables_cpu.values()), None)
+        self._kv = getattr(self.executor.token_to_kv_pool, "kv", None)
+        self._pages = None if table_cpu is None else torch.tensor(
+            sorted({p for p in table_cpu.flatten().tolist() if p > 0}), device="cuda")
+        if self.graphs and ctx.num_extends == 0:  # a replayed graph reads persistent buffers
+            self._block_table, self._kv, self._pages = None, None, None
         lengths = ctx.output_layout
         decode = ctx.num_extends == 0
         width = lengths.decode_width if decode else 1

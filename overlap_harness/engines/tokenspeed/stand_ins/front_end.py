@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.recorder.sites import not_user_code
+
+not_user_code(__file__)  # a race names TokenSpeed's line that called into the front end
 
 PAGE_SIZE = 4
 GROUP_ID = "full"  # the one cache group of the stand-in model's KV pool
@@ -69,6 +72,23 @@ class PlanStandIn:
     pages_to_zero: list[int] = field(default_factory=list)
     remote_decode: Any = None
     remote_prefill: Any = None
+
+
+class KvPoolStandIn:
+    """The model's KV pool as the executor's page zeroing and the forward see it: one page
+    table of ``VIRTUAL_BLOCKS`` pages; ``zero_pages`` clears pages on the current stream (the
+    default stream, where ``ModelExecutor.zero_cache_pages`` runs it)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.kv = torch.zeros(VIRTUAL_BLOCKS, PAGE_SIZE, device="cuda")
+
+    def zero_pages(self, page_ids: list[int]) -> None:
+        """Clear ``page_ids`` (a new owner must not read the previous one's KV)."""
+        import torch
+
+        self.kv[torch.tensor(page_ids, device="cuda")] = 0.0
 
 
 class ExecutionEventStandIn:
