@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.tokenspeed.stand_ins.kernels import host_values
 from overlap_harness.recorder import declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
 
@@ -41,8 +42,9 @@ def _model_values(input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: to
                   pages: torch.Tensor | None) -> None:
     if kv is not None and pages is not None:
         kv[pages] += 1.0  # attention: reads the batch's pages, writes its new tokens' KV
+    ids = host_values(input_ids)
     for row, end in enumerate(ends):
-        last = int(input_ids[end - 1])
+        last = ids[end - 1]
         for column in range(width):
             tokens[row * width + column] = _next_token(last + column, vocab)
         lengths[row] = width
@@ -66,8 +68,9 @@ _declared_model = declared(_model_accesses, cpu_impl=_model_values,
 
 def _draft_values(future_input_map: torch.Tensor, slots: torch.Tensor, tokens: torch.Tensor,
                   width: int, vocab: int) -> None:
-    for row, slot in enumerate(slots.tolist()):
-        last = int(tokens[row * width + width - 1])
+    sampled = host_values(tokens)
+    for row, slot in enumerate(host_values(slots)):
+        last = sampled[row * width + width - 1]
         for column in range(width):
             future_input_map[slot, column] = _next_token(last + column, vocab)
 
@@ -120,18 +123,22 @@ class ForwardCut:
         table_cpu = next(iter(block_tables_cpu.values()), None)
         self._kv = getattr(self.executor.token_to_kv_pool, "kv", None)
         self._pages = None if table_cpu is None else torch.tensor(
-            sorted({p for p in table_cpu.flatten().tolist() if p > 0}), device="cuda")
+            sorted({p for p in table_cpu.flatten().tolist() if p > 0}))
         if self.graphs and ctx.num_extends == 0:  # a replayed graph reads persistent buffers
             self._block_table, self._kv, self._pages = None, None, None
         lengths = ctx.output_layout
         decode = ctx.num_extends == 0
         width = lengths.decode_width if decode else 1
         total = ctx.input_num_tokens
-        if decode:
-            per = total // bs
-            ends = [per * (row + 1) for row in range(bs)]
-        else:
-            ends = [int(e) + 1 for e in ctx.gather_ids.tolist()]
+        # each request's last input row, from host values only (the real forward reads no
+        # device value on the host: a stand-in that did would add a synchronization)
+        ends, end = [], 0
+        for length in extend_seq_lens_cpu.tolist():
+            end += int(length)
+            ends.append(end)
+        decode_rows = bs - ctx.num_extends
+        per = (total - end) // decode_rows if decode_rows else 0
+        ends += [end + per * (row + 1) for row in range(decode_rows)]
         draft = self.draft_width > 0
         backend = self.executor.sampling_backend
         if self.graphs and decode:

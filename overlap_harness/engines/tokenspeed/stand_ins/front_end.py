@@ -88,7 +88,7 @@ class KvPoolStandIn:
         """Clear ``page_ids`` (a new owner must not read the previous one's KV)."""
         import torch
 
-        self.kv[torch.tensor(page_ids, device="cuda")] = 0.0
+        self.kv[torch.tensor(page_ids)] = 0.0
 
 
 class ExecutionEventStandIn:

@@ -32,14 +32,22 @@ from overlap_harness.recorder.sites import not_user_code
 not_user_code(__file__)  # a race names TokenSpeed's line that launched the kernel
 
 
+def host_values(t: torch.Tensor) -> list:
+    """A declared kernel's own read of device values, as a list: copied with ``.to("cpu")``,
+    which inside the declared call is quiet (``tolist()`` or ``int()`` of a device tensor
+    would be recorded as the program's blocking read, a host synchronization the kernel
+    does not make)."""
+    return t.to("cpu").tolist()
+
+
 def _frontier_values(req_pool_indices: torch.Tensor, input_lengths: torch.Tensor,
                      accept_lengths: torch.Tensor, valid_cache_lengths: torch.Tensor,
                      num_extends: int, padding_index: int, **_: Any) -> None:
-    for row, slot in enumerate(req_pool_indices.tolist()):
+    inputs, accepted = host_values(input_lengths), host_values(accept_lengths)
+    for row, slot in enumerate(host_values(req_pool_indices)):
         if slot == padding_index:
             continue
-        step = input_lengths[row] if row < num_extends else accept_lengths[row]
-        valid_cache_lengths[slot] += step.to(valid_cache_lengths.dtype)
+        valid_cache_lengths[slot] += inputs[row] if row < num_extends else accepted[row]
 
 
 def _frontier_accesses(_result: Any, req_pool_indices: torch.Tensor,
@@ -72,8 +80,9 @@ def advance_accepted_frontier(req_pool_indices: torch.Tensor, input_lengths: tor
 
 def _tail_fill_values(regs_dev: torch.Tensor, rows: list[tuple[torch.Tensor, int, int, int]]
                       ) -> None:
+    regs = host_values(regs_dev)
     for dst, live_reg, total, value in rows:
-        dst[int(regs_dev[live_reg]):total] = value
+        dst[regs[live_reg]:total] = value
 
 
 def _tail_fill_accesses(_result: Any, regs_dev: torch.Tensor,
@@ -128,8 +137,9 @@ class PrepTapeStandIn:
 
 def _decode_prep_values(req_pool_indices: torch.Tensor, valid_cache_lengths: torch.Tensor,
                         positions: torch.Tensor, seq_lens: torch.Tensor, width: int) -> None:
-    for row, slot in enumerate(req_pool_indices.tolist()):
-        start = int(valid_cache_lengths[slot])
+    lengths = host_values(valid_cache_lengths)
+    for row, slot in enumerate(host_values(req_pool_indices)):
+        start = lengths[slot]
         seq_lens[row] = start + width
         positions[row * width:(row + 1) * width] = torch.arange(start, start + width)
 
@@ -149,9 +159,9 @@ def _positions_values(positions: torch.Tensor, start_loc: torch.Tensor,
                       prefix_lens: torch.Tensor, seq_lens: torch.Tensor,
                       has_prefix: bool) -> None:
     offset = 0
-    for row in range(seq_lens.shape[0]):
-        length = int(seq_lens[row])
-        first = int(prefix_lens[row]) if has_prefix else 0
+    prefixes, lengths = host_values(prefix_lens), host_values(seq_lens)
+    for row, length in enumerate(lengths):
+        first = prefixes[row] if has_prefix else 0
         start_loc[row] = offset
         positions[offset:offset + length] = torch.arange(first, first + length)
         offset += length
