@@ -94,6 +94,39 @@ def run_engine_command(args: argparse.Namespace, command: EngineCommand) -> int:
     return 1 if document["races"] else 0
 
 
+def package_root(src: str | None, package: str, unavailable: type[Exception]) -> Path | None:
+    """The folder to put first on ``sys.path`` for ``--PACKAGE-src SRC``: SRC when it holds
+    the package, SRC's parent when SRC is the package, SRC/python in a checkout; None for the
+    installed package. Raises ``unavailable`` when SRC is not a folder or holds no package."""
+    if src is None:
+        return None
+    path = Path(src).expanduser().resolve()
+    if not path.is_dir():
+        raise unavailable(f"--{package}-src {src}: not a folder")
+    for root in (path, path / "python"):
+        if (root / package / "__init__.py").is_file():
+            return root
+    if path.name == package and (path / "__init__.py").is_file():
+        return path.parent
+    raise unavailable(f"--{package}-src {src}: holds no {package} package "
+                      f"(no {package}/__init__.py)")
+
+
+def add_engine_parser(subparsers: argparse._SubParsersAction, engine: str, help_text: str,
+                      source_help: str, out_help: str,
+                      run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """Add an engine's subcommand with the shared options and the pull-request options;
+    its handler is ``run``."""
+    from overlap_harness.engines.core.command import add_engine_options
+    from overlap_harness.engines.core.pr_view.options import add_pr_options
+
+    parser = subparsers.add_parser(engine, help=help_text)
+    add_engine_options(parser, engine, source_help=source_help, out_help=out_help)
+    add_pr_options(parser, engine)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def watch_outcome(name: str, run: Callable[[], Any]) -> VariantOutcome:
     """One run of variant ``name`` (``run()`` returns the recorder's ``Watch``) as the core's
     outcome; a crash becomes its ``error``."""

@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import argparse
 
-from overlap_harness.engines.core.command import add_engine_options
-from overlap_harness.engines.core.engine_command import EngineCommand, run_engine_command
-from overlap_harness.engines.core.pr_view.options import add_pr_options
+from overlap_harness.engines.core.engine_command import (
+    EngineCommand,
+    add_engine_parser,
+    run_engine_command,
+)
 
 PROG = "overlap-harness tokenspeed"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``tokenspeed`` subcommand; its handler is ``args.func``."""
-    parser = subparsers.add_parser(
-        "tokenspeed", help="run TokenSpeed's own overlap loop (event loop, forward thread, "
-        "model executor) under the recorder (CPU, CUDA faked); --necessity removes each sync "
-        "site in turn")
-    add_engine_options(
-        parser, "tokenspeed", source_help="a directory holding the tokenspeed package (an "
-        "unzipped wheel, a checkout or its python/ folder, a site-packages); default: the "
-        "installed tokenspeed",
+    return add_engine_parser(
+        subparsers, "tokenspeed",
+        "run TokenSpeed's own overlap loop (event loop, forward thread, model executor) under "
+        "the recorder (CPU, CUDA faked); --necessity removes each sync site in turn",
+        source_help="a directory holding the tokenspeed package (an unzipped wheel, a "
+        "checkout or its python/ folder, a site-packages); default: the installed tokenspeed",
         out_help="write tokenspeed.json (and tokenspeed.md with --necessity), and per variant "
-        "the timeline plot of one round, Perfetto and SARIF")
-    add_pr_options(parser, "tokenspeed")
-    parser.set_defaults(func=run)
-    return parser
+        "the timeline plot of one round, Perfetto and SARIF", run=run)
 
 
 def _load(src: str | None) -> object:

@@ -55,26 +55,15 @@ _IMPORTED: list[TokenSpeedInfo] = []
 
 
 def tree_root(src: str | None) -> Path | None:
-    """The folder to put first on ``sys.path`` for ``--tokenspeed-src PATH``: PATH when it
-    holds the ``tokenspeed`` package, PATH's parent when PATH is the package; None for the
-    installed TokenSpeed.
+    """The folder to put first on ``sys.path`` for ``--tokenspeed-src PATH`` (an unzipped
+    wheel, a site-packages, the package itself, a checkout); None for the installed one.
 
     Raises:
         TokenSpeedUnavailable: PATH is not a folder or holds no ``tokenspeed`` package.
     """
-    if src is None:
-        return None
-    path = Path(src).expanduser().resolve()
-    if not path.is_dir():
-        raise TokenSpeedUnavailable(f"--tokenspeed-src {src}: not a folder")
-    if (path / "tokenspeed" / "__init__.py").is_file():
-        return path
-    if path.name == "tokenspeed" and (path / "__init__.py").is_file():
-        return path.parent
-    if (path / "python" / "tokenspeed" / "__init__.py").is_file():  # a checkout
-        return path / "python"
-    raise TokenSpeedUnavailable(f"--tokenspeed-src {src}: holds no tokenspeed package "
-                                "(no tokenspeed/__init__.py)")
+    from overlap_harness.engines.core.engine_command import package_root
+
+    return package_root(src, "tokenspeed", TokenSpeedUnavailable)
 
 
 def _check_features() -> None:
