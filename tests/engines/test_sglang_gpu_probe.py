@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from overlap_harness.engines.sglang import gpu_table
-from overlap_harness.engines.sglang.gpu_loop import _on_device
-from overlap_harness.engines.sglang.gpu_probe import _key, _matches, probes, why_equal
+from overlap_harness.engines.sglang.gpu import table as gpu_table
+from overlap_harness.engines.sglang.gpu.loop import _on_device
+from overlap_harness.engines.sglang.gpu.probe import _key, _matches, probes, why_equal
 
 EXAMPLES = [
     "RAW add: target_prefill_forward on self.forward_stream at /x/overlap_harness/engines/"
-    "sglang/eagle_worker.py:216 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
+    "sglang/stand_ins/eagle_models.py:216 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
     "RAW predict@eagle_utils.py:632: zeros on self.forward_stream at sglang/srt/speculative/"
     "eagle_utils.py:632 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
     "host-D2H host@common.py:614: copy_ on self.copy_stream at sglang/srt/utils/common.py:615"
@@ -26,7 +26,7 @@ EXAMPLES = [
 
 def test_probe_takes_the_sides_of_the_races_whose_earlier_side_is_the_stream() -> None:
     forward = probes(EXAMPLES, "forward_stream")
-    assert forward.earlier == ("/x/overlap_harness/engines/sglang/eagle_worker.py:216",
+    assert forward.earlier == ("/x/overlap_harness/engines/sglang/stand_ins/eagle_models.py:216",
                                "sglang/srt/speculative/eagle_utils.py:632")
     assert forward.later == ("sglang/srt/utils/common.py:615",)
     copy = probes(EXAMPLES, "copy_stream")
@@ -119,7 +119,7 @@ def test_each_child_takes_a_few_rows_of_one_site_the_heaviest_first() -> None:
 
 
 def test_resume_keeps_the_rows_with_trials_and_plans_only_the_others(tmp_path: Path) -> None:
-    from overlap_harness.engines.sglang.gpu_command import _resumed
+    from overlap_harness.engines.sglang.gpu.command import _resumed
 
     loop = {"variants": ["a"], "rows": [
         {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": "race",

@@ -45,7 +45,7 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
     """Why a necessary row shows no wrong value, computed from what its trials did (never
     hand-written): not run; a trial crashed; else the probes' finding (gpu_probe.why_equal)
     for each delayed stream: ``overwritten`` if any made the race, else ``timing``."""
-    from overlap_harness.engines.sglang.gpu_probe import why_equal
+    from overlap_harness.engines.sglang.gpu.probe import why_equal
 
     if not row["trials"]:
         return "not_run", f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
@@ -114,7 +114,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# SGLang {report['sglang_version']}'s own overlap loop on a GPU, races forced",
         "",
         "Written by `overlap-harness sglang --gpu` (overlap_harness/engines/sglang/"
-        "gpu_table.py, gpu_loop.py, gpu_report.py; docs/sglang-loop.md: GPU mode).",
+        "gpu/table.py, gpu/loop.py, gpu/report.py; docs/sglang-loop.md: GPU mode).",
         "",
         f"Device: {report['device']}; torch {report['torch']}; {report['date']}; "
         f"{report['seconds']} s wall.",
@@ -128,7 +128,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"error: {s['errors']}.",
         "",
         "Necessary rows without a wrong value, by the computed why (`why_reason`; "
-        "gpu_probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
+        "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
                                       for key in NO_WRONG_REASONS) + ".",
         "",
         "| variant | site | code | cpu_verdict | trials | forced_delay | wrong_trials | "

@@ -48,8 +48,11 @@ import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
-from overlap_harness.engines.sglang.worker import ReadDoneEventNames
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    PrivateIndexBackend,
+    copy_row_kv_indices,
+)
+from overlap_harness.engines.sglang.stand_ins.model_worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
@@ -113,10 +116,10 @@ def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
 
 @declared(_forward_accesses, name="model_forward_in_graph")
 def _graph_model_forward(runner: GraphModelRunner, forward_batch: Any) -> None:
-    """Values a model could produce, as the eager forward makes them (``worker.py``): each
-    new KV slot holds its input token + 1, and each row's logits are one-hot at the sum of
-    the KV its private indices name plus its length (mod the vocabulary). Device work only,
-    of static shapes (captured: no host read of a device value)."""
+    """Values a model could produce, as the eager forward makes them
+    (``stand_ins/model_worker.py``): each new KV slot holds its input token + 1, and each row's
+    logits are one-hot at the sum of the KV its private indices name plus its length (mod the
+    vocabulary). Device work only, of static shapes (captured: no host read of a device value)."""
     backend = runner.attn_backend
     with _kernel_values():
         tokens = forward_batch.input_ids.to(torch.float32) + 1.0

@@ -1,7 +1,7 @@
 """``overlap-harness sglang --gpu``: the loop report's rows checked on a CUDA device.
 
 Each (variant, site) the loop report judged is run with the site removed and its race forced
-(:mod:`.gpu_table`); the report goes to ``--gpu-report DIR`` (:mod:`.gpu_report`). Exit 0 when
+(:mod:`.gpu.table`); the report goes to ``--gpu-report DIR`` (:mod:`.gpu.report`). Exit 0 when
 every necessary row showed a wrong value and every redundant row and the unmodified loop stayed
 equal to the serial answer, 1 otherwise, 2 without CUDA or on bad input.
 """
@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     names = args.variant or loop_document["variants"]
     if (message := unknown_variants(names, loop_document["variants"])) is not None:
         return fail(PROG, message)
-    from overlap_harness.engines.sglang import environment, gpu_report, gpu_table
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
 
     try:
         tree = environment.load(args.sglang_src)

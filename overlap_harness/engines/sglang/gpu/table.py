@@ -2,13 +2,13 @@
 
 Rows come from the loop report (``reports/conformance/sglang-VERSION-loop.json``): every
 (variant, site) whose CPU verdict is ``race`` or ``race_free``. For a ``race`` row the stream of
-the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu_loop`), one trial
+the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu.loop`), one trial
 per (stream, delay); a ``race_free`` row and the unmodified loop (a row without a site, per
 variant) delay each stream the loop holds in turn. Each trial's values are compared with the
 serial answer of the unmodified loop.
 
 Each site runs in its own child process (the removal is never undone; CUDA does not survive a
-fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu_table SPEC OUT``.
+fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu.table SPEC OUT``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
 
 
 def _find_site(key: str) -> Any:
-    from overlap_harness.engines.sglang.path_sites import path_sites
+    from overlap_harness.engines.sglang.report.path_sites import path_sites
 
     path, _, line = key.rpartition(":")
     for site in path_sites():
@@ -78,7 +78,7 @@ def _find_site(key: str) -> Any:
 
 
 def _forcings_of(row: dict[str, Any], streams: list[str]) -> list[Any]:
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, forcings
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, forcings
 
     if row["cpu_verdict"] == "race" and row["delay"]:
         return forcings([[s] for s in row["delay"]], RACE_CYCLES)
@@ -90,7 +90,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     then each row's trials (see the module docstring)."""
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
 
     environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
     serial: dict[str, Any] = {}
@@ -135,8 +135,8 @@ def _probe_trials(index: int, row: dict[str, Any], serial: dict[str, Any]
                   ) -> list[tuple[Any, dict[str, Any]]]:
     """One more trial per delayed stream (the largest delay) with a gpu_probe.SideProbe on
     the race's sides: did the later side run while the earlier side's work was pending?"""
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
-    from overlap_harness.engines.sglang.gpu_probe import probes
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
 
     out = []
     for stream in row["delay"]:
@@ -310,7 +310,7 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
     trial journal: each row's finished trials, and the trial it died in as a crashed trial
     with ``why``; a row none of whose trials finished or started keeps ``why`` as its
     error."""
-    from overlap_harness.engines.sglang.gpu_loop import Trial
+    from overlap_harness.engines.sglang.gpu.loop import Trial
 
     finished: dict[int, list[Any]] = {}
     started: dict[int, str] = {}
