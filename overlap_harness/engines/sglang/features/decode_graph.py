@@ -50,6 +50,8 @@ from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
+    _kernel_values,
+    _static_rows,
     copy_row_kv_indices,
 )
 from overlap_harness.engines.sglang.stand_ins.model_worker import ReadDoneEventNames
@@ -58,19 +60,6 @@ from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, wr
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 READ_EVENT_MODULE = "sglang.srt.model_executor.runner_utils.shared_read_event"
 INPUT_BUFFERS_MODULE = "sglang.srt.model_executor.input_buffers"
-
-
-def _kernel_values() -> Any:
-    """Where a declared op's body computes its values: on the device in the real kernel, so
-    its reads of index values are not host reads of the program (no torch-function hooks)."""
-    return torch._C.DisableTorchFunction()
-
-
-def _static_rows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
-                 ) -> list[tuple[int, int]]:
-    """(row, length) of each static slot, from the device buffers' values of the moment (the
-    recorder computes them on the host in CPU mode; a replay reads them again)."""
-    return list(zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True))
 
 
 def _metadata_prep_accesses(result: Any, backend: DeclaredAttentionBackend,

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from overlap_harness.engines.sglang.features.decode_graph import (
-    _kernel_values,
     graph_platform,
     graph_server_args,
     publish_decode_graphs,
@@ -38,6 +37,7 @@ from overlap_harness.engines.sglang.features.decode_graph import (
 from overlap_harness.engines.sglang.stand_ins import eagle_models
 from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
+    _kernel_values,
     copy_row_kv_indices,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes

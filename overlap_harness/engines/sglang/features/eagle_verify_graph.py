@@ -32,7 +32,6 @@ import torch
 
 from overlap_harness.engines.sglang.features.decode_graph import (
     GraphModelRunner,
-    _kernel_values,
     build_runner,
     graph_platform,
     graph_server_args,
@@ -41,6 +40,7 @@ from overlap_harness.engines.sglang.features.decode_graph import (
 from overlap_harness.engines.sglang.stand_ins import eagle_models
 from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
+    _kernel_values,
     copy_row_kv_indices,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes

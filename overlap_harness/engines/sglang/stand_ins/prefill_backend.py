@@ -23,8 +23,11 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang.features.decode_graph import _kernel_values, _static_rows
-from overlap_harness.engines.sglang.stand_ins.graph_attention import copy_row_kv_indices
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    _kernel_values,
+    _static_rows,
+    copy_row_kv_indices,
+)
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
 
