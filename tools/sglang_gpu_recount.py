@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from overlap_harness.engines.sglang import gpu_report
-from overlap_harness.engines.sglang.gpu_table import recounted
+from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu.table import recounted
 
 
 def main(path: Path) -> None:

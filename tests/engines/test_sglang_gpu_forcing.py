@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.engines.sglang import gpu_loop, gpu_report, gpu_table
-from overlap_harness.engines.sglang.gpu_command import parse_forcing, relative_command
-from overlap_harness.engines.sglang.gpu_loop import Forcing, Trial
-from overlap_harness.engines.sglang.gpu_probe import probes
+from overlap_harness.engines.sglang.gpu import loop as gpu_loop
+from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu import table as gpu_table
+from overlap_harness.engines.sglang.gpu.command import parse_forcing, relative_command
+from overlap_harness.engines.sglang.gpu.loop import Forcing, Trial
+from overlap_harness.engines.sglang.gpu.probe import probes
 
 EXAMPLE = ("WAR x@a.py:1: model_forward on self.forward_stream at /m/overlap_harness/engines/"
            "sglang/worker.py:158 / write on self.schedule_stream at sglang/srt/alloc.py:452")

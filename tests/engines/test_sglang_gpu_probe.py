@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from overlap_harness.engines.sglang import gpu_table
-from overlap_harness.engines.sglang.gpu_loop import _on_device
-from overlap_harness.engines.sglang.gpu_probe import _key, _matches, probes, why_equal
+from overlap_harness.engines.sglang.gpu import table as gpu_table
+from overlap_harness.engines.sglang.gpu.loop import _on_device
+from overlap_harness.engines.sglang.gpu.probe import _key, _matches, probes, why_equal
 
 EXAMPLES = [
     "RAW add: target_prefill_forward on self.forward_stream at /x/overlap_harness/engines/"
@@ -119,7 +119,7 @@ def test_each_child_takes_a_few_rows_of_one_site_the_heaviest_first() -> None:
 
 
 def test_resume_keeps_the_settled_rows_and_plans_only_the_others(tmp_path: Path) -> None:
-    from overlap_harness.engines.sglang.gpu_command import _resumed
+    from overlap_harness.engines.sglang.gpu.command import _resumed
 
     loop = {"variants": ["a"], "rows": [
         {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": verdict,

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.engines.core.strict import UnplannedUseError, modules_installed
-from overlap_harness.engines.sglang import gpu_report, gpu_table, sgl_kernel_stub
-from overlap_harness.engines.sglang.gpu_loop import first_difference
+from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu import table as gpu_table
+from overlap_harness.engines.sglang.gpu.loop import first_difference
+from overlap_harness.engines.sglang.stand_ins import sgl_kernel as sgl_kernel_stub
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "reports" / "conformance" / "sglang-0.5.23-loop-gpu.json"
@@ -196,7 +198,8 @@ torch.version.cuda = "13.0"
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
 torch.cuda.get_device_name = lambda *a, **k: "simulated"
 torch.cuda.device_count = lambda: 1
-from overlap_harness.engines.sglang import environment, sgl_kernel_stub
+from overlap_harness.engines.sglang import environment
+from overlap_harness.engines.sglang.stand_ins import sgl_kernel as sgl_kernel_stub
 assert sgl_kernel_stub.needed()
 environment.load(None)
 print("stand-in" if getattr(sys.modules["sgl_kernel"], sgl_kernel_stub.MARKER, False) else "real")

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.gpu:
-        from overlap_harness.engines.sglang.gpu_command import run as run_gpu
+        from overlap_harness.engines.sglang.gpu.command import run as run_gpu
 
         return run_gpu(args)
     if args.loop_report and not args.necessity:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except environment.SglangTreeError as exc:
         return fail(PROG, str(exc))
     from overlap_harness.engines.sglang.configurations import configuration
-    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
+    from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     names = args.variant or list(VARIANTS)
@@ -157,18 +157,18 @@ def run(args: argparse.Namespace) -> int:
     write_document(document, ([args.json] if args.json else [])
                    + ([args.out / "sglang-loop.json"] if args.out else []))
     if args.out:
-        from overlap_harness.engines.sglang.reports import write_variant_reports
+        from overlap_harness.engines.sglang.report.plots import write_variant_reports
 
         for name in names:
             for path in write_variant_reports(name, args.out):
                 print(f"wrote {path}")
     if args.loop_report:
-        from overlap_harness.engines.sglang.loop_report import write as write_loop_report
+        from overlap_harness.engines.sglang.report.loop_report import write as write_loop_report
 
         for path in write_loop_report(document, args.loop_report):
             print(f"wrote {path}")
     if args.out and args.necessity:
-        from overlap_harness.engines.sglang.table import markdown
+        from overlap_harness.engines.sglang.report.necessity_table import markdown
 
         md = args.out / "sglang-loop.md"
         md.write_text(markdown(document))

@@ -46,7 +46,7 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
     hand-written): not run; a trial that made the race crashed; else the probes' finding
     (gpu_probe.why_equal) of each probed trial: ``overwritten`` if any made the race, else
     ``timing`` (the finding of the trial with the largest delay)."""
-    from overlap_harness.engines.sglang.gpu_probe import why_equal
+    from overlap_harness.engines.sglang.gpu.probe import why_equal
 
     if not row["trials"]:
         return "not_run", f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"

@@ -34,7 +34,7 @@ class InterpolationMode(enum.Enum):
 
 
 def _modules() -> list[StrictModule]:
-    doc = "Strict stand-in (overlap_harness.engines.sglang.torchvision_stub): not torchvision."
+    doc = "Strict stand-in (overlap_harness.engines.sglang.stand_ins.torchvision): not torchvision."
     functional = strict_module("torchvision.transforms.functional", doc,
                                {"InterpolationMode": InterpolationMode}, open_names=True)
     v2_functional = strict_module("torchvision.transforms.v2.functional", doc, {},

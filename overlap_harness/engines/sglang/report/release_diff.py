@@ -15,7 +15,7 @@ from pathlib import Path
 
 from overlap_harness.engines.core.helper_sites import scan_files
 from overlap_harness.engines.core.necessity import MUTABLE_KINDS
-from overlap_harness.engines.sglang.path_sites import PATH_MODULES
+from overlap_harness.engines.sglang.report.path_sites import PATH_MODULES
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -34,7 +34,7 @@ import torch
 
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.worker import VOCAB, FakeModelWorker
+from overlap_harness.engines.sglang.stand_ins.model_worker import VOCAB, FakeModelWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
 
@@ -179,7 +179,7 @@ class UnifiedMemoryWorker(FakeModelWorker):
         """One forward of ``batch`` on the current stream; SGLang's ``GenerationBatchResult``."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        from overlap_harness.engines.sglang.worker import _logits_output
+        from overlap_harness.engines.sglang.stand_ins.model_worker import _logits_output
 
         if kwargs:
             raise TypeError(f"forward_batch_generation: unplanned arguments {sorted(kwargs)}")

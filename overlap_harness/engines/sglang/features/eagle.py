@@ -2,12 +2,13 @@
 
 Both are made by SGLang's own ``__init__``: the one thing they build that needs weights, the
 draft ``TpModelWorker``, is swapped (for the length of the construction) for a stand-in
-holding :class:`~overlap_harness.engines.sglang.eagle_worker.FakeDraftRunner`; the target
-worker is :class:`~overlap_harness.engines.sglang.eagle_worker.FakeTargetWorker`. What
+holding :class:`~overlap_harness.engines.sglang.stand_ins.eagle_models.FakeDraftRunner`; the target
+worker is :class:`~overlap_harness.engines.sglang.stand_ins.eagle_models.FakeTargetWorker`. What
 ``init_attention_backend`` and ``_capture_cuda_graphs`` would build (attention backends of a
 real model, CUDA graphs) is set to what a server without CUDA graphs has: strict stand-ins for
 the backends, whose metadata planning is declared
-(:func:`~overlap_harness.engines.sglang.eagle_worker.planning_backend`), and no graph runners.
+(:func:`~overlap_harness.engines.sglang.stand_ins.eagle_models.planning_backend`), and no graph
+runners.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from typing import Any
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang import eagle_worker
 from overlap_harness.engines.sglang.scheduler_build import (
     DEVICE,
     PoolSizes,
     hold_for_run,
     override_for_run,
 )
-from overlap_harness.engines.sglang.worker import _ngram_manager
+from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins.model_worker import _ngram_manager
 
 MAX_CONTEXT = 64
 TRANSLATOR_MODULE = "sglang.srt.mem_cache.kv_index_translator"
@@ -53,10 +54,10 @@ class EagleConfig:
     plan_stream: bool = True  # SGLANG_ENABLE_OVERLAP_PLAN_STREAM
     needs_cpu_seq_lens: bool = False  # what the attention backends declare
     # the target verify replayed by SGLang's CUDA-graph runner, capturing these batch sizes
-    # (eagle_graph.py); () : an eager verify
+    # (features/eagle_verify_graph.py); () : an eager verify
     verify_graph_sizes: tuple[int, ...] = ()
     # the draft extend replayed by SGLang's draft-extend graph runner, capturing the same
-    # sizes (draft_extend_graph.py); False: an eager draft extend
+    # sizes (features/draft_extend_graph.py); False: an eager draft extend
     draft_extend_graph: bool = False
 
 
@@ -81,8 +82,8 @@ def _attn_backend(name: str, pool: Any, needs_cpu_seq_lens: bool, verify_mask: A
                   ) -> StrictStub:
     """An attention backend's fields the spec path reads (FlashAttention-3-like: a target
     verify mask owned by the backend, no Triton extend block size); its metadata planning is
-    declared (:func:`.eagle_worker.planning_backend`)."""
-    return eagle_worker.planning_backend(
+    declared (:func:`.stand_ins.eagle_models.planning_backend`)."""
+    return eagle_models.planning_backend(
         name, pool.req_to_token, needs_cpu_seq_lens=needs_cpu_seq_lens,
         verify_mask=verify_mask, max_context_len=MAX_CONTEXT,
         update_verify_buffers_to_fill_after_draft=_noop, absent=("extend_attention_block_m",))
@@ -109,7 +110,7 @@ def _hf_config() -> Any:
     ``isinstance`` and ``getattr(config, name, default)`` probes of the architecture read."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=eagle_worker.VOCAB, hidden_size=eagle_worker.HIDDEN,
+    return LlamaConfig(vocab_size=eagle_models.VOCAB, hidden_size=eagle_models.HIDDEN,
                        intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
                        num_key_value_heads=1, max_position_embeddings=MAX_CONTEXT,
                        architectures=["LlamaForCausalLM"])
@@ -118,8 +119,8 @@ def _hf_config() -> Any:
 def _model_config(name: str) -> StrictStub:
     import torch
 
-    return StrictStub(name, vocab_size=eagle_worker.VOCAB, model_is_mrope=False,
-                      spec_hidden_size=eagle_worker.HIDDEN, dtype=torch.float32,
+    return StrictStub(name, vocab_size=eagle_models.VOCAB, model_is_mrope=False,
+                      spec_hidden_size=eagle_models.HIDDEN, dtype=torch.float32,
                       context_len=MAX_CONTEXT, hf_config=_hf_config(),
                       use_ngram_embedding=False, use_engram=False, is_multimodal=False,
                       requires_mm_token_modalities=False, linear_attn_registry_result=None)
@@ -231,12 +232,12 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     pool, allocator = scheduler.req_to_token_pool, scheduler.token_to_kv_pool_allocator
-    target = eagle_worker.FakeTargetWorker(pool, allocator, sizes.kv_tokens,
+    target = eagle_models.FakeTargetWorker(pool, allocator, sizes.kv_tokens,
                                            _target_runner(pool, allocator, config, sizes))
     target.random_seed = 0
     # the KV pool behind the shared allocator is the target's (the scheduler's stand-in)
     allocator.get_kvcache().move_kv_cache = target.move_kv_cache
-    draft_runner = eagle_worker.FakeDraftRunner(
+    draft_runner = eagle_models.FakeDraftRunner(
         pool, sizes.kv_tokens, model_config=_model_config("draft_model_config"),
         spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"), canary_manager=None,
         shared_read_done_event=None, war_fastpath_read_done_event=None, device=DEVICE,

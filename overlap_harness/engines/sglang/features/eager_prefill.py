@@ -11,7 +11,7 @@ barrier (``Scheduler._apply_war_barrier``) takes it instead of waiting on the wh
 stream. Decode batches go through the same runner's ``_execute_decode`` (no event: the barrier
 waits on the forward stream).
 
-What is the harness's (no weights, no attention kernels; :mod:`.prefill_backend`): the
+What is the harness's (no weights, no attention kernels; :mod:`.stand_ins.prefill_backend`): the
 attention backend, a subclass of SGLang's ``AttentionBackend`` declaring ``PRE_REPLAY`` for
 EXTEND (as TRT-LLM MHA does) whose ``init_forward_metadata`` is the forward's only read of
 the scheduler-shared ``req_to_token`` rows; the model body, one declared op; the model-runner
@@ -29,9 +29,16 @@ import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang.eagle_kernels import _positions, _positions_accesses
-from overlap_harness.engines.sglang.graph_runner import GraphModelRunner, _sample, graph_platform
-from overlap_harness.engines.sglang.prefill_backend import EagerModel, pre_replay_backend_class
+from overlap_harness.engines.sglang.features.decode_graph import (
+    GraphModelRunner,
+    _sample,
+    graph_platform,
+)
+from overlap_harness.engines.sglang.stand_ins.eagle_kernels import _positions, _positions_accesses
+from overlap_harness.engines.sglang.stand_ins.prefill_backend import (
+    EagerModel,
+    pre_replay_backend_class,
+)
 
 #: ModelRunner's own methods the fake runner runs (each where the loaded release has it): the
 #: dispatch to the eager runner and what it and the eager runner call on the model runner

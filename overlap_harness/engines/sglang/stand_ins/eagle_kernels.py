@@ -3,7 +3,7 @@
 Each kernel is declared where the path looks it up (``"module:function"`` of the module that
 calls it), with what it reads and writes and a CPU implementation of the same values: the
 recorder fakes CUDA on a CPU, where Triton cannot launch. The implementations read device
-values through :func:`~overlap_harness.engines.sglang.eagle_worker.peek` (the kernel reads
+values through :func:`~overlap_harness.engines.sglang.stand_ins.eagle_models.peek` (the kernel reads
 them on the device: no host read is recorded) and write their outputs with device ops (in the
 declared call, not recorded one by one).
 """
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import eagle_tree_kernels, eagle_verify_kernels
-from overlap_harness.engines.sglang.eagle_worker import device_tensor, draft_windows, peek
+from overlap_harness.engines.sglang.stand_ins import eagle_tree_kernels, eagle_verify_kernels
+from overlap_harness.engines.sglang.stand_ins.eagle_models import device_tensor, draft_windows, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
 
 # -- forward_batch_info.compute_position_triton ------------------------------------------

@@ -10,8 +10,8 @@ embedding branch waits on ``copy_done`` before reading them.
 
 What stands in is the model: :class:`FakeEmbeddingWorker` is the fake worker whose
 ``forward_batch_embedding`` is one declared op on the forward stream (the real forward's
-KV writes and attention reads, as :mod:`.worker` declares them, and the pooled embedding of
-each request written to a fresh tensor). Requests carry no new tokens to generate
+KV writes and attention reads, as :mod:`.stand_ins.model_worker` declares them, and the pooled
+embedding of each request written to a fresh tensor). Requests carry no new tokens to generate
 (``max_new_tokens=0``): an embedding request finishes at its prefill, as SGLang's embedding
 requests do.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang import worker
+from overlap_harness.engines.sglang.stand_ins import model_worker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, writes
 
 EMBEDDING_WIDTH = 4
@@ -31,7 +31,7 @@ EMBEDDING_WIDTH = 4
 def _embedding_accesses(out: torch.Tensor, fake: FakeEmbeddingWorker, batch: Any
                         ) -> list[DeclaredAccess]:
     # the forward's own reads and writes, then the pooled output in place of the tokens
-    return worker._forward_accesses(out, fake, batch)[:-1] + writes(out)
+    return model_worker._forward_accesses(out, fake, batch)[:-1] + writes(out)
 
 
 @declared(_embedding_accesses, name="embedding_forward")
@@ -41,13 +41,13 @@ def _embedding_forward(fake: FakeEmbeddingWorker, batch: Any) -> torch.Tensor:
     req_to_token = fake.req_to_token_pool.req_to_token
     fake.kv_buffer[batch.out_cache_loc] = 1.0  # set_kv_buffer
     rows = [fake.kv_buffer[req_to_token[row, :seq_len].to(torch.int64)].sum() + seq_len
-            for row, seq_len in worker._rows_and_lengths(batch)]
+            for row, seq_len in model_worker._rows_and_lengths(batch)]
     if not rows:
         return torch.zeros((0, EMBEDDING_WIDTH), device=batch.seq_lens.device)
     return torch.stack(rows).view(-1, 1).expand(-1, EMBEDDING_WIDTH).contiguous()
 
 
-class FakeEmbeddingWorker(worker.FakeModelWorker):
+class FakeEmbeddingWorker(model_worker.FakeModelWorker):
     """The fake worker of an embedding model: ``forward_batch_embedding`` only."""
 
     def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:

@@ -71,3 +71,16 @@ class PrivateIndexBackend:
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Captured: the private copy of the shared ``req_to_token`` rows."""
         raise NotImplementedError(f"{type(self).__name__} builds no in-graph metadata")
+
+
+def _kernel_values() -> Any:
+    """Where a declared op's body computes its values: on the device in the real kernel, so
+    its reads of index values are not host reads of the program (no torch-function hooks)."""
+    return torch._C.DisableTorchFunction()
+
+
+def _static_rows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+                 ) -> list[tuple[int, int]]:
+    """(row, length) of each static slot, from the device buffers' values of the moment (the
+    recorder computes them on the host in CPU mode; a replay reads them again)."""
+    return list(zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True))

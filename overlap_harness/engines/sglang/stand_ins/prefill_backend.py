@@ -23,8 +23,11 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang.graph_attention import copy_row_kv_indices
-from overlap_harness.engines.sglang.graph_runner import _kernel_values, _static_rows
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    _kernel_values,
+    _static_rows,
+    copy_row_kv_indices,
+)
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
 
@@ -64,9 +67,10 @@ def _forward_accesses(result: Any, runner: Any, forward_batch: Any
 
 @declared(_forward_accesses, name="model_forward (eager)")
 def _eager_model_forward(runner: Any, forward_batch: Any) -> torch.Tensor:
-    """Values a model could produce, as the fake worker's forward makes them (worker.py):
-    each new KV slot holds its input token + 1; each request's logits row is one-hot at the
-    sum of the KV its private indices name plus its length (mod the vocabulary)."""
+    """Values a model could produce, as the fake worker's forward makes them
+    (stand_ins/model_worker.py): each new KV slot holds its input token + 1; each request's
+    logits row is one-hot at the sum of the KV its private indices name plus its length (mod
+    the vocabulary)."""
     backend = runner.attn_backend
     # allocated outside the kernel's value computation: a device tensor, as the model's is
     logits = torch.zeros((forward_batch.batch_size, VOCAB), dtype=torch.float32,

@@ -5,8 +5,9 @@ import and import its compiled kernel package, ``sgl_kernel`` (``from sgl_kernel
 in the quantization, activation, layernorm, sampling and KV-transfer layers). No sglang-kernel
 build matches every torch (none matches torch 2.11), and the overlap loop the harness drives
 never launches these kernels: the model forward and the kernels on its path are the harness's
-declared stand-ins (:mod:`.worker`, :mod:`.kernels`, :mod:`.eagle_kernels`,
-:mod:`.graph_kernels`), which run torch ops on the device.
+declared stand-ins (:mod:`.stand_ins.model_worker`, :mod:`.stand_ins.loop_kernels`,
+:mod:`.stand_ins.eagle_kernels`, :mod:`.stand_ins.graph_kernels`), which run torch ops on the
+device.
 
 So, where no real ``sgl_kernel`` is importable and CUDA is available, these modules go into
 ``sys.modules``: exactly the names SGLang 0.5.23's path imports (found by importing its path
@@ -58,7 +59,7 @@ IMPLEMENTED: dict[str, Callable[..., Any]] = {"utils.is_arch_support_pdl": _is_a
 
 def modules() -> list[StrictModule]:
     """The stand-in package and its submodules (not installed)."""
-    doc = ("Strict stand-in (overlap_harness.engines.sglang.sgl_kernel_stub): not SGLang's "
+    doc = ("Strict stand-in (overlap_harness.engines.sglang.stand_ins.sgl_kernel): not SGLang's "
            "compiled kernels.")
     subs = []
     for sub, names in IMPORTED_NAMES.items():

@@ -29,13 +29,16 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
-from overlap_harness.engines.sglang.graph_runner import (
-    _kernel_values,
+from overlap_harness.engines.sglang.features.decode_graph import (
     graph_platform,
     graph_server_args,
     publish_decode_graphs,
+)
+from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    PrivateIndexBackend,
+    _kernel_values,
+    copy_row_kv_indices,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
@@ -59,7 +62,7 @@ def _prep_accesses(result: Any, backend: DraftExtendAttentionBackend, forward_ba
 @declared(_prep_accesses, name="draft_extend_metadata_prep_in_graph")
 def _metadata_prep(backend: DraftExtendAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's KV indices (prefix and extended slots)."""
-    with _kernel_values():  # device work only: captured (graph_attention.py)
+    with _kernel_values():  # device work only: captured (stand_ins/graph_attention.py)
         copy_row_kv_indices(backend, forward_batch.req_pool_indices, forward_batch.seq_lens)
 
 
@@ -113,11 +116,11 @@ def _draft_extend_forward(graphs: DraftExtendGraphs, forward_batch: Any) -> None
         if select is not None:
             select = select.to(torch.int64)
             positions, tokens = positions[select], tokens[select]
-        logits = eagle_worker.logits_of(positions + 1, 1)
+        logits = eagle_models.logits_of(positions + 1, 1)
         rows = logits.shape[0]
         forward_batch.next_token_logits_buffer[:rows].copy_(logits)
         graphs.hidden_buffer[:rows].copy_(tokens.to(torch.float32).view(-1, 1)
-                                          .expand(-1, eagle_worker.HIDDEN))
+                                          .expand(-1, eagle_models.HIDDEN))
 
 
 class _DraftModel:
@@ -160,7 +163,7 @@ class DraftExtendGraphs:
         # rows for every draft token of every request: releases whose draft-extend runner
         # outputs one row per draft token (0.5.17) need that many, later ones fewer
         width = max(1, int(getattr(draft_worker, "speculative_num_draft_tokens", 1) or 1))
-        self.hidden_buffer = torch.zeros((rows * width, eagle_worker.HIDDEN),
+        self.hidden_buffer = torch.zeros((rows * width, eagle_models.HIDDEN),
                                          dtype=torch.float32, device="cuda")
         # the draft runner's fields the graph runner reads (the fake runner refuses others)
         runner.graph_shared_output = GraphSharedOutput(device=torch.device("cuda"),

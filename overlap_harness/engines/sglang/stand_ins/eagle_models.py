@@ -289,7 +289,7 @@ def _draft_forward(runner: FakeDraftRunner, forward_batch: Any
 
 class FakeDraftRunner:
     """The fields of SGLang's draft ``ModelRunner`` the EAGLE worker reads, and its
-    ``forward`` (declared). Set by :mod:`.eagle_build`."""
+    ``forward`` (declared). Set by :mod:`.features.eagle`."""
 
     def __init__(self, req_to_token_pool: Any, kv_tokens: int, **fields: Any) -> None:
         self.req_to_token_pool = req_to_token_pool

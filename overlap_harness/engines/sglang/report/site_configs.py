@@ -1,9 +1,10 @@
 """Every verdict with the configuration it holds under: per sync site, the variants in which
 removing it races (necessary), does not (redundant) or which never run it, and for a site no
-variant runs, the reason read from SGLang's source (:mod:`.unreached`).
+variant runs, the reason read from SGLang's source (:mod:`.report.unreached`).
 
-Shared by the necessity page (``--necessity``'s Markdown, :mod:`.table`) and the loop report
-(:mod:`.loop_report`); the variants' configurations are :data:`.variants.VARIANTS`.
+Shared by the necessity page (``--necessity``'s Markdown, :mod:`.report.necessity_table`) and the
+loop report (:mod:`.report.loop_report`); the variants' configurations are
+:data:`.variants.VARIANTS`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.engines.sglang import unreached
+from overlap_harness.engines.sglang.report import unreached
 
 #: the necessity table's verdict words and the loop report's, as one
 _WORDS = {"necessary": "necessary", "race": "necessary", "redundant": "redundant",
@@ -68,8 +69,8 @@ def markdown(summary: list[dict[str, Any]], unreached_list: list[dict[str, Any]]
         lines.append(f"| {_short(entry['site'])} | " + " | ".join(cells) + " |")
     lines += ["", f"## Sites no variant reaches ({len(unreached_list)})", "",
               "Each reason is read from SGLang's source (overlap_harness/engines/sglang/"
-              "unreached.py): a platform guard found by AST, no call site in the package, or "
-              "a documented SGLang condition checked against the guards on the path.", "",
+              "report/unreached.py): a platform guard found by AST, no call site in the package, "
+              "or a documented SGLang condition checked against the guards on the path.", "",
               "| site | category | condition | reason |", "|---|---|---|---|"]
     for entry in unreached_list:
         condition = str(entry["condition"]).replace("|", "\\|")

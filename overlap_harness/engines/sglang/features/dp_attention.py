@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub, UnplannedUseError, unplanned
-from overlap_harness.engines.sglang.worker import FakeModelWorker
+from overlap_harness.engines.sglang.stand_ins.model_worker import FakeModelWorker
 
 #: the DP width driven: this rank and one scripted peer
 DP_RANKS = 2

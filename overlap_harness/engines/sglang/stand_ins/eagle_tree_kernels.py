@@ -1,6 +1,7 @@
 """SGLang's Triton kernels of EAGLE tree drafting (topk > 1), declared to the recorder: the
 tree build, the verify slots gathered on the plan stream, and the packing of the accepted
-path's slots before its KV moves to the front. Same conventions as :mod:`.eagle_kernels`."""
+path's slots before its KV moves to the front. Same conventions as
+:mod:`.stand_ins.eagle_kernels`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang.eagle_worker import device_tensor, draft_windows, peek
+from overlap_harness.engines.sglang.stand_ins.eagle_models import device_tensor, draft_windows, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
 
 # -- kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func (topk > 1) -------

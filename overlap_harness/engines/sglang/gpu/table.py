@@ -74,7 +74,7 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
 
 
 def _find_site(key: str) -> Any:
-    from overlap_harness.engines.sglang.path_sites import path_sites
+    from overlap_harness.engines.sglang.report.path_sites import path_sites
 
     path, _, line = key.rpartition(":")
     for site in path_sites():
@@ -87,7 +87,7 @@ def _forcings_of(row: dict[str, Any], streams: list[str]) -> list[Any]:
     """A redundant row's (each stream at :data:`SWEEP_CYCLES`) or the unmodified loop's (no
     delay, then each stream at :data:`CONTROL_CYCLES`) forcings; a race row's are adaptive
     (:func:`_race_trials`)."""
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, forcings
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, forcings
 
     if row["site"] is None:
         return [Forcing(), *forcings([[s] for s in streams], CONTROL_CYCLES)]
@@ -99,7 +99,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     then each row's trials (see the module docstring)."""
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
 
     environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
     serial: dict[str, Any] = {}
@@ -145,8 +145,8 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
     (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
     launcher's), the whole stream is delayed instead."""
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
-    from overlap_harness.engines.sglang.gpu_probe import probes
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
 
     trials = []
     for stream in row["delay"]:
@@ -184,7 +184,7 @@ def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[st
     (``slept_trials``), made the race's order (``race_made_trials``, race rows: the probe),
     left a wrong value, crashed; a redundant or unmodified row none of whose trials held
     anything is ``not_exercised`` (no evidence either way)."""
-    from overlap_harness.engines.sglang.gpu_probe import probes
+    from overlap_harness.engines.sglang.gpu.probe import probes
 
     wrong = [t for t in trials if t.wrong is not None]
     crashed = [t for t in trials if t.error is not None]
@@ -219,7 +219,7 @@ def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[st
 def recounted(row: dict[str, Any]) -> dict[str, Any]:
     """A report row's counts recomputed from its trial details (a report written before a
     count existed gains it; nothing is run): the row's other keys (error, aborted) kept."""
-    from overlap_harness.engines.sglang.gpu_loop import Trial
+    from overlap_harness.engines.sglang.gpu.loop import Trial
 
     if not row.get("trials"):
         return row
@@ -388,7 +388,7 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
     trial journal: each row's finished trials, and the trial it died in as a crashed trial
     with ``why``; a row none of whose trials finished or started keeps ``why`` as its
     error."""
-    from overlap_harness.engines.sglang.gpu_loop import Trial
+    from overlap_harness.engines.sglang.gpu.loop import Trial
 
     finished: dict[int, list[Any]] = {}
     started: dict[int, str] = {}

@@ -48,26 +48,18 @@ import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
-from overlap_harness.engines.sglang.worker import ReadDoneEventNames
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    PrivateIndexBackend,
+    _kernel_values,
+    _static_rows,
+    copy_row_kv_indices,
+)
+from overlap_harness.engines.sglang.stand_ins.model_worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 READ_EVENT_MODULE = "sglang.srt.model_executor.runner_utils.shared_read_event"
 INPUT_BUFFERS_MODULE = "sglang.srt.model_executor.input_buffers"
-
-
-def _kernel_values() -> Any:
-    """Where a declared op's body computes its values: on the device in the real kernel, so
-    its reads of index values are not host reads of the program (no torch-function hooks)."""
-    return torch._C.DisableTorchFunction()
-
-
-def _static_rows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
-                 ) -> list[tuple[int, int]]:
-    """(row, length) of each static slot, from the device buffers' values of the moment (the
-    recorder computes them on the host in CPU mode; a replay reads them again)."""
-    return list(zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True))
 
 
 def _metadata_prep_accesses(result: Any, backend: DeclaredAttentionBackend,
@@ -113,10 +105,10 @@ def _forward_accesses(result: Any, runner: GraphModelRunner, forward_batch: Any
 
 @declared(_forward_accesses, name="model_forward_in_graph")
 def _graph_model_forward(runner: GraphModelRunner, forward_batch: Any) -> None:
-    """Values a model could produce, as the eager forward makes them (``worker.py``): each
-    new KV slot holds its input token + 1, and each row's logits are one-hot at the sum of
-    the KV its private indices name plus its length (mod the vocabulary). Device work only,
-    of static shapes (captured: no host read of a device value)."""
+    """Values a model could produce, as the eager forward makes them
+    (``stand_ins/model_worker.py``): each new KV slot holds its input token + 1, and each row's
+    logits are one-hot at the sum of the KV its private indices name plus its length (mod the
+    vocabulary). Device work only, of static shapes (captured: no host read of a device value)."""
     backend = runner.attn_backend
     with _kernel_values():
         tokens = forward_batch.input_ids.to(torch.float32) + 1.0

@@ -30,15 +30,18 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.graph_attention import PrivateIndexBackend, copy_row_kv_indices
-from overlap_harness.engines.sglang.graph_runner import (
+from overlap_harness.engines.sglang.features.decode_graph import (
     GraphModelRunner,
-    _kernel_values,
     build_runner,
     graph_platform,
     graph_server_args,
     publish_decode_graphs,
+)
+from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins.graph_attention import (
+    PrivateIndexBackend,
+    _kernel_values,
+    copy_row_kv_indices,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
@@ -62,7 +65,7 @@ def _prep_accesses(result: Any, backend: VerifyAttentionBackend, forward_batch: 
 @declared(_prep_accesses, name="verify_attn_metadata_prep_in_graph")
 def _verify_metadata_prep(backend: VerifyAttentionBackend, forward_batch: Any) -> None:
     """The backend's private copy of each row's prefix and verify KV indices."""
-    with _kernel_values():  # device work only: captured (graph_attention.py)
+    with _kernel_values():  # device work only: captured (stand_ins/graph_attention.py)
         copy_row_kv_indices(backend, forward_batch.req_pool_indices,
                             forward_batch.seq_lens + backend.width)
 
@@ -108,10 +111,10 @@ def _verify_forward(runner: VerifyGraphModelRunner, forward_batch: Any) -> None:
         # capture refuses on a GPU (recorder/pageable.py)
         runner.kv_buffer.index_fill_(0, forward_batch.out_cache_loc.to(torch.int64), 1.0)
         tokens = forward_batch.input_ids.shape[0]
-        logits = eagle_worker.logits_of(forward_batch.positions, 0)
+        logits = eagle_models.logits_of(forward_batch.positions, 0)
         forward_batch.next_token_logits_buffer[:tokens].copy_(logits)
         runner.hidden_buffer[:tokens].copy_(
-            forward_batch.input_ids.to(torch.float32).view(-1, 1).expand(-1, eagle_worker.HIDDEN))
+            forward_batch.input_ids.to(torch.float32).view(-1, 1).expand(-1, eagle_models.HIDDEN))
 
 
 class _VerifyModel:
@@ -150,14 +153,14 @@ class VerifyGraphModelRunner(GraphModelRunner):
         self.num_draft_tokens = num_draft_tokens
         self.attn_backend = VerifyAttentionBackend(worker.req_to_token_pool.req_to_token,
                                                    num_draft_tokens, tree_mask)
-        self.model_config.vocab_size = eagle_worker.VOCAB
-        self.model_config.hidden_size = eagle_worker.HIDDEN
+        self.model_config.vocab_size = eagle_models.VOCAB
+        self.model_config.hidden_size = eagle_models.HIDDEN
         from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
 
         rows = worker.req_to_token_pool.size * num_draft_tokens
         # the logits rows the graphs share: one per verify token
         self.graph_shared_output = GraphSharedOutput(device=torch.device("cuda"), max_rows=rows)
-        self.hidden_buffer = torch.zeros((rows, eagle_worker.HIDDEN), dtype=torch.float32,
+        self.hidden_buffer = torch.zeros((rows, eagle_models.HIDDEN), dtype=torch.float32,
                                          device="cuda")
         self.model = _VerifyModel(self)
 

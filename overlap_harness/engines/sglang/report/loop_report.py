@@ -25,12 +25,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.engines.sglang import site_configs
+from overlap_harness.engines.sglang.report import site_configs
 from overlap_harness.runner import run_spec
 from overlap_harness.scenarios.expand import expand
 from overlap_harness.scenarios.loader import load_scenario
 
-MODEL_SCENARIOS = Path(__file__).resolve().parents[2] / "conformance" / "model_scenarios"
+MODEL_SCENARIOS = Path(__file__).resolve().parents[3] / "conformance" / "model_scenarios"
 
 #: (file name, a piece of the statement's code, the model's sync labels removed for it), or
 #: (file name, function, code piece, labels) where the same code stands in several functions
@@ -294,7 +294,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """``sglang-<version>-loop.json`` and ``.md`` in ``out_dir`` from the necessity document
     (``overlap-harness sglang --necessity``'s JSON); returns both paths."""
-    from overlap_harness.engines.sglang.model_protocol import release_protocol
+    from overlap_harness.engines.sglang.report.model_protocol import release_protocol
 
     protocol = release_protocol()
     rows = build_rows(document["necessity"], tuple(sorted(protocol.items())))
@@ -320,9 +320,9 @@ def markdown(report: dict[str, Any]) -> str:
     counts = report["summary"]
     lines = [f"# SGLang {report['sglang_version']}'s own overlap loop beside the model", "",
              "Written by `overlap-harness sglang --necessity --loop-report DIR` "
-             "(overlap_harness/engines/sglang/loop_report.py). Per variant and sync site: the "
-             "real loop with that statement removed (`real`) and the model's scenario of the "
-             "variant with its counterpart removed (`model`).", "",
+             "(overlap_harness/engines/sglang/report/loop_report.py). Per variant and sync "
+             "site: the real loop with that statement removed (`real`) and the model's "
+             "scenario of the variant with its counterpart removed (`model`).", "",
              f"Rows {counts['rows']}: reached {counts['reached']} (race {counts['race']}, "
              f"race_free {counts['race_free']}), not reached {counts['not_reached']}, "
              f"error {counts['error']}. Modelled {counts['modelled']}, disagreements "
@@ -358,7 +358,7 @@ def _protocol_lines(protocol: dict[str, Any]) -> list[str]:
     """Where the model scenarios' keys were changed for this release, and why."""
     if not protocol:
         return []
-    from overlap_harness.engines.sglang.model_protocol import described
+    from overlap_harness.engines.sglang.report.model_protocol import described
 
     return ["The model follows this release: its scenarios run with",
             *[f"- {line}" for line in described(protocol)], ""]

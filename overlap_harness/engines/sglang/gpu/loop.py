@@ -2,9 +2,10 @@
 
 The same driven loop as CPU mode (:func:`.driver.run_variant`: SGLang's scheduler, FutureMap,
 result processor, EAGLE v2 worker, graph runners) runs on real streams, events, pinned memory
-and graphs. The recorder does not run; the declared stand-ins (:mod:`.kernels`,
-:mod:`.eagle_kernels`, :mod:`.graph_kernels`, ...) are routed to their torch implementations
-(``cpu_impl``), which here run on the device, so the values are the ones CPU mode computes.
+and graphs. The recorder does not run; the declared stand-ins (:mod:`.stand_ins.loop_kernels`,
+:mod:`.stand_ins.eagle_kernels`, :mod:`.stand_ins.graph_kernels`, ...) are routed to their torch
+implementations (``cpu_impl``), which here run on the device, so the values are the ones CPU mode
+computes.
 
 Forcing, as gpu_check does for scenarios (without importing it): a torch dispatch mode puts
 ``torch.cuda._sleep(cycles)`` on the current stream before every device op issued while one of

@@ -27,7 +27,7 @@ statements of ``DSparkWorkerV2.forward_batch_generation`` on this path, in its o
 (prefill: the target forward, ``on_publish(new_seq_lens)``, the next draft input; decode:
 the draft proposal, the budget, the verify and accept, ``on_publish(new_seq_lens,
 confidence=confidence)``, the next draft input, the result), with the model forwards as
-declared ops: the target prefill (:mod:`.eagle_worker`'s), the draft proposal (reads the
+declared ops: the target prefill (:mod:`.stand_ins.eagle_models`'s), the draft proposal (reads the
 relayed bonus token, writes the draft tokens and a confidence per draft position) and the
 target verify with its greedy accept (reads the verify window's ``req_to_token`` entries and
 the KV they name, writes the window's KV, the output tokens, commit lengths, bonus and new
@@ -48,10 +48,10 @@ import torch
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang import eagle_worker
-from overlap_harness.engines.sglang.eagle_worker import peek
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.worker import FakeRunner
+from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins.eagle_models import peek
+from overlap_harness.engines.sglang.stand_ins.model_worker import FakeRunner
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 PLANNER_MODULE = "sglang.srt.speculative.dspark_components.dspark_planner"
@@ -310,7 +310,7 @@ def _by_signature(constructor: Any, **given: Any) -> dict[str, Any]:
 
 
 def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
-    """The target worker: :mod:`.eagle_worker`'s prefill forward over a runner whose
+    """The target worker: :mod:`.stand_ins.eagle_models`'s prefill forward over a runner whose
     backend declares ``needs_cpu_seq_lens`` as the configuration says."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -320,7 +320,7 @@ def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
                                      absent=("extend_attention_block_m",))
     runner.spec_algorithm = SpeculativeAlgorithm.from_string("DSPARK")
     runner.is_draft_worker = False
-    target = eagle_worker.FakeTargetWorker(pool, allocator, sizes.kv_tokens, runner)
+    target = eagle_models.FakeTargetWorker(pool, allocator, sizes.kv_tokens, runner)
     target.random_seed = 0
     return target
 

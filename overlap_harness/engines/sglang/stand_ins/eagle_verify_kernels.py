@@ -1,6 +1,6 @@
 """SGLang's Triton kernels of the EAGLE verify that older releases reach on every verify (later
-releases fuse them into the verify's commit kernel, declared in :mod:`.eagle_kernels`), declared
-to the recorder with the same conventions.
+releases fuse them into the verify's commit kernel, declared in :mod:`.stand_ins.eagle_kernels`),
+declared to the recorder with the same conventions.
 
 Each is declared where the path looks it up (``"module:function"`` of the calling module); a
 release whose path never names one leaves its declaration unused.
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang.eagle_worker import device_tensor, peek
+from overlap_harness.engines.sglang.stand_ins.eagle_models import device_tensor, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
 
 # -- kernels.ops.speculative.eagle.fill_bonus_tokens_func --------------------------------

@@ -1,7 +1,7 @@
 """``overlap-harness sglang --gpu``: the loop report's rows checked on a CUDA device.
 
 Each (variant, site) the loop report judged is run with the site removed and its race forced
-(:mod:`.gpu_table`); the report goes to ``--gpu-report DIR`` (:mod:`.gpu_report`). Exit 0 when
+(:mod:`.gpu.table`); the report goes to ``--gpu-report DIR`` (:mod:`.gpu.report`). Exit 0 when
 every necessary row showed a wrong value and every redundant row and the unmodified loop stayed
 equal to the serial answer, 1 otherwise, 2 without CUDA or on bad input.
 """
@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     names = args.variant or loop_document["variants"]
     if (message := unknown_variants(names, loop_document["variants"])) is not None:
         return fail(PROG, message)
-    from overlap_harness.engines.sglang import environment, gpu_report, gpu_table
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
 
     try:
         tree = environment.load(args.sglang_src)
@@ -127,9 +129,10 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     removed, ``torch.cuda._sleep`` before the earlier side's ops). Exit 1 when the value is
     wrong (the race shown), 0 when not."""
     from overlap_harness.engines.core.mutation import Coverage, remove_site
-    from overlap_harness.engines.sglang import environment, gpu_table
-    from overlap_harness.engines.sglang.gpu_loop import Forcing, run_trial
-    from overlap_harness.engines.sglang.gpu_probe import probes
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
 
     variant, site = args.repro
     site = None if site == "-" else site
@@ -173,7 +176,7 @@ def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | 
     """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
     trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
     that report; an error text when it is of another tree. Its other rows run again."""
-    from overlap_harness.engines.sglang.gpu_table import recounted, settled
+    from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
         return [], None

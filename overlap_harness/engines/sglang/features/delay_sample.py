@@ -12,10 +12,10 @@ tokens through the FutureMap and copies the result to the host: all SGLang's.
 
 :class:`DelaySampleWorker` is the fake worker taking that branch under that condition: its
 forward is one declared op writing logits (the real forward's KV writes and attention reads,
-as :mod:`.worker` declares them), its deferred sampler one declared op reading the logits and
-writing the tokens. For grammar-constrained batches the sampler first runs SGLang's
+as :mod:`.stand_ins.model_worker` declares them), its deferred sampler one declared op reading the
+logits and writing the tokens. For grammar-constrained batches the sampler first runs SGLang's
 ``update_regex_vocab_mask`` and ``apply_logits_bias`` (``ModelRunner._preprocess_logits``):
-the bitmask filled on the host from each request's grammar (:mod:`.grammar_build`), moved to
+the bitmask filled on the host from each request's grammar (:mod:`.features.grammar`), moved to
 the device with a non-blocking copy and applied to the logits.
 """
 
@@ -27,20 +27,20 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang import worker
+from overlap_harness.engines.sglang.stand_ins import model_worker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 
 def _logits_accesses(out: torch.Tensor, fake: DelaySampleWorker, batch: Any
                      ) -> list[DeclaredAccess]:
-    return worker._forward_accesses(out, fake, batch)
+    return model_worker._forward_accesses(out, fake, batch)
 
 
 @declared(_logits_accesses, name="model_forward_logits")
 def _forward_logits(fake: DelaySampleWorker, batch: Any) -> torch.Tensor:
     """One logit row per request (the fake model's preferred token gets 1)."""
-    tokens = worker._model_forward.__wrapped__(fake, batch)
-    logits = torch.zeros((tokens.shape[0], worker.VOCAB), device=batch.seq_lens.device)
+    tokens = model_worker._model_forward.__wrapped__(fake, batch)
+    logits = torch.zeros((tokens.shape[0], model_worker.VOCAB), device=batch.seq_lens.device)
     if tokens.shape[0]:
         logits.scatter_(1, tokens.view(-1, 1), 1.0)
     return logits
@@ -85,7 +85,7 @@ def _grammar_masked(sampling_info: Any, logits: torch.Tensor) -> None:
     sampling_info.grammar_mask = None
 
 
-class DelaySampleWorker(worker.FakeModelWorker):
+class DelaySampleWorker(model_worker.FakeModelWorker):
     """The fake worker with TpModelWorker's delayed-sampling branch."""
 
     delayed_samples = 0  # how many forwards deferred their sampling (for tests)
