@@ -150,7 +150,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# SGLang {report['sglang_version']}'s own overlap loop on a GPU, races forced",
         "",
         "Written by `overlap-harness sglang --gpu` (overlap_harness/engines/sglang/"
-        "gpu_table.py, gpu_loop.py, gpu_report.py; docs/sglang-loop.md: GPU mode).",
+        "gpu/table.py, gpu/loop.py, gpu/report.py; docs/sglang-loop.md: GPU mode).",
         "",
         f"Device: {report['device']}; torch {report['torch']}; {report['date']}; "
         f"{report['seconds']} s wall.",
@@ -170,7 +170,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"an error: {s['errors']}.",
         "",
         "Necessary rows without a wrong value, by the computed why (`why_reason`; "
-        "gpu_probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
+        "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
                                       for key in NO_WRONG_REASONS) + ".",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
