@@ -41,13 +41,14 @@ def _encoder_runner(runner_class: Any, depth: int) -> Any:
 
 
 def encoder_only_steps(steps: int = 5, guarded: bool = True,
-                       depth: int = STEPS_IN_FLIGHT) -> Any:
+                       depth: int = STEPS_IN_FLIGHT, semaphore: Any = None) -> Any:
     """Encoder-only steps, each staging new block-table rows for its requests and applying
     them through the UVA ring of ``depth`` slots, then encoding (the fake forward reads the
     rows); the host never waits on the device. ``guarded``: inside vLLM's
     ``input_tensor_semaphore`` (as released); False runs the same writes outside it (the
-    runner before the semaphore). Returns the watch with ``w.outputs`` the encodings'
-    host-side ids."""
+    runner before the semaphore); ``semaphore``: an ``input_tensor_semaphore`` function to
+    run in place of the loaded tree's (one release's). Returns the watch with ``w.outputs``
+    the encodings' host-side ids."""
     import_vllm()
     from vllm.v1.worker.gpu import buffer_utils
     from vllm.v1.worker.mm_encoder_model_runner import (  # imported on the host platform
@@ -56,7 +57,10 @@ def encoder_only_steps(steps: int = 5, guarded: bool = True,
 
     with (watch("cpu") as w, cuda_selected(w), apply_write_kernel_declared(buffer_utils)):
         device = torch.device("cuda")
-        runner = _encoder_runner(MMEncoderModelRunner, depth)
+        runner_class = MMEncoderModelRunner if semaphore is None else type(
+            "MMEncoderModelRunnerAt", (MMEncoderModelRunner,),
+            {"input_tensor_semaphore": semaphore})
+        runner = _encoder_runner(runner_class, depth)
         block_table = buffer_utils.StagedWriteTensor((NUM_REQS, BLOCKS), torch.int32, device,
                                                      max_concurrency=depth)
         encoder_cache = torch.zeros(steps, NUM_REQS, HIDDEN, device=device)
