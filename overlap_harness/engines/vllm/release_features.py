@@ -89,6 +89,6 @@ def _what(need: str) -> str:
 def not_applicable_reason(variant: str) -> str | None:
     """Why ``variant`` cannot run on the loaded tree (each need it lacks, in words and by
     name), None when it can."""
-    lacking = [f"{_what(need)} ({why})" for need in NEEDS.get(variant, ())
-               if (why := missing(need)) is not None]
+    lacking = list(dict.fromkeys(f"{_what(need)} ({why})" for need in NEEDS.get(variant, ())
+                                 if (why := missing(need)) is not None))  # each once
     return "the tree lacks " + "; ".join(lacking) if lacking else None
