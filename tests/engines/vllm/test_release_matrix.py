@@ -99,3 +99,28 @@ def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
     copy_lines = {edited.read_text().splitlines()[r["second"]["line"] - 1].strip()
                   for r in copies}
     assert all(".to(\"cpu\", non_blocking=True" in text for text in copy_lines), copy_lines
+
+
+def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Path) -> None:
+    """``--base``: head is 0.34.0 with AsyncOutput's entry wait removed, base the release."""
+    tree = _tree("vllm", "0.34.0")
+    for name in ("head", "base"):
+        (tmp_path / name).mkdir()
+        subprocess.run(["cp", "-rs", str(tree / "vllm"), str(tmp_path / name)], check=True)
+    edited = tmp_path / "head" / ASYNC_UTILS
+    lines = edited.read_text().splitlines(keepends=True)
+    edited.unlink()
+    index = next(i for i, line in enumerate(lines) if line.strip() == ENTRY_WAIT)
+    del lines[index]  # AsyncOutput's: the first of the file
+    edited.write_text("".join(lines))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
+                           str(tmp_path / "head"), "--base", str(tmp_path / "base"),
+                           "--variant", "mrv2-uva-ring", "-j", "2", "--json",
+                           str(tmp_path / "pr.json")], capture_output=True, text=True,
+                          env=env, check=False, timeout=900)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((tmp_path / "pr.json").read_text())
+    (change,) = {r["change"] for r in document["races"]}  # a head line beside the removal
+    assert change in {f"{ASYNC_UTILS}:{index}", f"{ASYNC_UTILS}:{index + 1}"}, change
+    assert all(ENTRY_WAIT in r["what"] for r in document["races"])
