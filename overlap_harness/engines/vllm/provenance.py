@@ -119,8 +119,9 @@ PROVENANCE: dict[str, Provenance] = {
                       "_prepare_inputs (seq_lens and query_start_loc staged under the fence)",
                       "the forward", "the rejection sampler", _LOOP)),
     "mrv2-pp-drafts (0.33.0)": Provenance(
-        released_code=(f"{PP_UTILS}:PPHandler.broadcast", f"{PP_UTILS}:PPHandler.broadcast_drafts"),
-        installed_code=(f"{PP_UTILS}:PPHandler.__init__", _MRV2_ASYNC_OUTPUT),
+        released_code=(f"{PP_UTILS}:PPHandler (every method: __init__, broadcast, "
+                       "broadcast_drafts and their helpers)",),
+        installed_code=(f"{PP_UTILS}:compute_need_sampled_mask", _MRV2_ASYNC_OUTPUT),
         harness_code=("the caller of broadcast_drafts, as each release's "
                       "gpu/model_runner.py calls it (0.32.0: the whole req_states.draft_tokens "
                       "and the batch; 0.33.0: the batch's rows gathered on the main stream), "

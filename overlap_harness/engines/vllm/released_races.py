@@ -49,14 +49,24 @@ ATTENTION_UTILS_FILE = "vllm/v1/attention/backends/utils.py"
 NUM_REQS, MAX_REQS, SPEC_TOKENS, VOCAB = 3, 4, 2, 16
 
 
+def _class_methods(source_file: Path, class_name: str) -> list[str]:
+    """The names of the functions ``class_name`` defines in ``source_file``."""
+    import ast
+
+    tree = ast.parse(Path(source_file).read_text())
+    (owner,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    return [n.name for n in owner.body if isinstance(n, ast.FunctionDef)]
+
+
 def _last_rank_handler(pp_file: Path, device: torch.device) -> Any:
-    """The loaded tree's ``PPHandler`` with ``broadcast`` and ``broadcast_drafts`` taken
-    from ``pp_file`` (one release's), for the last of two stage ranks, 2 draft tokens."""
+    """A ``PPHandler`` whose methods are all ``pp_file``'s (one release's: ``__init__``,
+    ``broadcast``, ``broadcast_drafts`` and their helpers), compiled in the loaded tree's
+    module, for the last of two stage ranks, 2 draft tokens."""
     from vllm.v1.worker.gpu import pp_utils
 
     namespace = vars(pp_utils)
     methods = {name: function_from_file(pp_file, "PPHandler", name, namespace)
-               for name in ("broadcast", "broadcast_drafts")}
+               for name in _class_methods(pp_file, "PPHandler")}
     handler_class = type("PPHandlerAt", (pp_utils.PPHandler,), methods)
     group = StrictStub("pp_group[rank 1]", is_last_rank=True, is_first_rank=False,
                        last_rank=1, world_size=2,
