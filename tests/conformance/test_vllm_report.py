@@ -1,10 +1,10 @@
 """The committed vLLM reports (reports/conformance/vllm-0.32.0.{json,md} and
 vllm-0.34.0.{json,md}, made by tools/vllm_report.py in a venv with vLLM) agree with
-themselves, read on any machine: every variant race-free as released, the necessity counts add up to sites x variants, every reached
-row's verdict matches its races, and every historical race has races at its pre-fix release
-(its first line in vLLM's files, its second too unless the entry's harness_code names the
-harness's stand-in as that side) and none after its fix; an entry the report's tree cannot
-run says why."""
+themselves, read on any machine: every variant race-free as released, the necessity counts
+add up to sites x variants, every reached row's verdict matches its races, and every
+historical race has races at its pre-fix release (its first line in vLLM's files, its second
+too unless the entry's harness_code names the harness's stand-in as that side) and none after
+its fix; an entry the report's tree cannot run says why."""
 
 from __future__ import annotations
 
