@@ -18,11 +18,19 @@ from pathlib import Path
 
 from overlap_harness.engines.core.results import race_signature
 from overlap_harness.engines.vllm import historical, necessity
-from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+from overlap_harness.engines.vllm.environment import VllmUnavailable, load
+from overlap_harness.engines.vllm.release_features import not_applicable_reason
+
+#: the folder holding the loaded ``vllm`` package, when it is not a site-packages
+_TREE_ROOTS: list[str] = []
 
 
 def _short(site: str) -> str:
-    """A site relative to site-packages (vLLM) or to the repository (the drivers)."""
+    """A site relative to site-packages or the tree's root (vLLM) or to the repository (the
+    drivers)."""
+    for root in _TREE_ROOTS:
+        if site.startswith(root + "/vllm/"):
+            return site[len(root) + 1:]
     for marker in ("/site-packages/", "/overlap_harness/"):
         if marker in site:
             keep = "overlap_harness/" if marker == "/overlap_harness/" else ""
@@ -41,10 +49,15 @@ def _portable(value: object) -> object:
     return value
 
 
-def build(jobs: int = 1) -> dict:
-    """The whole report as one JSON-ready document."""
-    info = import_vllm()
-    names = list(necessity.variant_runs())
+def build(jobs: int = 1, source: str | None = None) -> dict:
+    """The whole report as one JSON-ready document (``source``: a tree holding the ``vllm``
+    package, as ``overlap-harness vllm --vllm-src`` takes it; None: the installed vLLM)."""
+    info = load(source)
+    if source is not None:
+        _TREE_ROOTS.append(str(Path(info.location).parent))
+    not_applicable = {name: reason for name in necessity.variant_runs()
+                      if (reason := not_applicable_reason(name)) is not None}
+    names = [name for name in necessity.variant_runs() if name not in not_applicable]
     start, start_all = time.process_time(), _cpu_with_children()
     baseline = {name: necessity.run_outcome(name) for name in names}
     released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
@@ -55,8 +68,11 @@ def build(jobs: int = 1) -> dict:
                    for race in historical.HISTORICAL]
     counts = {verdict: sum(row["verdict"] == verdict for row in rows)
               for verdict in ("necessary", "redundant", "not_reached", "error")}
-    return {"vllm_version": info.version, "source": "site-packages/vllm",
-            "variants": released, "sites": len({row["site"] for row in rows}),
+    return {"vllm_version": info.version,
+            "source": "site-packages/vllm" if source is None else "the vllm wheel's tree",
+            "variants": released,
+            "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
+            "sites": len({row["site"] for row in rows}),
             "counts": counts, "rows": _portable(reached), "historical": history,
             "cpu_seconds": round(time.process_time() - start, 1),
             "cpu_seconds_with_children": round(_cpu_with_children() - start_all, 1)}
@@ -89,6 +105,8 @@ def markdown(report: dict) -> str:
            "Made by `tools/vllm_report.py` (docs/vllm.md). CPU mode; only the model faked.", "",
            "| variant | races as released | recorded ops |", "|---|---|---|"]
     out += [f"| {name} | {v['races']} | {v['ops']} |" for name, v in report["variants"].items()]
+    out += [f"| {n['variant']} | not applicable: {n['reason']} | - |"
+            for n in report.get("not_applicable", [])]
     counts = report["counts"]
     out += ["", "## Necessity of each sync (removed from vLLM's own function)", "",
             f"{report['sites']} removable sites x {len(report['variants'])} variants: "
@@ -104,6 +122,10 @@ def markdown(report: dict) -> str:
             "| ref | pattern | pre-fix | races | lines | post-fix | races |",
             "|---|---|---|---|---|---|---|"]
     for entry in report["historical"]:
+        if "not_applicable" in entry:
+            out.append(f"| {entry['ref']} | {entry['pattern']} | not applicable to this tree: "
+                       f"{entry['not_applicable']} | - | - | - | - |")
+            continue
         pre, post = entry["pre_fix"], entry["post_fix"]
         lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
         out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
@@ -127,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/conformance"))
     parser.add_argument("-j", "--jobs", type=int, default=1)
+    parser.add_argument("--vllm-src", metavar="PATH", default=None,
+                        help="a tree holding the vllm package (an unzipped vllm wheel); "
+                        "default: the installed vllm")
     args = parser.parse_args(argv)
     try:
-        report = build(args.jobs)
+        report = build(args.jobs, args.vllm_src)
     except VllmUnavailable as exc:
         print(f"vllm_report: {exc}", file=sys.stderr)
         return 2
