@@ -117,6 +117,15 @@ def timed_necessity(site_count: int, rows_of: Callable[[], list[Any]]) -> list[d
     return [row.to_json() for row in rows]
 
 
+def fail_written(command: str, message: str, document: dict[str, Any],
+                 paths: Sequence[Path]) -> int:
+    """:func:`fail` for a tree that cannot be driven at all (it does not import): the JSON
+    is still written, ``document`` with the message as its one error and no race, so a CI
+    step that reads it finds why; the exit status 2."""
+    write_document({**document, "variants": [], "races": [], "errors": [message]}, paths)
+    return fail(command, message)
+
+
 def write_document(document: dict[str, Any], paths: Sequence[Path]) -> None:
     """Write the command's JSON document to each path (its folder made), saying so."""
     for path in paths:

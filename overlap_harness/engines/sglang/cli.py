@@ -19,6 +19,7 @@ from overlap_harness.engines.core.command import (
     apply_output_options,
     fail,
     fail_all,
+    fail_written,
     run_variants,
     timed_necessity,
     unknown_variants,
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
                      "beside the model)")
     try:
         tree = environment.load(args.sglang_src)
-    except environment.SglangTreeError as exc:
-        return fail(PROG, str(exc))
+    except environment.SglangTreeError as exc:  # the JSON still says why
+        return fail_written(PROG, str(exc), {"source": args.sglang_src}, _documents(args))
     from overlap_harness.engines.sglang.configurations import configuration
     from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
@@ -130,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
         "races": [r for o in outcomes.values() for r in o.races]}
     if errors:  # what did run is still written, then the tree is reported undrivable
         document["errors"] = errors
-        write_document(document, ([args.json] if args.json else [])
-                       + ([args.out / "sglang-loop.json"] if args.out else []))
+        write_document(document, _documents(args))
         return fail_all(PROG, errors)
     if args.necessity:
         from overlap_harness.engines.core.necessity import necessity_table
@@ -139,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
         sites = path_sites()
         document["necessity"] = timed_necessity(
             len(sites), lambda: necessity_table(sites, names, outcomes, run_outcome, args.jobs))
-    write_document(document, ([args.json] if args.json else [])
-                   + ([args.out / "sglang-loop.json"] if args.out else []))
+    write_document(document, _documents(args))
     if args.out:
         from overlap_harness.engines.sglang.reports import write_variant_reports
 
@@ -159,6 +158,12 @@ def run(args: argparse.Namespace) -> int:
         md.write_text(markdown(document))
         print(f"wrote {md}")
     return 1 if document["races"] else 0
+
+
+def _documents(args: argparse.Namespace) -> list[Path]:
+    """Where the command's JSON goes: ``--json`` and ``--out``'s sglang-loop.json."""
+    return ([args.json] if args.json else []) + ([args.out / "sglang-loop.json"]
+                                                 if args.out else [])
 
 
 def _apply_config(args: argparse.Namespace) -> dict[str, str]:

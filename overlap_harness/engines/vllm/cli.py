@@ -12,6 +12,7 @@ code's races.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from overlap_harness.engines.core.command import (
@@ -19,6 +20,7 @@ from overlap_harness.engines.core.command import (
     apply_output_options,
     fail,
     fail_all,
+    fail_written,
     run_variants,
     timed_necessity,
     unknown_variants,
@@ -62,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         info = environment.load(args.vllm_src)
-    except environment.VllmUnavailable as exc:
-        return fail(PROG, " ".join(str(exc).split()))
+    except environment.VllmUnavailable as exc:  # the JSON still says why
+        return fail_written(PROG, " ".join(str(exc).split()), {"source": args.vllm_src},
+                            _documents(args))
     from overlap_harness.engines.vllm import necessity
 
     known = list(necessity.variant_runs())
@@ -81,8 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.necessity:
         document["necessity"] = timed_necessity(
             len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
-    write_document(document, ([args.json] if args.json else [])
-                   + ([args.out / "vllm.json"] if args.out else []))
+    write_document(document, _documents(args))
     if args.out:
         from overlap_harness.engines.vllm.reports import write_variant_reports
 
@@ -99,3 +101,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
+
+
+def _documents(args: argparse.Namespace) -> list[Path]:
+    """Where the command's JSON goes: ``--json`` and ``--out``'s vllm.json."""
+    return ([args.json] if args.json else []) + ([args.out / "vllm.json"] if args.out else [])
