@@ -21,11 +21,13 @@ from overlap_harness.engines.core.command import (
     fail,
     fail_all,
     fail_written,
+    interrupted,
     run_variants,
     timed_necessity,
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.interrupted import Interrupted
 from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
@@ -74,23 +76,30 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, known)) is not None:
         return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
-    outcomes, errors = run_variants(names, necessity.run_outcome,
-                                    lambda outcome: f"{outcome.ops} ops")
-    if errors:
-        return fail_all(PROG, errors)
+    stopped = False  # Ctrl-C: what finished is written, marked partial
+    try:
+        outcomes, errors = run_variants(names, necessity.run_outcome,
+                                        lambda outcome: f"{outcome.ops} ops", _reports(args))
+    except Interrupted as stop:
+        (outcomes, errors), stopped = stop.finished, True
     document: dict[str, Any] = {
-        "source": info.location, "vllm_version": info.version, "variants": names,
+        "source": info.location, "vllm_version": info.version, "variants": list(outcomes),
         "races": [r for o in outcomes.values() for r in o.races]}
+    if errors:
+        document["errors"] = errors
+    if stopped:
+        return interrupted(PROG, document, _documents(args))
+    if errors:  # what did run is still written, then the tree is reported undrivable
+        write_document(document, _documents(args))
+        return fail_all(PROG, errors)
     if args.necessity:
-        document["necessity"] = timed_necessity(
-            len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
+        try:
+            document["necessity"] = timed_necessity(
+                len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
+        except Interrupted as stop:  # the rows of the sites that finished
+            document["necessity"] = stop.finished
+            return interrupted(PROG, document, _documents(args))
     write_document(document, _documents(args))
-    if args.out:
-        from overlap_harness.engines.vllm.reports import write_variant_reports
-
-        for name in names:
-            for path in write_variant_reports(name, args.out):
-                print(f"wrote {path}")
     if args.out and args.necessity:
         from overlap_harness.engines.core.report import necessity_markdown
 
@@ -106,3 +115,13 @@ def run(args: argparse.Namespace) -> int:
 def _documents(args: argparse.Namespace) -> list[Path]:
     """Where the command's JSON goes: ``--json`` and ``--out``'s vllm.json."""
     return ([args.json] if args.json else []) + ([args.out / "vllm.json"] if args.out else [])
+
+
+def _reports(args: argparse.Namespace) -> Any:
+    """With ``--out``: the writer of one variant's reports (timeline plot, Perfetto, SARIF),
+    called as each variant finishes; else None."""
+    if not args.out:
+        return None
+    from overlap_harness.engines.vllm.reports import write_variant_reports
+
+    return lambda name: write_variant_reports(name, args.out)
