@@ -25,6 +25,7 @@ from overlap_harness.engines.core.pr_view.compare import (
     Coverage,
     change_views,
     group_races,
+    move_target,
     unreached_lines,
 )
 from overlap_harness.engines.core.pr_view.trees import (
@@ -147,11 +148,14 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
         if key in old_groups:
             continue
         view, how = attributor.attribute(group.example)
+        if view is not None:
+            view = move_target(view, views)
         race = dict(group.example, variants=group.variants, count=group.count,
                     change=view.location if view else "", attribution=how,
                     change_index=views.index(view) if view else -1,
                     what=view.what() if view else "")
         race.pop("variant"), race.pop("iteration")
+        race.update(explanation=output.explanation(race), fix=output.fix_hint(race))
         races.append(race)
     fixed = []
     for key, group in old_groups.items():
@@ -184,7 +188,7 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
 def verdict(document: dict[str, Any], allow_unreached: bool) -> tuple[int, str]:
     """The exit status and its one-line reason (see the module docstring)."""
     if document["races"]:
-        return 1, f"{len(document['races'])} new races"
+        return 1, output.count_phrase(document["races"])
     if document["errors"]:
         return 2, "variants of HEAD cannot be driven: " + ", ".join(document["errors"])
     if document["unreached"] and not allow_unreached:
@@ -201,7 +205,7 @@ def verdict(document: dict[str, Any], allow_unreached: bool) -> tuple[int, str]:
 
 def run(args: Any, engine: str, prog: str) -> int:
     """The pull-request view of ``args`` (the engine command's parsed options)."""
-    from overlap_harness.engines.core.command import fail, write_document
+    from overlap_harness.engines.core.command import fail, interrupted, write_document
 
     source = getattr(args, f"{engine}_src")
     if source is None:
@@ -221,9 +225,14 @@ def run(args: Any, engine: str, prog: str) -> int:
               f"{head.root} and BASE {base.root}", flush=True)
         results = [scratch / "head.json", scratch / "base.json"]
         logs = [scratch / "head.log", scratch / "base.log"]
-        codes = _run_children([_child_command(engine, t, r, args, cover)
-                               for t, r in zip((head, base), results, strict=True)],
-                              logs, parallel=args.jobs >= 2)
+        try:
+            codes = _run_children([_child_command(engine, t, r, args, cover)
+                                   for t, r in zip((head, base), results, strict=True)],
+                                  logs, parallel=args.jobs >= 2)
+        except KeyboardInterrupt:  # both trees' runs stopped: nothing to compare yet
+            return interrupted(prog, {"engine": engine, "head": {"source": str(head.root)},
+                                      "base": {"source": str(base.root)}, "races": []},
+                               [args.json] if args.json else [])
         for name, code, result, log in zip(("HEAD", "BASE"), codes, results, logs,
                                            strict=True):
             if code is None:  # stopped: the other tree's run failed
