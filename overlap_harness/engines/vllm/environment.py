@@ -37,6 +37,7 @@ import torch
 
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.core.tree_errors import import_failure
 from overlap_harness.model.errors import HarnessError
 
 #: imported by every tree (the engine core and the scheduler every release has)
@@ -72,8 +73,9 @@ class VllmInfo:
 _IMPORTED: list[VllmInfo] = []
 
 
-def import_vllm() -> VllmInfo:
-    """Import the driven vLLM modules (once per process).
+def import_vllm(root: Path | None = None) -> VllmInfo:
+    """Import the driven vLLM modules (once per process); ``root``, the folder holding the
+    tree's ``vllm`` package, names a failing line of the tree relative to it.
 
     Raises:
         VllmUnavailable: an import fails (the message is the import error), or vLLM's CPU
@@ -93,7 +95,8 @@ def import_vllm() -> VllmInfo:
             for name in (*DRIVEN_MODULES, *present):
                 importlib.import_module(name)
     except Exception as exc:  # any import failure: the caller skips or exits 2 with it
-        raise VllmUnavailable(f"cannot import {name}: {type(exc).__name__}: {exc}") from exc
+        where = import_failure(exc, root if root is not None else _installed_root())
+        raise VllmUnavailable(f"cannot import {name}: {where}") from exc
     import vllm
 
     info = VllmInfo(getattr(vllm, "__version__", "unknown"), str(vllm.__path__[0]),
@@ -128,6 +131,15 @@ def host_platform_chosen() -> str:
     return "CpuPlatform (vLLM resolved no platform)"
 
 
+def _installed_root() -> Path | None:
+    """The folder holding the vllm package Python finds, if any."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
+
+
 def tree_root(src: str | None) -> Path | None:
     """The folder to put first on ``sys.path`` for ``--vllm-src PATH``: PATH itself when it
     holds the ``vllm`` package (a checkout's root, or a site-packages), PATH's parent when
@@ -158,7 +170,7 @@ def load(src: str | None = None) -> VllmInfo:
     root = tree_root(src)
     if root is not None:
         sys.path.insert(0, str(root))
-    info = import_vllm()
+    info = import_vllm(root)
     if root is not None and not Path(info.location).resolve().is_relative_to(root):
         raise VllmUnavailable(f"--vllm-src {src}: vllm was imported from {info.location}, "
                               "not from this tree")
