@@ -28,6 +28,7 @@ from overlap_harness import __version__, calibrate_cmd, check_cmd
 from overlap_harness.cli_options import OneLineParser, count, seconds
 from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.engines.sglang import cli as sglang_loop_cli
+from overlap_harness.engines.tokenspeed import cli as tokenspeed_cli
 from overlap_harness.engines.vllm import cli as vllm_cli
 from overlap_harness.model.errors import HarnessError, ScenarioError
 from overlap_harness.output_paths import prepare_outputs, safe_name
@@ -508,7 +509,7 @@ def _add_gpu_check(sub: SubParsers) -> None:
 SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
     _add_run, _add_report, _add_plot, _add_whatif, _add_explore, _add_gpu_check,
     check_cmd.add_parser, conformance_cli.add_parser, calibrate_cmd.add_parser,
-    sglang_loop_cli.add_parser, vllm_cli.add_parser,
+    sglang_loop_cli.add_parser, vllm_cli.add_parser, tokenspeed_cli.add_parser,
 ]
 
 

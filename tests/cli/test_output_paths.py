@@ -84,7 +84,7 @@ def _stub_vllm(mp: pytest.MonkeyPatch) -> None:
 
 
 def _stub_sglang_gpu(mp: pytest.MonkeyPatch) -> None:
-    from overlap_harness.engines.sglang import gpu_command
+    from overlap_harness.engines.sglang.gpu import command as gpu_command
 
     mp.setattr(gpu_command, "run", work_reached)
 

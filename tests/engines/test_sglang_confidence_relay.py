@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's DSpark confidence relay in its own loop (dspark_build.py): the scheduler's
+"""SGLang 0.5.23's DSpark confidence relay in its own loop (features/dspark.py): the scheduler's
 FutureMap, built by SGLang with ``needs_confidence_relay``, relays each decode's draft
 confidence through ``ConfidenceRelay.issue_ring_copy`` (overlap_utils.py:241 the D2H
 stream's wait on ``publish_ready``, :244 ``copy_done[slot].record()``) to SGLang's verify

@@ -29,7 +29,7 @@ def relay() -> dict:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
     done = subprocess.run(
-        [sys.executable, "-m", "overlap_harness.engines.sglang.relay_replay"],
+        [sys.executable, "-m", "overlap_harness.engines.sglang.features.relay_in_graph"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=600, check=False)
     if done.returncode == 2 and "relay_replay: " in done.stderr:

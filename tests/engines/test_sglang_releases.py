@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.engines.core.strict import StrictName, UnplannedUseError, strict_module
-from overlap_harness.engines.sglang import torchvision_stub
+from overlap_harness.engines.sglang.stand_ins import torchvision as torchvision_stub
 from tests.engines.sglang_trees import edited_tree, installed_sglang, run_sglang
 
 ROOT = Path(__file__).resolve().parents[2]

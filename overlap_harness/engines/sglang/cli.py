@@ -61,6 +61,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-resume", type=Path, metavar="FILE", default=None,
                         help="with --gpu: an earlier GPU report (json) of the same tree and "
                         "device; its rows with trials are kept, only the others run")
+    parser.add_argument("--repro", nargs=2, metavar=("VARIANT", "SITE"), default=None,
+                        help="with --gpu: one row of the GPU table as a maintainer's repro: "
+                        "the serial answer, then VARIANT with SITE (file:line, or - for none) "
+                        "removed and one delay (--repro-forcing), the first wrong value; "
+                        "a wrong row of the GPU report names its command (repro)")
+    parser.add_argument("--repro-forcing", metavar="LABEL", default=None,
+                        help="with --repro: the delay, as the GPU report labels it (e.g. "
+                        "forward_stream@earlier+8388608cy: the race's earlier side on that "
+                        "stream held 2^23 cycles before each of its ops)")
     parser.add_argument("--config", action="append", metavar="KEY=VALUE", default=[],
                         help="run only the variants of this SGLang configuration "
                         "(repeatable, e.g. plan_stream=off; the keys: docs/sglang-loop.md, "
@@ -78,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
                     "changed lines; --out writes each variant's SARIF)")
     if args.gpu_report and not args.gpu:
         return fail(PROG, "--gpu-report needs --gpu")
+    if (args.repro or args.repro_forcing) and not args.gpu:
+        return fail(PROG, "--repro and --repro-forcing need --gpu (a repro runs on a CUDA "
+                    "device)")
+    if args.repro and not args.repro_forcing:
+        return fail(PROG, "--repro needs --repro-forcing LABEL (a GPU report's wrong row "
+                    "names both in its repro)")
     # every output is checked (folders made) before the minutes of import and runs
     prepare_outputs(folders={"--out": args.out, "--loop-report": args.loop_report,
                              "--gpu-report": args.gpu_report},
@@ -97,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
     if args.gpu:
-        from overlap_harness.engines.sglang.gpu_command import run as run_gpu
+        from overlap_harness.engines.sglang.gpu.command import run as run_gpu
 
         return run_gpu(args)
     if args.loop_report and not args.necessity:
@@ -108,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     except environment.SglangTreeError as exc:
         return fail(PROG, str(exc))
     from overlap_harness.engines.sglang.configurations import configuration
-    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
+    from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     names = args.variant or list(VARIANTS)
@@ -142,18 +157,18 @@ def run(args: argparse.Namespace) -> int:
     write_document(document, ([args.json] if args.json else [])
                    + ([args.out / "sglang-loop.json"] if args.out else []))
     if args.out:
-        from overlap_harness.engines.sglang.reports import write_variant_reports
+        from overlap_harness.engines.sglang.report.plots import write_variant_reports
 
         for name in names:
             for path in write_variant_reports(name, args.out):
                 print(f"wrote {path}")
     if args.loop_report:
-        from overlap_harness.engines.sglang.loop_report import write as write_loop_report
+        from overlap_harness.engines.sglang.report.loop_report import write as write_loop_report
 
         for path in write_loop_report(document, args.loop_report):
             print(f"wrote {path}")
     if args.out and args.necessity:
-        from overlap_harness.engines.sglang.table import markdown
+        from overlap_harness.engines.sglang.report.necessity_table import markdown
 
         md = args.out / "sglang-loop.md"
         md.write_text(markdown(document))

@@ -26,7 +26,8 @@ import msgspec
 
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.patching import attributes_set
-from overlap_harness.engines.sglang import sgl_kernel_stub, torchvision_stub
+from overlap_harness.engines.sglang.stand_ins import sgl_kernel as sgl_kernel_stub
+from overlap_harness.engines.sglang.stand_ins import torchvision as torchvision_stub
 from overlap_harness.model.errors import HarnessError
 
 SUPPORTED_VERSION = "0.5.23"
@@ -154,7 +155,7 @@ def _version(package: Path) -> str:
 def cuda_selected(*, hip: bool = False) -> Iterator[None]:
     """SGLang's CUDA (or HIP) branches for the block: the ``_is_cuda``/``_is_hip`` flags of
     :data:`FLAGGED_MODULES` where they have them, pinned memory available, Triton supported
-    (the kernels it then launches are declared in :mod:`.kernels`)."""
+    (the kernels it then launches are declared in :mod:`.stand_ins.loop_kernels`)."""
     from sglang.srt.platforms import current_platform  # deferred: imported by load()
 
     changes: list[tuple[object, str, object]] = []

@@ -190,7 +190,7 @@ def run_side(engine: str, source: str, variants: Sequence[str], cover: Sequence[
 def main(argv: Sequence[str] | None = None) -> int:
     """The child's command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="overlap_harness.engines.core.pr_view.child")
-    parser.add_argument("engine", choices=("sglang", "vllm"))
+    parser.add_argument("engine", choices=("sglang", "vllm", "tokenspeed"))
     parser.add_argument("source")
     parser.add_argument("result", type=Path)
     parser.add_argument("--variant", action="append", default=[])
