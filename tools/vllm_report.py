@@ -9,59 +9,39 @@ Run in a venv with vLLM (docs/vllm.md):  python tools/vllm_report.py --out repor
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from overlap_harness.engines.core.results import race_signature
+from overlap_harness.engines.core.committed import (
+    cpu_seconds_with_children,
+    distinct_races,
+    machine_free,
+    write_report,
+)
 from overlap_harness.engines.vllm import historical, necessity
 from overlap_harness.engines.vllm.environment import VllmUnavailable, load
 from overlap_harness.engines.vllm.release_features import not_applicable_reason
 
-#: the folder holding the loaded ``vllm`` package, when it is not a site-packages
-_TREE_ROOTS: list[str] = []
-
-
-def _short(site: str) -> str:
-    """A site relative to site-packages or the tree's root (vLLM) or to the repository (the
-    drivers)."""
-    for root in _TREE_ROOTS:
-        if site.startswith(root + "/vllm/"):
-            return site[len(root) + 1:]
-    for marker in ("/site-packages/", "/overlap_harness/"):
-        if marker in site:
-            keep = "overlap_harness/" if marker == "/overlap_harness/" else ""
-            return keep + site.split(marker, 1)[1]
-    return site
-
-
-def _portable(value: object) -> object:
-    """``value`` with every absolute site shortened (the committed report is machine-free)."""
-    if isinstance(value, str):
-        return _short(value)
-    if isinstance(value, list):
-        return [_portable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    return value
+#: a site relative to site-packages (vLLM) or to the repository (the drivers); a tree given
+#: with --vllm-src is added first (its root, so its vllm/... paths stay)
+MARKERS = (("/site-packages/", ""), ("/overlap_harness/", "overlap_harness/"))
 
 
 def build(jobs: int = 1, source: str | None = None) -> dict:
     """The whole report as one JSON-ready document (``source``: a tree holding the ``vllm``
     package, as ``overlap-harness vllm --vllm-src`` takes it; None: the installed vLLM)."""
     info = load(source)
-    if source is not None:
-        _TREE_ROOTS.append(str(Path(info.location).parent))
+    markers = MARKERS if source is None else (
+        (str(Path(info.location).parent) + "/", ""), *MARKERS)
     not_applicable = {name: reason for name in necessity.variant_runs()
                       if (reason := not_applicable_reason(name)) is not None}
     names = [name for name in necessity.variant_runs() if name not in not_applicable]
-    start, start_all = time.process_time(), _cpu_with_children()
+    start, start_all = time.process_time(), cpu_seconds_with_children()
     baseline = {name: necessity.run_outcome(name) for name in names}
     released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
-    rows = [_distinct(row.to_json()) for row in necessity.table(names, baseline, jobs)]
+    rows = [distinct_races(row.to_json()) for row in necessity.table(names, baseline, jobs)]
     reached = [row for row in rows if row["verdict"] != "not_reached"]
     with tempfile.TemporaryDirectory() as folder:
         history = [historical.historical_entry(race, Path(folder))
@@ -73,24 +53,9 @@ def build(jobs: int = 1, source: str | None = None) -> dict:
             "variants": released,
             "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
             "sites": len({row["site"] for row in rows}),
-            "counts": counts, "rows": _portable(reached), "historical": history,
+            "counts": counts, "rows": machine_free(reached, markers), "historical": history,
             "cpu_seconds": round(time.process_time() - start, 1),
-            "cpu_seconds_with_children": round(_cpu_with_children() - start_all, 1)}
-
-
-def _cpu_with_children() -> float:
-    """CPU seconds of this process and of its waited-for children (the forked table runs)."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-def _distinct(row: dict) -> dict:
-    """``row`` with each race once (the same pair of lines recurs every step); ``races``
-    counts them all."""
-    seen: dict[tuple, dict] = {}
-    for race in row["races"]:
-        seen.setdefault(race_signature(race), race)
-    return {**row, "race_count": len(row["races"]), "races": list(seen.values())}
+            "cpu_seconds_with_children": round(cpu_seconds_with_children() - start_all, 1)}
 
 
 def _pair(race: dict) -> str:
@@ -158,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except VllmUnavailable as exc:
         print(f"vllm_report: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"vllm-{report['vllm_version']}"  # the version's dots stay
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    Path(f"{stem}.md").write_text(markdown(report))
+    stem = write_report(report, markdown(report), args.out, f"vllm-{report['vllm_version']}")
     print(f"wrote {stem}.json and {stem}.md")
     return 0
 
