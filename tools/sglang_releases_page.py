@@ -2,7 +2,7 @@
 
 Two parts, both computed here and never edited by hand:
 - the syncs added, removed or moved out of the path between consecutive releases, read from
-  each release's own files (:mod:`overlap_harness.engines.sglang.release_diff`; the trees are
+  each release's own files (:mod:`overlap_harness.engines.sglang.report.release_diff`; the trees are
   fetched into the user's cache: :mod:`overlap_harness.engines.sglang.releases`);
 - the sites whose necessity verdict changed, from the committed loop reports
   (reports/conformance/sglang-VERSION-loop.json, written by
@@ -20,7 +20,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from overlap_harness.engines.sglang import releases
-from overlap_harness.engines.sglang.release_diff import (
+from overlap_harness.engines.sglang.report.release_diff import (
     compare,
     markdown,
     necessity_changes,
@@ -41,7 +41,7 @@ where the necessity table's verdict for the same sync changed.
 A sync is matched across releases by its module, function, kind and statement text, not by
 its line, so code that only moved is not listed; a renamed function or variable shows as one
 removal and one addition. The path's modules are those the driven loop runs
-(`overlap_harness/engines/sglang/path_sites.py`).
+(`overlap_harness/engines/sglang/report/path_sites.py`).
 
 ## Syncs added and removed
 """

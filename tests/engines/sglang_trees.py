@@ -138,13 +138,13 @@ except environment.SglangTreeError as exc:
 #: child code that keeps every grammar SGLang's grammar path builds (``grammars``, in order),
 #: for the tests that check the grammar objects advanced on SGLang's own path
 GRAMMAR_SPY = """
-from overlap_harness.engines.sglang import grammar_build
+from overlap_harness.engines.sglang.features import grammar
 grammars = []
-constrain = grammar_build.constrain
+constrain = grammar.constrain
 def spy(req):
     constrain(req)
     grammars.append(req.grammar)
-grammar_build.constrain = spy
+grammar.constrain = spy
 """
 
 

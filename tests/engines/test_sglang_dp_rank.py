@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import UnplannedUseError
-from overlap_harness.engines.sglang import dp_rank
-from overlap_harness.engines.sglang.dp_rank import PeerStep, ScriptedPeerGroup
+from overlap_harness.engines.sglang.features import dp_attention
+from overlap_harness.engines.sglang.features.dp_attention import PeerStep, ScriptedPeerGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ import json, sys
 from overlap_harness.engines.core.mutation import Coverage, remove_site
 from overlap_harness.engines.core.necessity import forked_map
 from overlap_harness.engines.sglang import environment
-from overlap_harness.engines.sglang.path_sites import path_sites
+from overlap_harness.engines.sglang.report.path_sites import path_sites
 environment.load()
 from overlap_harness.engines.sglang.driver import run_variant
 from overlap_harness.engines.sglang.variants import VARIANTS
@@ -72,12 +72,14 @@ def runs() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.engine_run
 def test_the_dp_rank_as_released_is_race_free(runs):
     intact = runs["intact"]
     assert intact["races"] == [] and intact["unknown_ops"] == []
     assert intact["iterations"] == 14
 
 
+@pytest.mark.engine_run
 def test_idle_batches_and_graph_replays_follow_the_peer(runs):
     """Idle while only the peer has tokens: eager while it prefills (iterations 0, 3), a
     decode-graph replay while it decodes; the rank's own decode runs eager when the peer
@@ -89,6 +91,7 @@ def test_idle_batches_and_graph_replays_follow_the_peer(runs):
         ("IDLE", 0, True), ("EXTEND", 1, False), ("DECODE", 1, True), ("IDLE", 0, True)]
 
 
+@pytest.mark.engine_run
 def test_the_idle_result_wait_runs_and_is_redundant(runs):
     run = runs["idle_host_wait"]
     idle = [x for x in runs["intact"]["launched"] if x[0] == "IDLE"]
@@ -96,6 +99,7 @@ def test_the_idle_result_wait_runs_and_is_redundant(runs):
     assert run["races"] == []
 
 
+@pytest.mark.engine_run
 def test_without_the_forward_wait_the_dp_rank_races(runs):
     run = runs["forward_wait"]
     assert run["reached"] == 12
@@ -126,14 +130,14 @@ def test_the_group_refuses_what_it_did_not_plan():
 
 def test_a_second_gather_in_one_iteration_is_unplanned():
     group = _group({}, [1])
-    group.gathered[1] = dp_rank.IDLE  # the first gather of iteration 1 happened
+    group.gathered[1] = dp_attention.IDLE  # the first gather of iteration 1 happened
     local, out = torch.zeros(11, dtype=torch.int64), torch.zeros(22, dtype=torch.int64)
     with pytest.raises(UnplannedUseError, match="one per iteration"):
         group.all_gather_single(out, local, group=group)
 
 
 def test_every_other_collective_raises_inside_the_block():
-    with attributes_set(dp_rank._collective_bindings()):
+    with attributes_set(dp_attention._collective_bindings()):
         with pytest.raises(UnplannedUseError, match=r"torch\.distributed\.all_reduce"):
             dist.all_reduce(torch.zeros(2))
         with pytest.raises(UnplannedUseError, match=r"torch\.distributed\.broadcast"):

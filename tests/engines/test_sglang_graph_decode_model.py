@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from overlap_harness.engines.sglang import loop_report
+from overlap_harness.engines.sglang.report import loop_report
 from overlap_harness.runner import run_spec
 from overlap_harness.scenarios.expand import expand
 from overlap_harness.scenarios.loader import load_scenario

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.engines.sglang_trees import run_sglang
 
 
+@pytest.mark.engine_run
 def test_eagle_with_host_lengths_and_the_plan_stream_off_runs_race_free(tmp_path):
     status, output, document = run_sglang(
         "--config", "speculative=eagle", "--config", "plan_stream=off", "--config",
@@ -27,6 +30,7 @@ def test_eagle_with_host_lengths_and_the_plan_stream_off_runs_race_free(tmp_path
     assert document["races"] == []
 
 
+@pytest.mark.engine_run
 def test_dspark_without_host_lengths_reports_the_relay_race(tmp_path):
     status, output, document = run_sglang(
         "--config", "speculative=dspark", "--config", "cpu_seq_lens=off",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.engines.sglang import loop_report
+from overlap_harness.engines.sglang.report import loop_report
 
 REPORTS = sorted((Path(__file__).resolve().parents[2] / "reports" / "conformance")
                  .glob("sglang-*-loop.json"))

@@ -74,6 +74,7 @@ def _installed(relative: str) -> Path:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.engine_run
 def test_sglangs_multi_layer_worker_runs_every_draft_step(runs, variant):
     """SGLang's own MultiLayerEagleWorkerV2 drives the loop: each draft step's runner ran a
     forward per prefill and per decode (3 steps), every request finished, every kernel on
@@ -88,6 +89,7 @@ def test_sglangs_multi_layer_worker_runs_every_draft_step(runs, variant):
     assert run["unknown"] == [] and all(run["finished"]) and len(run["finished"]) == 4
 
 
+@pytest.mark.engine_run
 def test_plan_stream_on_races_as_released(runs):
     """Plan stream on: races, each with a side on the plan stream; a plan-stream side inside
     prepare_for_draft_extend (what the worker queues there) and sides in the worker's file."""
@@ -103,6 +105,7 @@ def test_plan_stream_on_races_as_released(runs):
                for s in sides)
 
 
+@pytest.mark.engine_run
 def test_plan_stream_off_is_race_free_as_released(runs):
     run = runs["multi_layer_eagle_plan_off"]
     assert run["races"] == []
@@ -184,11 +187,13 @@ def _check_fixed(status: int, output: str, document: dict, tree: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_as_released_races_in_the_workers_file(tmp_path):
     _check_released(*_command(tmp_path, None, fix=False))
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_with_the_plan_wait_is_race_free(tmp_path):
     _check_fixed(*_command(tmp_path, None, fix=True))
 
@@ -209,6 +214,7 @@ def _release_versions() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 @pytest.mark.parametrize("version", _release_versions())
 @pytest.mark.parametrize("fix", [False, True], ids=["released", "fixed"])
 def test_every_release_both_ways(tmp_path, version, fix):

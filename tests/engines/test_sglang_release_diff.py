@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from overlap_harness.engines.sglang import releases
-from overlap_harness.engines.sglang.release_diff import (
+from overlap_harness.engines.sglang.report.release_diff import (
     compare,
     markdown,
     necessity_changes,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from overlap_harness.engines.sglang import loop_report, model_protocol
 from overlap_harness.engines.sglang.release_features import Feature
+from overlap_harness.engines.sglang.report import loop_report, model_protocol
 
 READ_DONE_WAIT = ("war_barrier.read_done_wait",)
 WITHOUT_SKIP = (("skip_finishing_decode", False),)

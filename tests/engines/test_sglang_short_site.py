@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from overlap_harness.engines.sglang.loop_report import short_site
+from overlap_harness.engines.sglang.report.loop_report import short_site
 
 
 @pytest.mark.parametrize(("site", "short"), [
@@ -15,8 +15,8 @@ from overlap_harness.engines.sglang.loop_report import short_site
      "sglang/kernels/ops/kvcache/copy_pages.py:61"),
     ("/home/me/sglang/python/sglang/srt/utils/common.py:616", "sglang/srt/utils/common.py:616"),
     # the harness's adapter package is not SGLang's: kept whole
-    ("/work/main/overlap_harness/engines/sglang/worker.py:10",
-     "/work/main/overlap_harness/engines/sglang/worker.py:10"),
+    ("/work/main/overlap_harness/engines/sglang/stand_ins/model_worker.py:10",
+     "/work/main/overlap_harness/engines/sglang/stand_ins/model_worker.py:10"),
     ("prog.py:3", "prog.py:3"),
 ])
 def test_a_site_is_named_from_the_package_folder_on(site, short):

@@ -1,4 +1,4 @@
-"""Why a site is reached by no variant: the reasons read from the source (unreached.py), on
+"""Why a site is reached by no variant: the reasons read from the source (report/unreached.py), on
 synthetic packages (no SGLang needed), and the committed loop report's ``sites`` and
 ``unreached_sites`` (every unreached site has a reason; recomputed from the installed SGLang
 where it is installed)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.engines.sglang import site_configs, unreached
+from overlap_harness.engines.sglang.report import site_configs, unreached
 
 REPORT = Path(__file__).resolve().parents[2] / "reports/conformance/sglang-0.5.23-loop.json"
 

@@ -17,25 +17,26 @@ from typing import Any
 import torch
 
 import overlap_harness.recorder as recorder
-from overlap_harness.engines.sglang import (
+from overlap_harness.engines.sglang import environment, scheduler_build
+from overlap_harness.engines.sglang.features import (
+    decode_graph,
     delay_sample,
-    dp_rank,
+    dp_attention,
     draft_extend_graph,
-    dspark_build,
-    eagle_build,
-    eagle_graph,
-    eagle_kernels,
-    embedding_build,
-    environment,
-    grammar_build,
-    graph_kernels,
-    graph_runner,
-    kernels,
-    multi_layer_eagle_build,
-    multi_layer_eagle_worker,
-    prefill_eager,
-    scheduler_build,
+    dspark,
+    eager_prefill,
+    eagle,
+    eagle_verify_graph,
+    embedding,
+    grammar,
+    multi_layer_eagle,
     unified_memory,
+)
+from overlap_harness.engines.sglang.stand_ins import (
+    eagle_kernels,
+    graph_kernels,
+    loop_kernels,
+    multi_layer_eagle_models,
     unified_memory_kernels,
 )
 from overlap_harness.engines.sglang.variants import Variant
@@ -96,20 +97,20 @@ class _Intake:
         req.tokenizer = None
         req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
         if self.variant.grammar:
-            grammar_build.constrain(req)
+            grammar.constrain(req)
         return req
 
 
 def _worker_class(variant: Variant) -> type | None:
     """The fake worker a variant needs beside the default one (None: the default)."""
     if variant.dp_peer is not None:
-        return dp_rank.DPRankModelWorker
+        return dp_attention.DPRankModelWorker
     if variant.delay_sample or (variant.grammar and variant.eagle is None):
         # TpModelWorker defers the sampling of grammar batches (without speculation)
         return delay_sample.DelaySampleWorker
     if variant.unified_memory is not None:
         return unified_memory.UnifiedMemoryWorker
-    return embedding_build.FakeEmbeddingWorker if variant.embedding else None
+    return embedding.FakeEmbeddingWorker if variant.embedding else None
 
 
 def _intake_installed(scheduler: Any, intake: _Intake) -> None:
@@ -131,22 +132,22 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     ``device`` None: under ``recorder.watch(mode="cpu")``. Otherwise the run is on a real
     CUDA device and ``device`` gives its ``watch()`` (a context yielding what stands for the
     recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
-    :mod:`.gpu_loop`."""
-    kernels.declare()
+    :mod:`.gpu.loop`."""
+    loop_kernels.declare()
     if (variant.decode_graph_sizes or variant.eager_prefill_pre_replay
             or (variant.eagle and variant.eagle.verify_graph_sizes)):
         graph_kernels.declare()
     if variant.eagle is not None or variant.dspark is not None:
         eagle_kernels.declare()  # the spec-v2 allocation and relay kernels DSpark shares
     if variant.eagle is not None and variant.eagle.multi_layer:
-        multi_layer_eagle_worker.declare()
+        multi_layer_eagle_models.declare()
     if variant.eager_prefill_pre_replay:
-        prefill_eager.declare()
+        eager_prefill.declare()
     if variant.unified_memory is not None:
         unified_memory_kernels.declare()
     started = time.process_time()
     if variant.dspark is not None:
-        args = dspark_build.server_args(variant.dspark,
+        args = dspark.server_args(variant.dspark,
                                         chunked_prefill_size=variant.chunked_prefill_size,
                                         mixed_chunk=variant.mixed_chunk,
                                         max_running_requests=variant.pools.request_rows)
@@ -157,17 +158,17 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
                                            dp_attention=variant.dp_peer is not None,
                                            unified_memory=variant.unified_memory is not None)
     else:
-        args = (multi_layer_eagle_build if variant.eagle.multi_layer
-                else eagle_build).server_args(variant.eagle,
+        args = (multi_layer_eagle if variant.eagle.multi_layer
+                else eagle).server_args(variant.eagle,
                                        chunked_prefill_size=variant.chunked_prefill_size,
                                        mixed_chunk=variant.mixed_chunk)
     watching = recorder.watch(mode="cpu") if device is None else device.watch()
     with (watching as watch, environment.cuda_selected(hip=variant.hip),
           environment.retraction_forced(variant.retract_every),
-          eagle_build.selected(variant.eagle, hip=variant.hip),
-          dspark_build.selected(variant.dspark),
+          eagle.selected(variant.eagle, hip=variant.hip),
+          dspark.selected(variant.dspark),
           delay_sample.enabled(variant.delay_sample),
-          prefill_eager.fastpath_enabled(variant.eager_prefill_pre_replay
+          eager_prefill.fastpath_enabled(variant.eager_prefill_pre_replay
                                          or unified_memory.publishes_prefill_read_done(
                                              variant.unified_memory)),
           unified_memory.eviction_selected(variant.unified_memory)):
@@ -175,21 +176,21 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
             args, variant.pools, radix_cache=variant.radix_cache,
             graph_runner=variant.graph_runner,
             worker_class=_worker_class(variant), spec_workers=(
-                multi_layer_eagle_build.workers(variant.eagle)
-                or eagle_build.workers(variant.eagle) or dspark_build.workers(variant.dspark)),
+                multi_layer_eagle.workers(variant.eagle)
+                or eagle.workers(variant.eagle) or dspark.workers(variant.dspark)),
             pools=unified_memory.pools(variant.unified_memory))
         if variant.embedding:
-            embedding_build.make_embedding_scheduler(scheduler)
+            embedding.make_embedding_scheduler(scheduler)
         if variant.unified_memory is not None:
             unified_memory.attach(scheduler, variant.unified_memory)
         if variant.decode_graph_sizes:
-            graph_runner.attach(scheduler, args, variant.decode_graph_sizes,
+            decode_graph.attach(scheduler, args, variant.decode_graph_sizes,
                                 post_replay=variant.graph_reads_end_post_replay,
                                 pre_replay=variant.graph_reads_end_pre_replay)
         if variant.eager_prefill_pre_replay:
-            prefill_eager.attach(scheduler, args)
+            eager_prefill.attach(scheduler, args)
         if variant.eagle is not None and variant.eagle.verify_graph_sizes:
-            eagle_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
+            eagle_verify_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
                                variant.eagle.num_draft_tokens, variant.eagle.topk > 1)
         if variant.eagle is not None and variant.eagle.draft_extend_graph:
             draft_extend_graph.attach(scheduler, variant.eagle.verify_graph_sizes)
@@ -198,7 +199,7 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
-        with (dp_rank.peer_installed(variant.dp_peer, variant.iterations - 1,
+        with (dp_attention.peer_installed(variant.dp_peer, variant.iterations - 1,
                                      lambda: intake.iteration, scheduler),
               torch.cuda.stream(scheduler.schedule_stream),
               nullcontext() if device is None else device.forcing(scheduler)):

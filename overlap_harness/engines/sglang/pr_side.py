@@ -16,8 +16,8 @@ def side(source: str) -> EngineSide:
     tree = environment.load(source)
     from overlap_harness.engines.core.necessity import necessity_table
     from overlap_harness.engines.sglang.driver import run_variant
-    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.release_features import not_applicable_reason
+    from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     def run(name: str) -> tuple[list[Any], Any]:

@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _load(config: pytest.Config) -> LoadedEngine:
     """SGLang loaded once in this process, and its sites."""
     from overlap_harness.engines.sglang import environment
-    from overlap_harness.engines.sglang.path_sites import path_sites, run_outcome
+    from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
 
     tree = environment.load(config.getoption("--sglang-src"))
     return LoadedEngine(Path(str(tree.package_dir)), path_sites(), run_outcome)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.sglang import checkpoint
+from overlap_harness.engines.sglang.stand_ins import checkpoint
 
 DEVICE = "cuda"  # faked on the CPU by the recorder
 
@@ -236,15 +236,15 @@ def build_scheduler(args: Any, sizes: PoolSizes, *, radix_cache: bool,
     """A bare SGLang ``Scheduler`` ready for ``event_loop_overlap`` (inside a recorder watch
     and :func:`~overlap_harness.engines.sglang.environment.cuda_selected`). ``spec_workers``
     (``fn(scheduler, sizes)``) installs a speculative worker before the overlap state that
-    depends on it is made (:mod:`.eagle_build`). ``pools`` builds other pools than
+    depends on it is made (:mod:`.features.eagle`). ``pools`` builds other pools than
     :func:`build_pools`' (``pools.build(sizes, radix_cache=, forward_stream=)`` gives the
     request pool, the token allocator and the tree cache; ``pools.report(scheduler)`` sets
-    what SGLang's ``build_kv_cache`` reports of them: :mod:`.unified_memory`)."""
+    what SGLang's ``build_kv_cache`` reports of them: :mod:`.features.unified_memory`)."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.utils.common import require_mlp_sync
 
-    from overlap_harness.engines.sglang.worker import FakeModelWorker
+    from overlap_harness.engines.sglang.stand_ins.model_worker import FakeModelWorker
 
     # named ``self`` so the recorder names the streams as SGLang's own code names them
     self = constructor_prelude(Scheduler, args)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from overlap_harness.engines.sglang.dp_rank import PeerStep
-from overlap_harness.engines.sglang.dspark_build import DsparkConfig
-from overlap_harness.engines.sglang.eagle_build import EagleConfig
+from overlap_harness.engines.sglang.features.dp_attention import PeerStep
+from overlap_harness.engines.sglang.features.dspark import DsparkConfig
+from overlap_harness.engines.sglang.features.eagle import EagleConfig
+from overlap_harness.engines.sglang.features.unified_memory import UnifiedMemoryConfig
 from overlap_harness.engines.sglang.scheduler_build import PoolSizes
-from overlap_harness.engines.sglang.unified_memory import UnifiedMemoryConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +27,7 @@ class Variant:
     hip: bool = False
     retract_every: int | None = None  # SGLang's test hook: retract at every n-th forward
     # decode batches replayed by SGLang's decode CUDA-graph runner, capturing these sizes
-    # (graph_runner.py); the worker then plays no runner
+    # (features/decode_graph.py); the worker then plays no runner
     decode_graph_sizes: tuple[int, ...] = ()
     # the graph's attention backend declares its shared reads end after the replay
     # (POST_REPLAY: the runner records a fresh read-done event) instead of inside it
@@ -39,16 +39,16 @@ class Variant:
     # iteration (absent iterations: the peer is idle); None: no DP
     dp_peer: dict[int, PeerStep] | None = None
     eagle: EagleConfig | None = None  # SGLang's EAGLE v2 worker (spec decoding) when set
-    # DSpark spec decoding with its confidence relay (dspark_build.py) when set
+    # DSpark spec decoding with its confidence relay (features/dspark.py) when set
     dspark: DsparkConfig | None = None
-    grammar: bool = False  # every request grammar-constrained (grammar_build.py)
-    embedding: bool = False  # an embedding model (is_generation False: embedding_build.py)
-    delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (delay_sample.py)
+    grammar: bool = False  # every request grammar-constrained (features/grammar.py)
+    embedding: bool = False  # an embedding model (is_generation False: features/embedding.py)
+    delay_sample: bool = False  # SGLANG_ENABLE_DELAY_SAMPLE on (features/delay_sample.py)
     # every forward run by SGLang's EagerRunner, its attention backend declaring a prefill's
-    # shared reads ended in its metadata init (PRE_REPLAY: prefill_eager.py)
+    # shared reads ended in its metadata init (PRE_REPLAY: features/eager_prefill.py)
     eager_prefill_pre_replay: bool = False
     # --enable-unified-memory: a hybrid-SWA model's full and SWA KV in SGLang's unified pool,
-    # lazily compacted behind the forward_done event run_batch records (unified_memory.py)
+    # lazily compacted behind the forward_done event run_batch records (features/unified_memory.py)
     unified_memory: UnifiedMemoryConfig | None = None
 
 
@@ -179,7 +179,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # non_spec_decode's requests, each grammar-constrained, without speculation: the worker
     # defers sampling (TpModelWorker's grammar branch); the scheduler samples after the
     # previous result advanced each grammar on the host (process_batch_result_*), the
-    # bitmask built from that state, staged to the device and applied (grammar_build.py)
+    # bitmask built from that state, staged to the device and applied (features/grammar.py)
     Variant("grammar", 12, {0: ((5, 4), (6, 4)), 5: ((4, 3), (5, 3))}, pools=TWO_ROWS,
             grammar=True),
     # radix_cache's requests, chunked in 4s, every forward by SGLang's eager runner with a
@@ -204,7 +204,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("dspark_no_host_lengths", 12, {0: ((5, 9), (6, 9)), 6: ((4, 6), (5, 6))},
             pools=TWO_ROWS, dspark=DsparkConfig(needs_cpu_seq_lens=False)),
     # eagle_topk1's requests through SGLang's multi-layer EAGLE worker (an MTP model's draft
-    # layers, one runner per draft step: MultiLayerEagleWorkerV2, multi_layer_eagle_build.py),
+    # layers, one runner per draft step: MultiLayerEagleWorkerV2, features/multi_layer_eagle.py),
     # eager, plan stream on: the draft extend's preparation on the plan stream
     Variant("multi_layer_eagle", 12, {0: ((5, 6), (6, 6)), 6: ((4, 5), (5, 5))},
             pools=TWO_ROWS, eagle=EagleConfig(multi_layer=True)),

@@ -1,0 +1,258 @@
+"""SGLang's unified memory pool (``--enable-unified-memory``) under the overlap loop.
+
+With the option on, a hybrid sliding-window-attention model keeps its full-attention KV and
+its SWA KV in one byte buffer that the two sub-pools share from its two ends (SGLang's
+``UnifiedKVPool``); the pages are named by virtual ids, translated to physical pages by a
+table the allocator keeps (``MultiEndedAllocator``, one per sub-pool, composed by
+``UnifiedSWATokenToKVPoolAllocator``). Freed pages leave holes that lazy compaction closes
+later by moving live pages (``_flush``): urgently, when an allocation finds no room at the
+frontier, on the schedule stream while the previous batch's forward may still read and write
+the pages it moves. That is why ``Scheduler.run_batch`` records a ``forward_done`` event on
+the forward stream after each forward and hands it to the allocator
+(``set_latest_forward_done_event``, ``set_inflight_forward``): ``_flush`` waits on it before
+it moves pages, and gates the reuse of a moved page's source on it.
+
+What runs as SGLang's: the pool, the allocator and its compaction (built by SGLang's own
+``init_unified_swa_pools``), the request pool, the ``UnifiedRadixCache`` with its full and SWA
+components (SGLang's own sliding-window eviction frees the SWA pages a request no longer
+reads), the scheduler and its loop. What the harness gives: the model's geometry (two layers,
+one full and one SWA, KV rows of 16 bytes), and the forward (:class:`UnifiedMemoryWorker`):
+it translates the batch's virtual ids with SGLang's own translation and reads and writes the
+page envelopes of the shared buffer those ids name. This file is plumbing to the recorder
+(``not_user_code``): the forward's op is reported at SGLang's line that called the worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
+from overlap_harness.engines.sglang.stand_ins.model_worker import VOCAB, FakeModelWorker
+from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+from overlap_harness.recorder.sites import not_user_code
+
+not_user_code(__file__)  # a race names SGLang's line that called the worker's forward
+
+
+@dataclass(frozen=True, slots=True)
+class UnifiedMemoryConfig:
+    """The hybrid-SWA model the unified pool is built for: its sliding window, and the
+    shared buffer's size in page envelopes of one token (each sub-pool's envelope is one
+    layer's K and V rows: 32 bytes), the budget SGLang's profiler hands the pool
+    (``unified_total_bytes``: neither sub-pool is capped by a static share)."""
+
+    sliding_window: int = 4
+    buffer_pages: int = 30
+    # SGLANG_SWA_EVICTION_INTERVAL: a decoding request's SWA pages are freed once this many
+    # tokens slid out of the window (SGLang's default, 128, is past the variant's sequences)
+    eviction_interval: int = 2
+    # the attention backend declares a prefill's shared reads ended in its metadata init
+    # (SharedReadEnds.PRE_REPLAY, as TRT-LLM MHA, a backend unified memory allows): SGLang's
+    # maybe_publish_prefill_shared_read_done then publishes the read-done event the WAR
+    # barrier waits on instead of the whole forward, before the KV reads and writes
+    prefill_reads_end_pre_replay: bool = False
+
+    def total_bytes(self) -> int:
+        """The shared buffer's bytes."""
+        return self.buffer_pages * 2 * HEAD_DIM * torch.finfo(torch.float16).bits // 8
+
+
+#: layer 0 is the SWA layer, layer 1 the full-attention layer
+SWA_LAYER, FULL_LAYER = 0, 1
+HEAD_DIM = 8  # float16: 16-byte K and V rows, the unified pool's alignment
+
+
+class UnifiedPools:
+    """``pools`` for :func:`~.scheduler_build.build_scheduler`: SGLang's unified SWA pools."""
+
+    def __init__(self, config: UnifiedMemoryConfig) -> None:
+        self.config = config
+        self.bundle: Any = None
+
+    def build(self, sizes: PoolSizes, *, radix_cache: bool,
+              forward_stream: Any) -> tuple[Any, Any, Any]:
+        """SGLang's ``ReqToTokenPool``, its unified SWA pools (``init_unified_swa_pools``, lazy
+        compaction on, as ``_should_enable_lazy_compaction`` defaults) and a
+        ``UnifiedRadixCache`` with a full and an SWA component."""
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        config = self.config
+        req_to_token_pool = ReqToTokenPool(sizes.request_rows, sizes.max_context, DEVICE, False)
+        # the profiled budget, under the name the release's factory takes it by
+        budget = ("total_bytes" if "total_bytes" in inspect.signature(
+            init_unified_swa_pools).parameters else "unified_total_bytes")
+        self.bundle = init_unified_swa_pools(
+            device=DEVICE, kv_cache_dtype=torch.float16, head_num=1, head_dim=HEAD_DIM,
+            v_head_dim=HEAD_DIM, swa_head_num=1, swa_head_dim=HEAD_DIM,
+            swa_v_head_dim=HEAD_DIM, page_size=1, start_layer=0, end_layer=2,
+            swa_attention_layer_ids=[SWA_LAYER], full_attention_layer_ids=[FULL_LAYER],
+            enable_memory_saver=False, **{budget: config.total_bytes()},
+            need_sort=False, forward_stream=forward_stream, lazy_compaction=True,
+            model_context_len=sizes.max_context, sliding_window_size=config.sliding_window)
+        allocator = self.bundle.token_to_kv_pool_allocator
+        params = CacheInitParams(disable=not radix_cache, req_to_token_pool=req_to_token_pool,
+                                 token_to_kv_pool_allocator=allocator, page_size=1,
+                                 sliding_window_size=config.sliding_window,
+                                 tree_components=(ComponentType.FULL, ComponentType.SWA))
+        return req_to_token_pool, allocator, UnifiedRadixCache(params)
+
+    def report(self, scheduler: Any) -> None:
+        """What ``build_kv_cache`` reports for a hybrid-SWA model's pools."""
+        allocator = self.bundle.token_to_kv_pool_allocator
+        scheduler.is_hybrid_swa = True
+        scheduler.sliding_window_size = self.config.sliding_window
+        scheduler.full_tokens_per_layer = allocator.size_full
+        scheduler.swa_tokens_per_layer = allocator.size_swa
+
+
+def pools(config: UnifiedMemoryConfig | None) -> UnifiedPools | None:
+    """The ``pools`` a variant's scheduler is built with (None: the default pools)."""
+    return None if config is None else UnifiedPools(config)
+
+
+def _forward_accesses(tokens: torch.Tensor, worker: UnifiedMemoryWorker, batch: Any,
+                      writes_at: tuple[torch.Tensor, torch.Tensor],
+                      reads_at: list[tuple[torch.Tensor, torch.Tensor]]
+                      ) -> list[DeclaredAccess]:
+    """The forward's accesses (:class:`UnifiedMemoryWorker`)."""
+    full, swa = worker.envelopes()
+    out: list[DeclaredAccess] = []
+    out += reads(batch.input_ids) + reads(batch.req_pool_indices) + reads(batch.seq_lens)
+    full_write, swa_write = writes_at
+    out += reads(full_write) + reads(swa_write)
+    out += writes(full, rows=full_write) + writes(swa, rows=swa_write)
+    for full_read, swa_read in reads_at:
+        out += reads(full_read) + reads(full, rows=full_read)
+        out += reads(swa_read) + reads(swa, rows=swa_read)
+    out += writes(tokens)
+    return out
+
+
+@declared(_forward_accesses, name="model_forward")
+def _unified_forward(worker: UnifiedMemoryWorker, batch: Any,
+                     writes_at: tuple[torch.Tensor, torch.Tensor],
+                     reads_at: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Values the sampler could have produced: each new slot's page envelopes (full and
+    SWA) hold a function of its token; each request's token is a function of the envelopes
+    its attention reads and its length."""
+    full, swa = worker.envelopes()
+    value = (batch.input_ids % 251 + 1).to(torch.uint8).view(-1, 1)
+    full[writes_at[0]] = value
+    swa[writes_at[1]] = value
+    sums = [full[full_read].to(torch.int64).sum() + swa[swa_read].to(torch.int64).sum()
+            + full_read.numel() for full_read, swa_read in reads_at]
+    if not sums:
+        return torch.zeros(0, dtype=torch.int64, device=batch.seq_lens.device)
+    return torch.stack(sums) % VOCAB
+
+
+class UnifiedMemoryWorker(FakeModelWorker):
+    """The model forward of a hybrid-SWA model over SGLang's unified pool: as SGLang's
+    attention backends do once per forward, the batch's virtual ids are translated with the
+    allocator's own ``translate_write_loc`` (``out_cache_loc``), ``translate_kv_loc`` (the
+    full layer's reads: each request's whole sequence) and
+    ``translate_loc_from_full_to_swa`` (the SWA layer's reads: the last ``window`` tokens);
+    then one op (set_kv_buffer of both layers, attention, sampling) writes the new slots'
+    page envelopes and reads those of the translated ids."""
+
+    window: int
+    prefill_reads_end_pre_replay: bool
+
+    def envelopes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The full and the SWA sub-pool's page envelopes (rows of the shared buffer)."""
+        kv_pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        return (kv_pool.full_kv_pool.get_page_envelope_buffer(),
+                kv_pool.swa_kv_pool.get_page_envelope_buffer())
+
+    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+        """One forward of ``batch`` on the current stream; SGLang's ``GenerationBatchResult``."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        from overlap_harness.engines.sglang.stand_ins.model_worker import _logits_output
+
+        if kwargs:
+            raise TypeError(f"forward_batch_generation: unplanned arguments {sorted(kwargs)}")
+        self.forwards += 1
+        allocator = self.model_runner.token_to_kv_pool_allocator
+        req_to_token = self.req_to_token_pool.req_to_token
+        writes_at = (allocator.translate_write_loc(batch.out_cache_loc),
+                     allocator.translate_loc_from_full_to_swa(batch.out_cache_loc))
+        reads_at = []
+        for row, seq_len in zip(batch.req_pool_indices_cpu.tolist(),
+                                batch.seq_lens_cpu.tolist(), strict=True):
+            reads_at.append((
+                allocator.translate_kv_loc(req_to_token[row, :seq_len]),
+                allocator.translate_loc_from_full_to_swa(
+                    req_to_token[row, max(0, seq_len - self.window):seq_len])))
+        if self.prefill_reads_end_pre_replay and batch.forward_mode.is_extend():
+            _publish_prefill_read_done(self.model_runner, batch)
+        tokens = _unified_forward(self, batch, writes_at, reads_at)
+        return GenerationBatchResult(logits_output=_logits_output(), next_token_ids=tokens,
+                                     can_run_cuda_graph=False)
+
+
+@contextmanager
+def eviction_selected(config: UnifiedMemoryConfig | None) -> Iterator[None]:
+    """``SGLANG_SWA_EVICTION_INTERVAL`` set to the variant's for the block (nothing for
+    None)."""
+    if config is None:
+        yield
+        return
+    from sglang.srt.environ import envs
+
+    with envs.SGLANG_SWA_EVICTION_INTERVAL.override(config.eviction_interval):
+        yield
+
+
+def attach(scheduler: Any, config: UnifiedMemoryConfig) -> None:
+    """The model's sliding window, given to the forward that reads it."""
+    scheduler.tp_worker.window = config.sliding_window
+    scheduler.tp_worker.prefill_reads_end_pre_replay = config.prefill_reads_end_pre_replay
+    runner = scheduler.tp_worker.model_runner
+    runner.spec_algorithm = scheduler.spec_algorithm
+    if config.prefill_reads_end_pre_replay:
+        runner.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True,
+                                         shared_read_ends=_prefill_reads_end,
+                                         absent=("extend_attention_block_m",))
+
+
+def _prefill_reads_end(forward_mode: Any) -> Any:
+    """The stand-in backend's answer to where a forward's shared reads end: a prefill's in
+    its metadata init (``PRE_REPLAY``, as TRT-LLM MHA declares for EXTEND), anything else's
+    after the forward (None: no early event)."""
+    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+
+    return SharedReadEnds.PRE_REPLAY if forward_mode.is_extend() else None
+
+
+def _publish_prefill_read_done(model_runner: Any, batch: Any) -> None:
+    """SGLang's own publish of a prefill's read-done event after its metadata reads (the
+    translations above), with the backend's answer: in releases whose publish takes the
+    resolved answer (0.5.23), the answer; in those that ask the backend themselves
+    (``shared_read_ends``, 0.5.22), the batch."""
+    from sglang.srt.model_executor.runner_utils.shared_read_event import (
+        maybe_publish_prefill_shared_read_done,
+    )
+
+    takes_answer = "shared_read_ends" in inspect.signature(
+        maybe_publish_prefill_shared_read_done).parameters
+    maybe_publish_prefill_shared_read_done(
+        model_runner, _prefill_reads_end(batch.forward_mode) if takes_answer else batch,
+        torch.cuda)
+
+def publishes_prefill_read_done(config: UnifiedMemoryConfig | None) -> bool:
+    """Whether the variant's prefills publish their read-done event early: SGLang's switch of
+    that fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``, on by default in 0.5.23, opt-in
+    in 0.5.22) is then set on for the run."""
+    return config is not None and config.prefill_reads_end_pre_replay

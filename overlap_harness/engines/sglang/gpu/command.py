@@ -1,0 +1,189 @@
+"""``overlap-harness sglang --gpu``: the loop report's rows checked on a CUDA device.
+
+Each (variant, site) the loop report judged is run with the site removed and its race forced
+(:mod:`.gpu.table`); the report goes to ``--gpu-report DIR`` (:mod:`.gpu.report`). Exit 0 when
+every necessary row showed a wrong value and every redundant row and the unmodified loop stayed
+equal to the serial answer, 1 otherwise, 2 without CUDA or on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from overlap_harness.engines.core.command import fail, unknown_variants
+
+PROG = "overlap-harness sglang --gpu"
+DEFAULT_LOOP_REPORT = Path("reports/conformance/sglang-0.5.23-loop.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check CUDA, load the tree, run the table, write the report."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return fail(PROG, "needs a CUDA device; this torch sees none (the CPU mode is "
+                    "`overlap-harness sglang` without --gpu)")
+    if args.necessity or args.loop_report:
+        return fail(PROG, "--gpu reads the necessity verdicts from --loop-json; it does not "
+                    "take --necessity or --loop-report")
+    loop_path = args.loop_json or DEFAULT_LOOP_REPORT
+    if not loop_path.is_file():
+        return fail(PROG, f"{loop_path}: no loop report (write one with --necessity "
+                    "--loop-report DIR, or pass --loop-json FILE)")
+    loop_document = json.loads(loop_path.read_text())
+    if args.repro:
+        return _repro(args, loop_document)
+    names = args.variant or loop_document["variants"]
+    if (message := unknown_variants(names, loop_document["variants"])) is not None:
+        return fail(PROG, message)
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+
+    try:
+        tree = environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return fail(PROG, str(exc))
+    if tree.version != loop_document["sglang_version"]:
+        return fail(PROG, f"sglang {tree.version} imported, the loop report is of "
+                    f"{loop_document['sglang_version']}")
+    if args.sglang_src:
+        import os
+
+        os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
+    device = torch.cuda.get_device_name()
+    print(f"sglang {tree.version} from {tree.package_dir} on {device}; "
+          f"{len(names)} variants, {args.jobs} children at a time", flush=True)
+    started = time.perf_counter()
+    progress = args.gpu_report / "gpu-rows.jsonl" if args.gpu_report else None
+    if progress is not None:
+        args.gpu_report.mkdir(parents=True, exist_ok=True)
+        progress.unlink(missing_ok=True)
+    kept, earlier = _resumed(args.gpu_resume, tree.version)
+    if isinstance(kept, str):
+        return fail(PROG, kept)
+    skip = frozenset((r["variant"], r["site"]) for r in kept)
+    rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
+                                         args.gpu_deadline, progress, skip)
+    for row in rows:  # each row names the device and torch its trials ran on
+        row["device"], row["torch"] = device, torch.__version__
+    command = relative_command(sys.argv[1:])
+    report = gpu_report.document(
+        kept + rows, version=tree.version,
+        device=", ".join(sorted({r["device"] for r in kept + rows})) or device,
+        torch_version=", ".join(sorted({r["torch"] for r in kept + rows})) or torch.__version__,
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        command=f"{earlier['command']}; then {command}" if earlier else command,
+        failures=[f for f in (earlier or {}).get("child_failures", [])
+                  if not f.endswith("stopped at the deadline")] + failures,
+        seconds=time.perf_counter() - started + (earlier or {}).get("seconds", 0.0))
+    if earlier:
+        before = earlier.get("runs") or [{"date": earlier["date"], "command": earlier["command"],
+                                          "seconds": earlier["seconds"]}]
+        now = {"date": report["date"], "command": command,
+               "seconds": round(time.perf_counter() - started, 1)}
+        report["runs"] = [*before, now]
+    print(json.dumps(report["summary"]))
+    if args.gpu_report:
+        for path in gpu_report.write(report, args.gpu_report):
+            print(f"wrote {path}")
+    s = report["summary"]
+    clean = not (s["race_rows_all_equal"] or s["race_free_rows_wrong"] or s["unmodified_wrong"]
+                 or s["errors"])
+    return 0 if clean else 1
+
+
+def relative_command(argv: list[str]) -> str:
+    """The command as run, every path argument relative to the working directory (the
+    repository) or, outside it, by its name alone: no machine's local path in a report."""
+    words = []
+    for word in argv:
+        if word.startswith("/") and Path(word).exists():
+            path = Path(word)
+            try:
+                word = str(path.resolve().relative_to(Path.cwd().resolve()))
+            except ValueError:
+                word = f"<{path.name}>"
+        words.append(word)
+    return "overlap-harness " + shlex.join(words)
+
+
+def parse_forcing(label: str) -> tuple[str, bool, int]:
+    """``'forward_stream@earlier+8388608cy'`` -> (``'forward_stream'``, targeted, cycles)."""
+    stream, _, rest = label.partition("+")
+    if not rest.endswith("cy") or not rest[:-2].isdigit() or not stream:
+        raise ValueError(f"--repro-forcing {label!r}: expected STREAM[@earlier]+Ncy, as a "
+                         "GPU report's forced_delay labels it")
+    return stream.removesuffix("@earlier"), stream.endswith("@earlier"), int(rest[:-2])
+
+
+def _repro(args: argparse.Namespace, loop_document: dict) -> int:
+    """``--repro VARIANT SITE``: the serial answer, then SITE removed and one forcing; the
+    first wrong value, and how to make it by hand (a maintainer's patch: the site's line
+    removed, ``torch.cuda._sleep`` before the earlier side's ops). Exit 1 when the value is
+    wrong (the race shown), 0 when not."""
+    from overlap_harness.engines.core.mutation import Coverage, remove_site
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    variant, site = args.repro
+    site = None if site == "-" else site
+    if variant not in loop_document["variants"]:
+        return fail(PROG, f"--repro {variant}: not a variant of the loop report")
+    rows = [r for r in loop_document["rows"] if r["variant"] == variant and r["site"] == site]
+    if site is not None and not rows:
+        return fail(PROG, f"--repro {variant} {site}: no such row in the loop report")
+    examples = rows[0]["race_examples"] if rows else []
+    try:
+        stream, targeted, cycles = parse_forcing(args.repro_forcing or "")
+    except ValueError as exc:
+        return fail(PROG, str(exc))
+    try:
+        environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return fail(PROG, str(exc))
+    serial_trial, serial, _ = run_trial(variant, Forcing(serial=True), None)
+    if serial is None:
+        return fail(PROG, f"the serial run of {variant} failed: {serial_trial.error}")
+    if site is not None:
+        remove_site(gpu_table._find_site(site), Coverage())
+    probe = probes(examples, stream)
+    trial = run_trial(variant, Forcing((stream,), cycles, targeted=targeted), serial, probe)[0]
+    held = ", ".join(probe.earlier) or "every op of the stream"
+    print(f"{variant} without {site or 'no site (the unmodified loop)'}; "
+          f"torch.cuda._sleep({cycles}) on {stream} before "
+          f"{'the earlier side: ' + held if targeted else 'each of its ops'}")
+    print(f"held {trial.sleeps} ops; race made: {trial.race_made} (probe {trial.probe})")
+    if trial.error:
+        print(f"crashed: {trial.error}")
+    print(f"wrong: {trial.wrong}" if trial.wrong else "every value equals the serial answer")
+    if site is not None and targeted:
+        print(f"by hand: delete {site}; before {held} (on {stream}) insert "
+              f"`torch.cuda._sleep({cycles})`; run the variant and compare with the serial "
+              "run")
+    return 1 if trial.wrong or trial.error else 0
+
+
+def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | None]:
+    """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
+    trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
+    that report; an error text when it is of another tree. Its other rows run again."""
+    from overlap_harness.engines.sglang.gpu.table import recounted, settled
+
+    if path is None:
+        return [], None
+    earlier = json.loads(path.read_text())
+    if earlier["sglang_version"] != version:
+        return (f"{path}: a report of sglang {earlier['sglang_version']}, not "
+                f"{version}"), None
+    rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
+            for r in earlier["rows"]]
+    return [r for r in rows if settled(r)], earlier

@@ -1,0 +1,208 @@
+"""The GPU conformance report of SGLang's loop: ``sglang-VERSION-loop-gpu.{json,md}``.
+
+One row per (variant, removed site) of the loop report that the CPU mode judged (``race`` or
+``race_free``), plus one row per variant without a site (the unmodified loop): how many forced
+trials ran on the device, with which delays, how many left a value different from the serial
+answer, and the first such value. :func:`problems` checks a report against the loop report
+(the committed pair is checked in CI, which has no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: a necessary row without a wrong value says why in ``why`` (its key in ``why_reason``)
+NO_WRONG_REASONS = {
+    "overwritten": "the race was made (probe), but the corrupted value is overwritten or not "
+                   "read before it reaches the compared buffers",
+    "timing": "the race needs a timing the delay of its earlier side cannot make (probe)",
+    "crashed": "a forced trial that made the race (probe) crashed: the race broke the loop "
+               "instead of finishing with a wrong value",
+    "unprobed": "every forced trial equals the serial answer; no probe ran",
+    "not_run": "the row's trials did not run (error or budget): see error",
+}
+
+
+def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_version: str,
+             date: str, command: str, failures: list[str], seconds: float) -> dict[str, Any]:
+    """The report's JSON document (rows in site, then variant order; unmodified rows first)."""
+    rows = sorted(rows, key=lambda r: (r["site"] is not None, r["site"] or "", r["variant"]))
+    for row in rows:
+        row.pop("race_examples", None)
+        row.setdefault("trials", 0)
+        row.setdefault("wrong_trials", 0)
+        row.setdefault("example_wrong", None)
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"]:
+            row["why_reason"], row["why"] = _why_no_wrong(row)
+    return {"sglang_version": version, "device": device, "torch": torch_version, "date": date,
+            "command": command, "seconds": round(seconds, 1), "child_failures": failures,
+            "summary": summary(rows), "rows": rows}
+
+
+def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
+    """Why a necessary row shows no wrong value, computed from what its trials did (never
+    hand-written): not run; a trial that made the race crashed; else the probes' finding
+    (gpu_probe.why_equal) of each probed trial: ``overwritten`` if any made the race, else
+    ``timing`` (the finding of the trial with the largest delay)."""
+    from overlap_harness.engines.sglang.gpu.probe import why_equal
+
+    if not row["trials"]:
+        return "not_run", f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
+    if row.get("made_crashed_trials"):
+        return "crashed", (f"{row['made_crashed_trials']} of {row['trials']} forced trials "
+                           f"made the race and crashed instead of finishing with a wrong value "
+                           f"({row.get('example_crash')}); the others equal the serial answer")
+    sides = {p["stream"]: p for p in row.get("probes", [])}
+    found = [why_equal(t["probe"], sides.get(t["forcing"].split("+")[0].split("@")[0],
+                                             {"stream": "?", "earlier": [], "later": []}))
+             for t in row.get("trial_details", []) if t.get("probe") and "earlier_issued"
+             in t["probe"]]
+    if not found:
+        return "unprobed", NO_WRONG_REASONS["unprobed"]
+    crashed = (f"; {row['crashed_trials']} crashed without the probe seeing the race made "
+               f"({row.get('example_crash')})") if row.get("crashed_trials") else ""
+    made = [text for key, text in found if key == "overwritten"]
+    key, text = ("overwritten", made[0]) if made else ("timing", found[-1][1])
+    delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+    return key, f"all {row['trials']} forced trials ({delays}) equal the serial answer" \
+        f"{crashed}; {text}"
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
+    those exercised), and so on."""
+    def count(verdict: str | None, wrong: bool) -> int:
+        return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
+                   and not r.get("error") and bool(r["wrong_trials"]) == wrong
+                   and not r.get("not_exercised"))
+    necessary = [r for r in rows if r["cpu_verdict"] == "race" and r["trials"]]
+    return {"rows": len(rows),
+            "race_rows_wrong": count("race", True), "race_rows_all_equal": count("race", False),
+            "race_rows_made": sum(1 for r in necessary if r.get("race_made_trials")),
+            "race_rows_wrong_or_made_crash": sum(
+                1 for r in necessary if r["wrong_trials"] or r.get("made_crashed_trials")),
+            "race_free_rows_all_equal": count("race_free", False),
+            "race_free_rows_wrong": count("race_free", True),
+            "race_free_rows_not_exercised": sum(
+                1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("not_exercised")),
+            "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
+            "unmodified_not_exercised": sum(
+                1 for r in rows if r["cpu_verdict"] is None and r.get("not_exercised")),
+            "errors": sum(1 for r in rows if r.get("error")),
+            **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
+               for key in NO_WRONG_REASONS}}
+
+
+def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
+    """What in ``report`` disagrees with ``loop_report`` or with itself (empty: consistent)."""
+    real = {(r["variant"], r["site"]): r["real"] for r in loop_report["rows"]}
+    out = []
+    if report["sglang_version"] != loop_report["sglang_version"]:
+        out.append(f"version {report['sglang_version']} != {loop_report['sglang_version']}")
+    for row in report["rows"]:
+        where = f"{row['variant']} {row['site']}"
+        if row["site"] is not None and real.get((row["variant"], row["site"])) \
+                != row["cpu_verdict"]:
+            out.append(f"{where}: cpu_verdict {row['cpu_verdict']} but the loop report says "
+                       f"{real.get((row['variant'], row['site']))}")
+        if not 0 <= row["wrong_trials"] <= row["trials"]:
+            out.append(f"{where}: {row['wrong_trials']} wrong of {row['trials']} trials")
+        if bool(row["wrong_trials"]) != (row["example_wrong"] is not None):
+            out.append(f"{where}: wrong_trials and example_wrong disagree")
+        if row["trials"] and len(row.get("forced_delay", [])) != row["trials"]:
+            out.append(f"{where}: {row['trials']} trials but {len(row['forced_delay'])} delays")
+        if row["cpu_verdict"] == "race" and not row["wrong_trials"] and (
+                not row.get("why") or row.get("why_reason") not in NO_WRONG_REASONS):
+            out.append(f"{where}: a necessary row without a wrong value says no why")
+        if row["trials"] and "slept_trials" in row:
+            out.extend(_trial_count_problems(row, where))
+    judged = {(v, s) for (v, s), verdict in real.items() if verdict in ("race", "race_free")}
+    present = {(r["variant"], r["site"]) for r in report["rows"] if r["site"] is not None}
+    variants = {r["variant"] for r in report["rows"]}
+    for key in sorted(judged - present, key=str):
+        if key[0] in variants:
+            out.append(f"{key[0]} {key[1]}: judged in the loop report, no row here")
+    return out
+
+
+def _trial_count_problems(row: dict[str, Any], where: str) -> list[str]:
+    """The row's trial counts recomputed from its trial details."""
+    details = row.get("trial_details", [])
+    slept = sum(1 for t in details if t.get("sleeps"))
+    made = sum(1 for t in details if (t.get("probe") or {}).get("later_pending"))
+    out = []
+    if slept != row["slept_trials"] or made != row["race_made_trials"]:
+        out.append(f"{where}: slept/made {row['slept_trials']}/{row['race_made_trials']} but "
+                   f"its trials say {slept}/{made}")
+    if row["cpu_verdict"] != "race" and row.get("not_exercised") != (slept == 0):
+        out.append(f"{where}: not_exercised disagrees with its {slept} slept trials")
+    if row["wrong_trials"] and not row.get("repro"):
+        out.append(f"{where}: a wrong row without a repro")
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as a Markdown page."""
+    s = report["summary"]
+    lines = [
+        f"# SGLang {report['sglang_version']}'s own overlap loop on a GPU, races forced",
+        "",
+        "Written by `overlap-harness sglang --gpu` (overlap_harness/engines/sglang/"
+        "gpu/table.py, gpu/loop.py, gpu/report.py; docs/sglang-loop.md: GPU mode).",
+        "",
+        f"Device: {report['device']}; torch {report['torch']}; {report['date']}; "
+        f"{report['seconds']} s wall.",
+        f"Command: `{report['command']}`",
+        "",
+        f"Necessary rows (CPU verdict race) with a wrong value: {s['race_rows_wrong']}, "
+        f"without: {s['race_rows_all_equal']}; race made (the probe saw the later side run "
+        f"while the earlier side's work was pending) in {s.get('race_rows_made', '?')}, a "
+        f"wrong value or a crash of a race-made trial in "
+        f"{s.get('race_rows_wrong_or_made_crash', '?')}; redundant rows (race_free) "
+        f"bit-identical in every trial, with a trial that held work back: "
+        f"{s['race_free_rows_all_equal']}, not exercised (no trial held anything): "
+        f"{s.get('race_free_rows_not_exercised', '?')}, with a wrong value: "
+        f"{s['race_free_rows_wrong']}; unmodified loop bit-identical: "
+        f"{s['unmodified_all_equal']} variants, not exercised: "
+        f"{s.get('unmodified_not_exercised', '?')}, wrong: {s['unmodified_wrong']}; rows with "
+        f"an error: {s['errors']}.",
+        "",
+        "Necessary rows without a wrong value, by the computed why (`why_reason`; "
+        "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
+                                      for key in NO_WRONG_REASONS) + ".",
+        "",
+        "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
+        "wrong_trials | example wrong value / why |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        delays = ", ".join(sorted(set(row.get("forced_delay", []))))
+        note = row["example_wrong"] or row.get("why") or row.get("error") or (
+            "not exercised: no trial's delay held an op" if row.get("not_exercised") else "")
+        if row.get("error") and row["example_wrong"] is None:
+            note = f"error: {row['error']}"
+        code = f"`{row['code']}`" if row["code"] else "(unmodified loop)"
+        lines.append(f"| {row['variant']} | {row['site'] or '-'} | {code} | "
+                     f"{row['cpu_verdict'] or '-'} | {row['trials']} | "
+                     f"{row.get('slept_trials', '-')} | {row.get('race_made_trials', '-')} | "
+                     f"{delays} | "
+                     f"{row['wrong_trials']} | {_cell(note)} |")
+    if report["child_failures"]:
+        lines += ["", "Child processes that failed: " + "; ".join(report["child_failures"])]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:700]
+
+
+def write(report: dict[str, Any], folder: Path) -> list[Path]:
+    """``sglang-VERSION-loop-gpu.json`` and ``.md`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"sglang-{report['sglang_version']}-loop-gpu"
+    paths = [folder / f"{stem}.json", folder / f"{stem}.md"]
+    paths[0].write_text(json.dumps(report, indent=1) + "\n")
+    paths[1].write_text(markdown(report))
+    return paths

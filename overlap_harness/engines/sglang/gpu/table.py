@@ -1,0 +1,423 @@
+"""The necessity table checked on a GPU: each sync site removed, its race forced, values compared.
+
+Rows come from the loop report (``reports/conformance/sglang-VERSION-loop.json``): every
+(variant, site) whose CPU verdict is ``race`` or ``race_free``. For a ``race`` row the stream of
+the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu_loop`), one trial
+per (stream, delay); a ``race_free`` row and the unmodified loop (a row without a site, per
+variant) delay each stream the loop holds in turn. Each trial's values are compared with the
+serial answer of the unmodified loop.
+
+Each site runs in its own child process (the removal is never undone; CUDA does not survive a
+fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu_table SPEC OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+#: a race row's targeted delays (GPU clock cycles of ``torch.cuda._sleep`` before each op of
+#: the race's earlier side), tried in turn until a trial shows a wrong value or crashes: as
+#: long as the later side needs
+RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
+#: a redundant row: each stream the loop holds delayed in turn (before every op it issues)
+SWEEP_CYCLES = (1 << 21,)
+#: the unmodified loop: each stream in turn at every delay the rows use
+CONTROL_CYCLES = tuple(sorted(set(RACE_CYCLES) | set(SWEEP_CYCLES)))
+
+_AGENT = re.compile(r" on (.+?) at ")
+
+
+def earlier_streams(race_examples: Sequence[str]) -> list[str]:
+    """The streams (attribute names) of the earlier side of each CPU race, in first-seen
+    order: ``'WAR x: op on self.forward_stream at f:1 / op on host at g:2'`` ->
+    ``['forward_stream']``; ``host`` where the earlier side is a host action (a host write of
+    pinned memory, an allocator free): the host is then held at that line."""
+    out: list[str] = []
+    for example in race_examples:
+        agents = _AGENT.findall(example)
+        if not agents:
+            continue
+        name = agents[0].removeprefix("self.")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
+         skip: frozenset[tuple[str, str | None]] = frozenset()
+         ) -> dict[str | None, list[dict[str, Any]]]:
+    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant), less
+    the (variant, site) pairs in ``skip`` (rows an earlier run already has)."""
+    chosen = list(variants or loop_document["variants"])
+    by_site: dict[str | None, list[dict[str, Any]]] = {
+        None: [{"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
+               for v in chosen if (v, None) not in skip]}
+    for row in loop_document["rows"]:
+        if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
+                or (row["variant"], row["site"]) in skip:
+            continue
+        by_site.setdefault(row["site"], []).append({
+            "variant": row["variant"], "site": row["site"], "code": row["code"],
+            "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"]),
+            "race_examples": row["race_examples"]})
+    return by_site
+
+
+def _find_site(key: str) -> Any:
+    from overlap_harness.engines.sglang.report.path_sites import path_sites
+
+    path, _, line = key.rpartition(":")
+    for site in path_sites():
+        if site.file.replace(os.sep, "/").endswith("/" + path) and site.line == int(line):
+            return site
+    raise LookupError(f"{key}: no sync site at that line in the loaded tree")
+
+
+def _forcings_of(row: dict[str, Any], streams: list[str]) -> list[Any]:
+    """A redundant row's (each stream at :data:`SWEEP_CYCLES`) or the unmodified loop's (no
+    delay, then each stream at :data:`CONTROL_CYCLES`) forcings; a race row's are adaptive
+    (:func:`_race_trials`)."""
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, forcings
+
+    if row["site"] is None:
+        return [Forcing(), *forcings([[s] for s in streams], CONTROL_CYCLES)]
+    return forcings([[s] for s in streams], SWEEP_CYCLES)
+
+
+def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In this process: the serial answers of the rows' variants, then ``site_key`` removed,
+    then each row's trials (see the module docstring)."""
+    from overlap_harness.engines.core.mutation import Coverage, remove_site
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+
+    environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
+    serial: dict[str, Any] = {}
+    streams: dict[str, list[str]] = {}
+    failed: dict[str, str] = {}
+    for row in rows:
+        trial, values, seen = run_trial(row["variant"], Forcing(serial=True), None)
+        if values is None:
+            failed[row["variant"]] = f"serial run failed: {trial.error}"
+        serial[row["variant"]], streams[row["variant"]] = values, seen
+    coverage = Coverage()
+    site = None
+    if site_key is not None:
+        try:
+            site = _find_site(site_key)
+            remove_site(site, coverage)
+        except Exception as exc:  # the row says so; never dropped
+            return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
+    out = []
+    for index, row in enumerate(rows):
+        if row["variant"] in failed:
+            out.append(dict(row, error=failed[row["variant"]], trials=0))
+            continue
+        before = coverage.reached.get(site.key, 0) if site else 0
+        if row["cpu_verdict"] == "race" and row["delay"]:
+            trials = _race_trials(index, row, serial[row["variant"]])
+        else:
+            trials = []
+            for forcing in _forcings_of(row, streams[row["variant"]]):
+                _journal({"row": index, "starting": forcing.label()})
+                trials.append(run_trial(row["variant"], forcing, serial[row["variant"]])[0])
+                _journal({"row": index, "trial": asdict(trials[-1])})
+        reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
+            else None
+        out.append(_row(row, trials, reached))
+    return out
+
+
+def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> list[Any]:
+    """A race row's trials, forced from the race itself: for each stream (or the host) of
+    an earlier side, that side alone delayed, immediately before each of its ops, with a
+    probe on the race's sides in every trial; the delay grows through :data:`RACE_CYCLES`
+    until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
+    (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
+    launcher's), the whole stream is delayed instead."""
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    trials = []
+    for stream in row["delay"]:
+        targeted = True
+        for cycles in RACE_CYCLES:
+            while True:
+                probe = probes(row["race_examples"], stream)
+                forcing = Forcing((stream,), cycles, targeted=targeted)
+                label = forcing.label()
+                probe.on_made = lambda label=label: _journal({"row": index, "made": label})
+                _journal({"row": index, "starting": label})
+                trial = run_trial(row["variant"], forcing, serial, probe)[0]
+                _journal({"row": index, "trial": asdict(trial)})
+                trials.append(trial)
+                if trial.slept or not targeted or stream == "host":
+                    break
+                targeted = False  # nothing held at the earlier side: the whole stream
+            if trial.wrong or trial.error or not trial.slept:
+                break
+    return trials
+
+
+def _journal(entry: dict[str, Any]) -> None:
+    """A line of the child's trial journal (``OVERLAP_HARNESS_GPU_JOURNAL``), written before
+    and after each trial: if the child dies (a CUDA abort), the parent keeps its finished
+    trials and names the one it died in."""
+    path = os.environ.get("OVERLAP_HARNESS_GPU_JOURNAL")
+    if path:
+        with open(path, "a") as lines:
+            lines.write(json.dumps(entry) + "\n")
+
+
+def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[str, Any]:
+    """A row of the report from its trials: counts of the trials that held work back
+    (``slept_trials``), made the race's order (``race_made_trials``, race rows: the probe),
+    left a wrong value, crashed; a redundant or unmodified row none of whose trials held
+    anything is ``not_exercised`` (no evidence either way)."""
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    wrong = [t for t in trials if t.wrong is not None]
+    crashed = [t for t in trials if t.error is not None]
+    made = [t for t in trials if t.race_made]
+    fields = {
+        "variant": row["variant"], "site": row["site"], "code": row["code"],
+        "cpu_verdict": row["cpu_verdict"], "trials": len(trials),
+        "forced_delay": [t.forcing for t in trials],
+        "slept_trials": sum(1 for t in trials if t.slept),
+        "race_made_trials": len(made),
+        "wrong_trials": len(wrong), "crashed_trials": len(crashed),
+        "made_wrong_trials": sum(1 for t in made if t.wrong is not None),
+        "made_crashed_trials": sum(1 for t in made if t.error is not None),
+        "example_wrong": f"{wrong[0].forcing}: {wrong[0].wrong}" if wrong else None,
+        "example_crash": f"{crashed[0].forcing}: {crashed[0].error}" if crashed else None,
+        "reached_per_trial": reached,
+        "seconds": round(sum(t.seconds for t in trials), 2),
+        "trial_details": [asdict(t) for t in trials],
+    }
+    if row["cpu_verdict"] == "race":
+        sides = [probes(row.get("race_examples", []), stream) for stream in row["delay"]]
+        fields["probes"] = [{"stream": p.stream, "earlier": list(p.earlier),
+                             "later": list(p.later)} for p in sides] \
+            if "race_examples" in row else row.get("probes", [])
+    else:
+        fields["not_exercised"] = bool(trials) and not fields["slept_trials"]
+    if wrong:
+        fields["repro"] = repro_command(row["variant"], row["site"], wrong[0].forcing)
+    return fields
+
+
+def recounted(row: dict[str, Any]) -> dict[str, Any]:
+    """A report row's counts recomputed from its trial details (a report written before a
+    count existed gains it; nothing is run): the row's other keys (error, aborted) kept."""
+    from overlap_harness.engines.sglang.gpu.loop import Trial
+
+    if not row.get("trials"):
+        return row
+    trials = [Trial(**t) for t in row.get("trial_details", [])]
+    meta = {**row, "delay": [p["stream"] for p in row.get("probes", [])]}
+    fresh = _row(meta, trials, row.get("reached_per_trial"))
+    kept = {k: v for k, v in row.items() if k not in fresh and k not in (
+        "why", "why_reason", "not_exercised", "repro")}
+    return {**kept, **fresh}
+
+
+def settled(row: dict[str, Any]) -> bool:
+    """The row is evidence as it stands, so a resumed run keeps it: a necessary row whose
+    race was made and showed a wrong value or crashed in a made trial; a redundant row with
+    a trial that held work back; the unmodified loop held at every delay of
+    :data:`CONTROL_CYCLES` on each stream that held any. Every other row runs again."""
+    if not row.get("trials") or row.get("error"):
+        return False
+    if row["cpu_verdict"] == "race":
+        return bool(row.get("race_made_trials")) and bool(
+            row["wrong_trials"] or row.get("made_crashed_trials"))
+    if not row.get("slept_trials"):
+        return False
+    if row["cpu_verdict"] == "race_free":
+        return True
+    held: dict[str, set[int]] = {}
+    for trial in row.get("trial_details", []):
+        stream, _, cycles = trial["forcing"].partition("+")
+        if trial.get("sleeps") and cycles.endswith("cy"):
+            held.setdefault(stream, set()).add(int(cycles[:-2]))
+    return all(set(CONTROL_CYCLES) <= cycles for cycles in held.values())
+
+
+def repro_command(variant: str, site: str | None, forcing: str) -> str:
+    """The command a maintainer runs on a GPU to see a wrong row's value: the variant with
+    ``site`` removed, one forcing (the first trial that showed it)."""
+    return (f"overlap-harness sglang --gpu --repro {variant} {site or '-'} "
+            f"--repro-forcing {forcing.removesuffix('+probe')}")
+
+
+def _child(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    rows = run_site(spec["site"], spec["rows"])
+    Path(out_path).write_text(json.dumps(rows))
+
+
+def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, jobs: int,
+              timeout_s: float, deadline_s: float = float("inf"),
+              progress: Path | None = None,
+              skip: frozenset[tuple[str, str | None]] = frozenset()
+              ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
+    most rows first); the rows and the sites whose child failed (their rows kept, with the
+    failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
+    kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
+    lines) as they come."""
+    work = pieces({site: rows for site, rows in plan(loop_document, variants, skip).items()
+                   if rows}, lightest_first=deadline_s != float("inf"))
+    end = time.monotonic() + deadline_s
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        running: list[tuple[subprocess.Popen[bytes], str | None, list[dict[str, Any]], str,
+                            float]] = []
+        index = 0
+        while work or running:
+            if time.monotonic() > end:
+                for _, site, _, _, _ in running:
+                    failures.append(f"{site}: stopped at the deadline")
+                for child, *_ in running:
+                    child.kill()
+                    child.communicate()
+                for _, _, site_rows, out, _ in running:  # their finished trials kept
+                    rows.extend(from_journal(site_rows, _journal_of(out),
+                                             "not run: the run's deadline", False))
+                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
+                            for _, site_rows in work for r in site_rows)
+                break
+            while work and len(running) < max(1, jobs):
+                site, site_rows = work.pop(0)
+                spec = Path(scratch, f"spec{index}.json")
+                out = str(Path(scratch, f"out{index}.json"))
+                index += 1
+                spec.write_text(json.dumps({"site": site, "rows": site_rows}))
+                journal = _journal_of(out)
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, str(spec), out],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    env={**os.environ, "OVERLAP_HARNESS_GPU_JOURNAL": str(journal)})
+                running.append((child, site, site_rows, out, time.monotonic()))
+            time.sleep(0.2)
+            for entry in list(running):
+                child, site, site_rows, out, started = entry
+                late = time.monotonic() - started > timeout_s
+                if child.poll() is None and not late:
+                    continue
+                if late:
+                    child.kill()
+                running.remove(entry)
+                _, err = child.communicate()
+                if child.returncode == 0 and Path(out).is_file():
+                    done = json.loads(Path(out).read_text())
+                    rows.extend(done)
+                    if progress is not None:
+                        with progress.open("a") as lines:
+                            lines.writelines(json.dumps(r) + "\n" for r in done)
+                    print(f"  {site or 'unmodified'}: {len(done)} rows "
+                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                    continue
+                why = "timed out" if late else \
+                    f"exit {child.returncode}: {abort_reason(err.decode(errors='replace'))}"
+                if len(site_rows) > 1 and not late:
+                    # one child per row of the site: an abort then loses one row's trials only
+                    print(f"  {site}: {why}; again, one child per variant", flush=True)
+                    failures.append(f"{site}: {why} (its rows run again, one child per "
+                                    "variant)")
+                    work[:0] = [(site, [r]) for r in site_rows]
+                    continue
+                failures.append(f"{site}: {why}")
+                rows.extend(from_journal(site_rows, _journal_of(out), f"child failed: {why}"))
+    return rows, failures
+
+
+#: rows of one site per child at most (a site's rows run one after another in its child)
+ROWS_PER_CHILD = 5
+#: a row of a spec-decoding variant weighs this many rows in the order children start
+SPEC_WEIGHT = 4
+
+
+def pieces(by_site: dict[str | None, list[dict[str, Any]]], lightest_first: bool = False
+           ) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The children's work: each site's rows in pieces of at most :data:`ROWS_PER_CHILD`,
+    the heaviest first (an EAGLE variant's trials take several times a non-spec one's: the
+    run ends soonest), or the lightest first (under a deadline: the most rows finish)."""
+    out = [(site, rows[i:i + ROWS_PER_CHILD]) for site, rows in by_site.items()
+           for i in range(0, len(rows), ROWS_PER_CHILD)]
+
+    def weight(piece: tuple[str | None, list[dict[str, Any]]]) -> int:
+        return sum(SPEC_WEIGHT if "eagle" in r["variant"] else 1 for r in piece[1])
+
+    return sorted(out, key=lambda piece: weight(piece) if lightest_first else -weight(piece))
+
+
+def _journal_of(out: str) -> Path:
+    """The trial journal beside a child's output file (``outN.json`` -> ``journalN.jsonl``)."""
+    return Path(out).with_name(Path(out).name.replace("out", "journal", 1)).with_suffix(
+        ".jsonl")
+
+
+def abort_reason(stderr: str) -> str:
+    """The line of a dead child's error output that says why: a C++ exception's ``what():``,
+    a CUDA error, a Python exception; else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for marker in ("what():", "CUDA error", "Error:", "Error", "terminate called"):
+        for number, line in enumerate(lines):
+            if marker in line:
+                following = lines[number + 1] if marker == "what():" and \
+                    line.endswith("what():") and number + 1 < len(lines) else ""
+                return (line + " " + following).strip()[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
+                 died_in_trial: bool = True) -> list[dict[str, Any]]:
+    """The rows of a child that died (or was stopped: ``died_in_trial`` False), from its
+    trial journal: each row's finished trials, and the trial it died in as a crashed trial
+    with ``why``; a row none of whose trials finished or started keeps ``why`` as its
+    error."""
+    from overlap_harness.engines.sglang.gpu.loop import Trial
+
+    finished: dict[int, list[Any]] = {}
+    started: dict[int, str] = {}
+    made: dict[int, str] = {}
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            entry = json.loads(line)
+            if "trial" in entry:
+                finished.setdefault(entry["row"], []).append(Trial(**entry["trial"]))
+                started.pop(entry["row"], None)
+                made.pop(entry["row"], None)
+            elif "made" in entry:
+                made[entry["row"]] = entry["made"]
+            else:
+                started[entry["row"]] = entry["starting"]
+    out = []
+    for index, row in enumerate(site_rows):
+        # the trial it died in: crashed; it held work back and made the race if the probe
+        # journalled that before the abort (``made``), else neither is known
+        trials = finished.get(index, []) + [
+            Trial(label, error=why, sleeps=int(index in made),
+                  probe={"later_pending": 1} if index in made else None)
+            for label in [started.get(index)] if label and died_in_trial]
+        if not trials:
+            out.append(dict(row, error=why, trials=0))
+            continue
+        out.append(dict(_row(row, trials, None), aborted=why))
+    return out
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
