@@ -223,3 +223,27 @@ def test_every_release_both_ways(tmp_path, version, fix):
     for the verify's own missing wait on releases before 0.5.20 (:func:`_check_fixed`)."""
     result = _command(tmp_path, _release_package(version), fix=fix)
     (_check_fixed if fix else _check_released)(*result)
+
+
+
+def _worker_renamed(text: str) -> str:
+    """The worker's class under another name (as a release without the worker has none)."""
+    assert "class MultiLayerEagleWorkerV2(" in text
+    return text.replace("class MultiLayerEagleWorkerV2(", "class MultiLayerEagleWorkerElsewhere(")
+
+
+@pytest.mark.engine_run
+def test_a_tree_without_the_worker_lists_its_variants_not_applicable(tmp_path):
+    """Found by module and class, never by version: both multi-layer variants are not
+    applicable, named with the missing name; another variant runs."""
+    tree = edited_tree(tmp_path, WORKER_FILE, _worker_renamed)
+    status, output, document = run_sglang(
+        "--sglang-src", str(tree), "--variant", "multi_layer_eagle", "--variant",
+        "multi_layer_eagle_plan_off", "--variant", "idle_iteration",
+        json_path=tmp_path / "races.json", timeout=900)
+    assert status == 0, output
+    assert document["variants"] == ["idle_iteration"]
+    missing = {entry["variant"]: entry["reason"] for entry in document["not_applicable"]}
+    assert set(missing) == set(VARIANTS), output
+    assert all("multi_layer_eagle_worker_v2 has no MultiLayerEagleWorkerV2" in reason
+               for reason in missing.values()), missing
