@@ -16,7 +16,8 @@ from overlap_harness.engines.sglang.gpu.probe import _key, _matches, probes, why
 
 EXAMPLES = [
     "RAW add: target_prefill_forward on self.forward_stream at /x/overlap_harness/engines/"
-    "sglang/stand_ins/eagle_models.py:216 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
+    "sglang/stand_ins/eagle_models.py:216 / copy_ on self.copy_stream at "
+    "sglang/srt/utils/common.py:615",
     "RAW predict@eagle_utils.py:632: zeros on self.forward_stream at sglang/srt/speculative/"
     "eagle_utils.py:632 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
     "host-D2H host@common.py:614: copy_ on self.copy_stream at sglang/srt/utils/common.py:615"

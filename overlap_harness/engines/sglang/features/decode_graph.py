@@ -38,16 +38,21 @@ from __future__ import annotations
 import copy
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import tqdm
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
+from overlap_harness.engines.sglang.stand_ins import graph_kernels
 from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
     _kernel_values,
@@ -56,6 +61,10 @@ from overlap_harness.engines.sglang.stand_ins.graph_attention import (
 )
 from overlap_harness.engines.sglang.stand_ins.model_worker import ReadDoneEventNames
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 READ_EVENT_MODULE = "sglang.srt.model_executor.runner_utils.shared_read_event"
@@ -433,3 +442,43 @@ def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...], *,
                           pre_replay=pre_replay, parallel_state=getattr(scheduler, "ps", None))
     worker.decode_graphs = graphs
     return graphs
+
+
+class ReadsEnd(StrEnum):
+    """Where the graph's attention backend declares its shared ``req_to_token`` reads end
+    (SGLang's ``SharedReadEnds``): inside the replay (the runner publishes the event recorded
+    in the graph), after it (a fresh event after the replay), or before it (the decode
+    metadata prepared out of the graph)."""
+
+    IN_REPLAY = "in_replay"
+    POST_REPLAY = "post_replay"
+    PRE_REPLAY = "pre_replay"
+
+
+@dataclass(frozen=True, slots=True)
+class CudaGraphDecode(Feature):
+    """Decode batches replayed by SGLang's decode CUDA-graph runner, capturing ``sizes`` at
+    startup, its attention backend's reads ending where ``reads_end`` says."""
+
+    keys: ClassVar[tuple[str, ...]] = ("cuda_graph", "attention_reads_end")
+    options: ClassVar[tuple[str, ...]] = ("--disable-cuda-graph", "--cuda-graph-bs",
+                                          "--attention-backend (its SharedReadEnds)")
+    fake_runner: ClassVar[bool] = False  # the runner is SGLang's
+
+    sizes: tuple[int, ...] = (1, 2, 4, 8)
+    reads_end: ReadsEnd = ReadsEnd.IN_REPLAY
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"cuda_graph": "decode", "attention_reads_end": self.reads_end.value}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.DECODE_GRAPHS] + ([rf.POST_REPLAY_READS]
+                                     if self.reads_end is ReadsEnd.POST_REPLAY else [])
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (graph_kernels.declare,)
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        attach(scheduler, server_args, self.sizes,
+               post_replay=self.reads_end is ReadsEnd.POST_REPLAY,
+               pre_replay=self.reads_end is ReadsEnd.PRE_REPLAY)

@@ -22,13 +22,20 @@ the device with a non-blocking copy and applied to the logits.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.stand_ins import model_worker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 
 def _logits_accesses(out: torch.Tensor, fake: DelaySampleWorker, batch: Any
@@ -135,3 +142,25 @@ def enabled(on: bool) -> Iterator[None]:
 
     with envs.SGLANG_ENABLE_DELAY_SAMPLE.override(True):
         yield
+
+
+@dataclass(frozen=True, slots=True)
+class DelaySample(Feature):
+    """``SGLANG_ENABLE_DELAY_SAMPLE``: every non-prefill-only forward leaves its sampling to
+    the scheduler (``launch_batch_sample_if_needed``)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("delay_sample",)
+    options: ClassVar[tuple[str, ...]] = ("SGLANG_ENABLE_DELAY_SAMPLE",)
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"delay_sample": "on"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.DELAY_SAMPLE] + ([] if variant.speculative is not None
+                                    else [rf.DELAYED_SAMPLE])
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return enabled(True)
+
+    def worker_class(self, variant: Variant) -> type | None:
+        return DelaySampleWorker

@@ -29,15 +29,21 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub, UnplannedUseError, unplanned
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.stand_ins.model_worker import FakeModelWorker
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 #: the DP width driven: this rank and one scripted peer
 DP_RANKS = 2
@@ -239,3 +245,34 @@ def _graph_vote(batch: Any) -> Any:
             return getattr(batch, name)
     raise AttributeError("ScheduleBatch has neither can_run_decode_cuda_graph nor "
                          "can_run_dp_cuda_graph (the DP ranks' gathered graph vote)")
+
+
+@dataclass(frozen=True, slots=True)
+class DpAttention(Feature):
+    """Attention data parallelism (tp 2, attn-dp 2): this rank beside a peer whose steps are
+    scripted per iteration (``peer``; absent iterations: the peer is idle)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("dp_attention",)
+    options: ClassVar[tuple[str, ...]] = ("--enable-dp-attention", "--dp-size", "--tp-size")
+
+    peer: dict[int, PeerStep] = field(default_factory=dict)
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"dp_attention": "on"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.DP_ATTENTION_SYNC]
+
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        from sglang.srt.server_args import ServerArgs
+
+        from overlap_harness.engines.sglang.scheduler_build import dp_attention_arguments
+
+        options.update(dp_attention_arguments(ServerArgs))
+
+    def worker_class(self, variant: Variant) -> type | None:
+        return DPRankModelWorker
+
+    def loop(self, scheduler: Any, variant: Variant, iteration: Callable[[], int]
+             ) -> AbstractContextManager[Any]:
+        return peer_installed(self.peer, variant.iterations - 1, iteration, scheduler)

@@ -38,21 +38,27 @@ injection into the draft pool, the ragged layout (``schedule_layout``) and the o
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature, on_off
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins import eagle_kernels, eagle_models
 from overlap_harness.engines.sglang.stand_ins.eagle_models import peek
 from overlap_harness.engines.sglang.stand_ins.model_worker import FakeRunner
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 PLANNER_MODULE = "sglang.srt.speculative.dspark_components.dspark_planner"
 DRAFT_MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
@@ -72,8 +78,16 @@ class RaggedVerify(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class DsparkConfig:
-    """The speculative options of a DSpark variant (SGLang's server arguments and switches)."""
+class Dspark(Feature):
+    """SGLang's DSpark spec v2 (``--speculative-algorithm DSPARK``) with its confidence relay,
+    its options as SGLang's server arguments and switches."""
+
+    keys: ClassVar[tuple[str, ...]] = ("speculative", "plan_stream", "ragged_verify",
+                                       "cpu_seq_lens")
+    options: ClassVar[tuple[str, ...]] = (
+        "--speculative-algorithm DSPARK", "--speculative-dspark-block-size",
+        "SGLANG_RAGGED_VERIFY_MODE", "the attention backend's needs_cpu_seq_lens")
+    speculative: ClassVar[bool] = True
 
     gamma: int = 3  # --speculative-dspark-block-size: draft tokens per step
     ragged_verify_mode: RaggedVerify = RaggedVerify.CAP_ACCEPT
@@ -86,25 +100,33 @@ class DsparkConfig:
         """``speculative_num_draft_tokens``: the verify window, the anchor and gamma drafts."""
         return self.gamma + 1
 
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        # plan_stream: DFlashDraftInputV2 reads the same switch, unset
+        return {"speculative": "dspark", "plan_stream": "off",
+                "ragged_verify": self.ragged_verify_mode.value,
+                "cpu_seq_lens": on_off(self.needs_cpu_seq_lens)}
 
-def server_args(config: DsparkConfig, *, chunked_prefill_size: int | None,
-                mixed_chunk: bool, max_running_requests: int) -> Any:
-    """SGLang's ``ServerArgs`` of a DSpark variant, published as the configuration (the
-    fields ``_handle_dspark`` would resolve given explicitly: top-k 1, one step, gamma + 1
-    verify tokens)."""
-    from sglang.srt.server_args import ServerArgs
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        needs = [rf.DSPARK_CONFIDENCE_RELAY, rf.DSPARK_VERIFY_BUDGET, rf.DFLASH_DRAFT_INPUT]
+        return needs + ([rf.SEQ_LENS_D2H] if self.needs_cpu_seq_lens else [])
 
-    from overlap_harness.engines.sglang.scheduler_build import publish
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (eagle_kernels.declare,)  # the spec-v2 allocation and relay kernels it shares
 
-    args = ServerArgs(model_path="dummy", page_size=1, device=DEVICE,
-                      chunked_prefill_size=chunked_prefill_size, disable_radix_cache=True,
-                      enable_mixed_chunk=mixed_chunk, skip_tokenizer_init=True,
-                      disable_cuda_graph=True, speculative_algorithm="DSPARK",
-                      speculative_dspark_block_size=config.gamma,
-                      speculative_num_draft_tokens=config.verify_tokens,
-                      speculative_num_steps=1, speculative_eagle_topk=1,
-                      max_running_requests=max_running_requests)
-    return publish(args)
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        """The fields ``_handle_dspark`` would resolve, given explicitly: top-k 1, one step,
+        gamma + 1 verify tokens."""
+        options.update(device=DEVICE, disable_cuda_graph=True, speculative_algorithm="DSPARK",
+                       speculative_dspark_block_size=self.gamma,
+                       speculative_num_draft_tokens=self.verify_tokens,
+                       speculative_num_steps=1, speculative_eagle_topk=1,
+                       max_running_requests=variant.pools.request_rows)
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return selected(self)
+
+    def spec_workers(self, variant: Variant) -> Callable[[Any, Any], None]:
+        return lambda scheduler, sizes: build_workers(scheduler, sizes, self)
 
 
 # -- the declared forwards -----------------------------------------------------------------
@@ -182,7 +204,7 @@ class DsparkWorker:
     ``forward_batch_generation`` statements on the relay path, SGLang's verify planner, and
     the fields the scheduler reads."""
 
-    def __init__(self, target: Any, config: DsparkConfig, server_args: Any) -> None:
+    def __init__(self, target: Any, config: Dspark, server_args: Any) -> None:
         import importlib
 
         planner = importlib.import_module(PLANNER_MODULE)
@@ -309,7 +331,7 @@ def _by_signature(constructor: Any, **given: Any) -> dict[str, Any]:
     return taken
 
 
-def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
+def _target(scheduler: Any, sizes: PoolSizes, config: Dspark) -> Any:
     """The target worker: :mod:`.stand_ins.eagle_models`'s prefill forward over a runner whose
     backend declares ``needs_cpu_seq_lens`` as the configuration says."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -325,7 +347,7 @@ def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
     return target
 
 
-def build_workers(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> None:
+def build_workers(scheduler: Any, sizes: PoolSizes, config: Dspark) -> None:
     """Give ``scheduler`` the DSpark worker (its ``spec_algorithm``, ``tp_worker``,
     ``draft_worker``, ``model_worker``), before ``init_overlap`` builds the FutureMap."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -337,20 +359,10 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Non
     scheduler.draft_worker = scheduler.model_worker = worker
 
 
-def workers(config: DsparkConfig | None) -> Any:
-    """``build_scheduler``'s ``spec_workers`` for ``config`` (None: no DSpark worker)."""
-    if config is None:
-        return None
-    return lambda scheduler, sizes: build_workers(scheduler, sizes, config)
-
-
 @contextmanager
-def selected(config: DsparkConfig | None) -> Iterator[None]:
-    """For a DSpark variant: the ragged verify mode (``SGLANG_RAGGED_VERIFY_MODE``) and the
-    CUDA branches of the spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
-    if config is None:
-        yield
-        return
+def selected(config: Dspark) -> Iterator[None]:
+    """The ragged verify mode (``SGLANG_RAGGED_VERIFY_MODE``) and the CUDA branches of the
+    spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`)."""
     import importlib
 
     from sglang.srt.environ import envs

@@ -21,24 +21,33 @@ fields the runner reads (:class:`EagerModelRunner`); then the graph path's decla
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.features.decode_graph import (
     GraphModelRunner,
     _sample,
     graph_platform,
 )
+from overlap_harness.engines.sglang.stand_ins import graph_kernels
 from overlap_harness.engines.sglang.stand_ins.eagle_kernels import _positions, _positions_accesses
 from overlap_harness.engines.sglang.stand_ins.prefill_backend import (
     EagerModel,
     pre_replay_backend_class,
 )
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
+
 
 #: ModelRunner's own methods the fake runner runs (each where the loaded release has it): the
 #: dispatch to the eager runner and what it and the eager runner call on the model runner
@@ -153,3 +162,30 @@ def attach(scheduler: Any, server_args: Any) -> EagerForwards:
     forwards = EagerForwards(worker, server_args, getattr(scheduler, "ps", None))
     worker.eager_forwards = forwards
     return forwards
+
+
+@dataclass(frozen=True, slots=True)
+class EagerPrefillReadDone(Feature):
+    """Every forward run by SGLang's eager runner, its attention backend declaring a
+    prefill's shared reads ended in its metadata init (``PRE_REPLAY``, as TRT-LLM MHA's):
+    each prefill publishes its read-done event early (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("attention_reads_end",)
+    options: ClassVar[tuple[str, ...]] = ("SGLANG_ENABLE_PREFILL_WAR_READ_DONE",
+                                          "--attention-backend (its SharedReadEnds)")
+    fake_runner: ClassVar[bool] = False  # the runner is SGLang's
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"attention_reads_end": "pre_replay"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.EAGER_PREFILL_READ_DONE]
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (graph_kernels.declare, declare)
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return fastpath_enabled(True)
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        attach(scheduler, server_args)

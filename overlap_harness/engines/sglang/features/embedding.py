@@ -18,12 +18,17 @@ requests do.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.stand_ins import model_worker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.variants import Variant
 
 EMBEDDING_WIDTH = 4
 
@@ -68,3 +73,22 @@ def make_embedding_scheduler(scheduler: Any) -> None:
     result processor, which SGLang's ``init_batch_result_processor`` builds with it."""
     scheduler.is_generation = False
     scheduler.init_batch_result_processor()
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding(Feature):
+    """An embedding model (``is_generation`` False): ``run_batch``'s embedding branch and the
+    prefill result processor's."""
+
+    keys: ClassVar[tuple[str, ...]] = ("model",)
+    options: ClassVar[tuple[str, ...]] = ("an embedding model (--is-embedding)",)
+    fake_runner: ClassVar[bool] = False
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"model": "embedding"}
+
+    def worker_class(self, variant: Variant) -> type | None:
+        return FakeEmbeddingWorker
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        make_embedding_scheduler(scheduler)

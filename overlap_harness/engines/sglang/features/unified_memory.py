@@ -25,28 +25,44 @@ page envelopes of the shared buffer those ids name. This file is plumbing to the
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features import eager_prefill
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
+from overlap_harness.engines.sglang.stand_ins import unified_memory_kernels
 from overlap_harness.engines.sglang.stand_ins.model_worker import VOCAB, FakeModelWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 not_user_code(__file__)  # a race names SGLang's line that called the worker's forward
 
 
 @dataclass(frozen=True, slots=True)
-class UnifiedMemoryConfig:
-    """The hybrid-SWA model the unified pool is built for: its sliding window, and the
-    shared buffer's size in page envelopes of one token (each sub-pool's envelope is one
-    layer's K and V rows: 32 bytes), the budget SGLang's profiler hands the pool
+class UnifiedMemory(Feature):
+    """``--enable-unified-memory``: a hybrid-SWA model's full and SWA KV in SGLang's unified
+    pool, lazily compacted behind the ``forward_done`` event ``run_batch`` records. Its
+    configuration is the model the pool is built for: its sliding window, and the shared
+    buffer's size in page envelopes of one token (each sub-pool's envelope is one layer's K
+    and V rows: 32 bytes), the budget SGLang's profiler hands the pool
     (``unified_total_bytes``: neither sub-pool is capped by a static share)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("unified_memory", "attention_reads_end")
+    options: ClassVar[tuple[str, ...]] = ("--enable-unified-memory",
+                                          "SGLANG_SWA_EVICTION_INTERVAL",
+                                          "SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
+    fake_runner: ClassVar[bool] = False
 
     sliding_window: int = 4
     buffer_pages: int = 30
@@ -58,6 +74,34 @@ class UnifiedMemoryConfig:
     # maybe_publish_prefill_shared_read_done then publishes the read-done event the WAR
     # barrier waits on instead of the whole forward, before the KV reads and writes
     prefill_reads_end_pre_replay: bool = False
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        config = {"unified_memory": "on"}
+        if self.prefill_reads_end_pre_replay:
+            config["attention_reads_end"] = "pre_replay"
+        return config
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.UNIFIED_MEMORY, rf.UNIFIED_SWA_POOLS, rf.UNIFIED_PAGE_COPY] + (
+            [rf.EAGER_PREFILL_READ_DONE] if self.prefill_reads_end_pre_replay else [])
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (unified_memory_kernels.declare,)
+
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        options["enable_unified_memory"] = True
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return _switches(self)
+
+    def worker_class(self, variant: Variant) -> type | None:
+        return UnifiedMemoryWorker
+
+    def pools(self, variant: Variant) -> Any:
+        return UnifiedPools(self)
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        attach(scheduler, self)
 
     def total_bytes(self) -> int:
         """The shared buffer's bytes."""
@@ -72,7 +116,7 @@ HEAD_DIM = 8  # float16: 16-byte K and V rows, the unified pool's alignment
 class UnifiedPools:
     """``pools`` for :func:`~.scheduler_build.build_scheduler`: SGLang's unified SWA pools."""
 
-    def __init__(self, config: UnifiedMemoryConfig) -> None:
+    def __init__(self, config: UnifiedMemory) -> None:
         self.config = config
         self.bundle: Any = None
 
@@ -114,11 +158,6 @@ class UnifiedPools:
         scheduler.sliding_window_size = self.config.sliding_window
         scheduler.full_tokens_per_layer = allocator.size_full
         scheduler.swa_tokens_per_layer = allocator.size_swa
-
-
-def pools(config: UnifiedMemoryConfig | None) -> UnifiedPools | None:
-    """The ``pools`` a variant's scheduler is built with (None: the default pools)."""
-    return None if config is None else UnifiedPools(config)
 
 
 def _forward_accesses(tokens: torch.Tensor, worker: UnifiedMemoryWorker, batch: Any,
@@ -203,19 +242,25 @@ class UnifiedMemoryWorker(FakeModelWorker):
 
 
 @contextmanager
-def eviction_selected(config: UnifiedMemoryConfig | None) -> Iterator[None]:
-    """``SGLANG_SWA_EVICTION_INTERVAL`` set to the variant's for the block (nothing for
-    None)."""
-    if config is None:
+def _switches(config: UnifiedMemory) -> Iterator[None]:
+    """SGLang's switch of the prefill read-done fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``,
+    on by default in 0.5.23, opt-in in 0.5.22), set on when the prefills publish their
+    read-done event early, and the eviction interval."""
+    with (eager_prefill.fastpath_enabled(config.prefill_reads_end_pre_replay),
+          eviction_selected(config)):
         yield
-        return
+
+
+@contextmanager
+def eviction_selected(config: UnifiedMemory) -> Iterator[None]:
+    """``SGLANG_SWA_EVICTION_INTERVAL`` set to the variant's for the block."""
     from sglang.srt.environ import envs
 
     with envs.SGLANG_SWA_EVICTION_INTERVAL.override(config.eviction_interval):
         yield
 
 
-def attach(scheduler: Any, config: UnifiedMemoryConfig) -> None:
+def attach(scheduler: Any, config: UnifiedMemory) -> None:
     """The model's sliding window, given to the forward that reads it."""
     scheduler.tp_worker.window = config.sliding_window
     scheduler.tp_worker.prefill_reads_end_pre_replay = config.prefill_reads_end_pre_replay
@@ -250,9 +295,3 @@ def _publish_prefill_read_done(model_runner: Any, batch: Any) -> None:
     maybe_publish_prefill_shared_read_done(
         model_runner, _prefill_reads_end(batch.forward_mode) if takes_answer else batch,
         torch.cuda)
-
-def publishes_prefill_read_done(config: UnifiedMemoryConfig | None) -> bool:
-    """Whether the variant's prefills publish their read-done event early: SGLang's switch of
-    that fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``, on by default in 0.5.23, opt-in
-    in 0.5.22) is then set on for the run."""
-    return config is not None and config.prefill_reads_end_pre_replay
