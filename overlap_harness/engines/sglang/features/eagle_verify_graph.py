@@ -35,7 +35,6 @@ import torch
 from overlap_harness.engines.sglang import release_features as rf
 from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.features.decode_graph import (
-    GraphModelRunner,
     build_runner,
     graph_platform,
     graph_server_args,
@@ -48,6 +47,7 @@ from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     _kernel_values,
     copy_row_kv_indices,
 )
+from overlap_harness.engines.sglang.stand_ins.graph_model import GraphModelRunner
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 if TYPE_CHECKING:

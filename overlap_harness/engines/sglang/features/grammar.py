@@ -25,6 +25,7 @@ import torch
 
 from overlap_harness.engines.sglang import release_features as rf
 from overlap_harness.engines.sglang.features.api import Feature
+from overlap_harness.engines.sglang.stand_ins.delay_sample_worker import DelaySampleWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 if TYPE_CHECKING:
@@ -129,8 +130,6 @@ class Grammar(Feature):
         return [] if variant.speculative is not None else [rf.DELAYED_SAMPLE]
 
     def worker_class(self, variant: Variant) -> type | None:
-        from overlap_harness.engines.sglang.features.delay_sample import DelaySampleWorker
-
         # TpModelWorker defers the sampling of grammar batches (without speculation)
         return None if variant.speculative is not None else DelaySampleWorker
 
