@@ -97,19 +97,6 @@ class Feature:
         current iteration); None: none."""
         return None
 
-    def label(self) -> str:
-        """The feature as the configuration page and messages name it: its class and the
-        fields that differ from the defaults."""
-        import dataclasses
-
-        if not dataclasses.is_dataclass(self):
-            return type(self).__name__
-        changed = [f"{field.name}={getattr(self, field.name)!r}"
-                   for field in dataclasses.fields(self)
-                   if field.default is not dataclasses.MISSING
-                   and getattr(self, field.name) != field.default]
-        return f"{type(self).__name__}({', '.join(changed)})"
-
 
 def on_off(flag: bool) -> str:
     """A switch's value: ``on`` or ``off``."""
