@@ -28,6 +28,7 @@ from overlap_harness import __version__, calibrate_cmd, check_cmd
 from overlap_harness.cli_options import OneLineParser, count, seconds
 from overlap_harness.conformance import cli as conformance_cli
 from overlap_harness.engines.sglang import cli as sglang_loop_cli
+from overlap_harness.engines.tokenspeed import cli as tokenspeed_cli
 from overlap_harness.engines.vllm import cli as vllm_cli
 from overlap_harness.model.errors import HarnessError, ScenarioError
 from overlap_harness.output_paths import prepare_outputs, safe_name
@@ -508,7 +509,7 @@ def _add_gpu_check(sub: SubParsers) -> None:
 SUBCOMMANDS: list[Callable[[SubParsers], None]] = [
     _add_run, _add_report, _add_plot, _add_whatif, _add_explore, _add_gpu_check,
     check_cmd.add_parser, conformance_cli.add_parser, calibrate_cmd.add_parser,
-    sglang_loop_cli.add_parser, vllm_cli.add_parser,
+    sglang_loop_cli.add_parser, vllm_cli.add_parser, tokenspeed_cli.add_parser,
 ]
 
 
@@ -557,12 +558,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> None:
     """The console script and ``python -m overlap_harness``: :func:`main`, then exit with its
-    status. After a GPU-mode recording the process leaves without interpreter teardown: torch
-    cannot unregister its GPU trace hooks, and during teardown every CUDA free calls them and
-    fails (``trace hook execution failed: KeyError: '__import__'``), one line per free."""
+    status. After Ctrl-C, and after a GPU-mode recording, the process leaves without
+    interpreter teardown: after Ctrl-C it would hold the terminal while it collects an
+    engine's objects; after a GPU-mode recording torch cannot unregister its GPU trace hooks,
+    and during teardown every CUDA free calls them and fails (``trace hook execution failed:
+    KeyError: '__import__'``), one line per free."""
     status = main()
     gpu_mode = sys.modules.get("overlap_harness.recorder.gpu_mode")
-    if gpu_mode is not None and gpu_mode.trace_active():
+    # after Ctrl-C the process ends now: the interpreter's teardown of an engine's objects
+    # (SGLang's, torch's: a garbage collection of millions) held the terminal 20 s and more
+    if status == EXIT_INTERRUPTED or (gpu_mode is not None and gpu_mode.trace_active()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

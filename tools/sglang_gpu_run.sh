@@ -23,7 +23,13 @@
 # deadline left, VARIANTS="--gpu-resume $H/prev.json" (the first report) DEADLINE=190.
 # Then H=.gpu/h36c (this checkout, 23 variants), VARIANTS="--gpu-resume $H/prev.json" with the
 # committed report as prev.json, DEADLINE=300, and once more (DEADLINE=140) with its output.
-# STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both);
+# 2026-12-07 (issue 45, the forcing from the race itself): H=.gpu/s40, STEP=loop,table: first the
+# loop report regenerated in CPU mode on the CUDA host from the code that travelled (so the
+# race sides' harness lines the probe matches are this code's), then the table against it,
+# VARIANTS="--gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json" (its settled rows kept).
+# Call: run(command="H=.gpu/s40 STEP=loop,table bash tools/sglang_gpu_run.sh", carry=[".gpu/s40"]).
+# STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
+# the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
 export PYTHONUNBUFFERED=1
 H=${H:-$PWD/.gpu/h36}
@@ -33,17 +39,26 @@ mkdir -p /tmp/sg && tar xzf "$H/sglang.tgz" -C /tmp/sg || exit 1
 export PYTHONPATH=/tmp/sg:/tmp/site:$H/code
 nvidia-smi -L
 python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
-cd "$H/code" || exit 1
+if [ -d "$H/code" ]; then cd "$H/code" || exit 1; fi  # else: the checkout that travelled
 STEP=${STEP:-all}
+LOOP_JSON=""
+case ",$STEP," in *,loop,*)
+  mkdir -p "$OUT/loop"
+  timeout "${LOOP_S:-200}" python3 -m overlap_harness sglang --necessity -j "${JOBS:-10}" -q \
+    --loop-report "$OUT/loop" $LOOP_VARIANTS > "$OUT/loop.log" 2>&1
+  echo "loop report (CPU mode): exit $?"; tail -5 "$OUT/loop.log"
+  LOOP_JSON="--loop-json $(ls "$OUT"/loop/sglang-*-loop.json)";;
+esac
 if [ "$STEP" = all ] || [ "$STEP" = smoke ]; then
   # the CPU mode on this CUDA host, beside the table (its own process; no GPU work)
   (timeout 240 python3 -m overlap_harness sglang --variant non_spec_decode \
     --variant graph_decode > /tmp/cpu_mode.log 2>&1; echo "exit $?" >> /tmp/cpu_mode.log) &
 fi
-if [ "$STEP" = all ] || [ "$STEP" = table ]; then
+case ",$STEP," in *,all,*|*,table,*)
   timeout "${TABLE_S:-520}" python3 -m overlap_harness sglang --gpu -j "${JOBS:-10}" \
-    --gpu-deadline "${DEADLINE:-440}" --gpu-report "$OUT" $VARIANTS 2>&1 | grep -v Warning \
-    | tee "$OUT/table.log" | tail -40
-fi
+    --gpu-deadline "${DEADLINE:-440}" --gpu-report "$OUT" $LOOP_JSON $VARIANTS 2>&1 \
+    | grep -v Warning \
+    | tee "$OUT/table.log" | tail -40;;
+esac
 wait
 [ -f /tmp/cpu_mode.log ] && tail -8 /tmp/cpu_mode.log | tee "$OUT/cpu_mode.log"

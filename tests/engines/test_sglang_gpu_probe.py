@@ -16,8 +16,7 @@ from overlap_harness.engines.sglang.gpu.probe import _key, _matches, probes, why
 
 EXAMPLES = [
     "RAW add: target_prefill_forward on self.forward_stream at /x/overlap_harness/engines/"
-    "sglang/stand_ins/eagle_models.py:216 / copy_ on self.copy_stream at "
-    "sglang/srt/utils/common.py:615",
+    "sglang/eagle_worker.py:216 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
     "RAW predict@eagle_utils.py:632: zeros on self.forward_stream at sglang/srt/speculative/"
     "eagle_utils.py:632 / copy_ on self.copy_stream at sglang/srt/utils/common.py:615",
     "host-D2H host@common.py:614: copy_ on self.copy_stream at sglang/srt/utils/common.py:615"
@@ -27,7 +26,7 @@ EXAMPLES = [
 
 def test_probe_takes_the_sides_of_the_races_whose_earlier_side_is_the_stream() -> None:
     forward = probes(EXAMPLES, "forward_stream")
-    assert forward.earlier == ("/x/overlap_harness/engines/sglang/stand_ins/eagle_models.py:216",
+    assert forward.earlier == ("/x/overlap_harness/engines/sglang/eagle_worker.py:216",
                                "sglang/srt/speculative/eagle_utils.py:632")
     assert forward.later == ("sglang/srt/utils/common.py:615",)
     copy = probes(EXAMPLES, "copy_stream")
@@ -119,23 +118,48 @@ def test_each_child_takes_a_few_rows_of_one_site_the_heaviest_first() -> None:
     assert sum(len(rows) for _, rows in work) == 10
 
 
-def test_resume_keeps_the_rows_with_trials_and_plans_only_the_others(tmp_path: Path) -> None:
+def test_resume_keeps_the_settled_rows_and_plans_only_the_others(tmp_path: Path) -> None:
     from overlap_harness.engines.sglang.gpu.command import _resumed
 
     loop = {"variants": ["a"], "rows": [
-        {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": "race",
-         "race_examples": []} for n in (1, 2)]}
+        {"variant": "a", "site": f"s.py:{n}", "code": "x", "real": verdict,
+         "race_examples": []} for n, verdict in ((1, "race"), (2, "race"), (3, "race_free"),
+                                                 (4, "race_free"))]}
+    made = {"earlier_issued": 1, "later_pending": 1, "later_done": 0, "later_first": 0}
+
+    def trial(forcing: str, sleeps: int, **more: object) -> dict:
+        return {"forcing": forcing, "wrong": None, "error": None, "seconds": 0.1,
+                "sleeps": sleeps, "probe": None, **more}
+
+    def row(site: str | None, verdict: str | None, trials: list[dict]) -> dict:
+        return {"variant": "a", "site": site, "code": "x", "cpu_verdict": verdict,
+                "trials": len(trials), "wrong_trials": sum(bool(t["wrong"]) for t in trials),
+                "trial_details": trials, "probes": [{"stream": "copy_stream", "earlier": [],
+                                                     "later": []}] if verdict == "race" else []}
+
+    control = [trial(f"copy_stream+{c}cy", 2) for c in gpu_table.CONTROL_CYCLES]
     earlier = {"sglang_version": "0.5.23", "device": "NVIDIA H200", "command": "c",
-               "date": "d", "seconds": 1.0, "child_failures": [], "rows": [
-                   {"variant": "a", "site": "s.py:1", "trials": 2},
-                   {"variant": "a", "site": "s.py:2", "trials": 0, "error": "deadline"},
-                   {"variant": "a", "site": None, "trials": 3}]}
+               "date": "d", "seconds": 1.0, "child_failures": [], "torch": "2.11", "rows": [
+                   # made and wrong: settled
+                   row("s.py:1", "race", [trial("copy_stream@earlier+2097152cy", 1,
+                                                probe=made, wrong="r = 1 (serial 2)")]),
+                   # wrong, but no probe saw the race made (an old report's row): again
+                   row("s.py:2", "race", [trial("copy_stream+1048576cy", 1,
+                                                wrong="r = 1 (serial 2)")]),
+                   row("s.py:3", "race_free", [trial("copy_stream+2097152cy", 3)]),
+                   # held nothing: not evidence, again
+                   row("s.py:4", "race_free", [trial("copy_stream+2097152cy", 0)]),
+                   # the unmodified loop held at one delay only: again
+                   row(None, None, control[:1])]}
     path = tmp_path / "earlier.json"
     path.write_text(json.dumps(earlier))
-    kept, document = _resumed(path, "0.5.23", "NVIDIA H200")
-    assert [r["site"] for r in kept] == ["s.py:1", None] and document["command"] == "c"
+    kept, document = _resumed(path, "0.5.23")
+    assert [r["site"] for r in kept] == ["s.py:1", "s.py:3"] and document["command"] == "c"
+    assert kept[0]["race_made_trials"] == 1 and kept[1]["slept_trials"] == 1
+    assert {r["device"] for r in kept} == {"NVIDIA H200"}  # each row keeps where it ran
     skip = frozenset((r["variant"], r["site"]) for r in kept)
     planned = gpu_table.plan(loop, None, skip)
-    assert planned[None] == [] and list(planned) == [None, "s.py:2"]
-    refused, _ = _resumed(path, "0.5.23", "NVIDIA H100 80GB HBM3")
-    assert isinstance(refused, str) and "H100" in refused
+    assert list(planned) == [None, "s.py:2", "s.py:4"]
+    assert gpu_table.settled(gpu_table.recounted(row(None, None, control)))
+    refused, _ = _resumed(path, "0.5.22")
+    assert isinstance(refused, str) and "0.5.23" in refused

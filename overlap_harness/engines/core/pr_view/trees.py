@@ -22,7 +22,8 @@ from overlap_harness.engines.core.pr_view.ordering import ordering_lines, statem
 from overlap_harness.model.errors import HarnessError
 
 #: where each engine's package lies in a tree root (a checkout keeps SGLang's in python/)
-PACKAGE_FOLDERS = {"sglang": ("sglang", "python/sglang"), "vllm": ("vllm",)}
+PACKAGE_FOLDERS = {"sglang": ("sglang", "python/sglang"), "vllm": ("vllm",),
+                   "tokenspeed": ("tokenspeed", "python/tokenspeed")}
 
 
 class TreeError(HarnessError):

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, f"{loop_path}: no loop report (write one with --necessity "
                     "--loop-report DIR, or pass --loop-json FILE)")
     loop_document = json.loads(loop_path.read_text())
+    if args.repro:
+        return _repro(args, loop_document)
     names = args.variant or loop_document["variants"]
     if (message := unknown_variants(names, loop_document["variants"])) is not None:
         return fail(PROG, message)
@@ -63,15 +65,19 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         args.gpu_report.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
-    kept, earlier = _resumed(args.gpu_resume, tree.version, device)
+    kept, earlier = _resumed(args.gpu_resume, tree.version)
     if isinstance(kept, str):
         return fail(PROG, kept)
     skip = frozenset((r["variant"], r["site"]) for r in kept)
     rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
                                          args.gpu_deadline, progress, skip)
-    command = "overlap-harness " + shlex.join(sys.argv[1:])
+    for row in rows:  # each row names the device and torch its trials ran on
+        row["device"], row["torch"] = device, torch.__version__
+    command = relative_command(sys.argv[1:])
     report = gpu_report.document(
-        kept + rows, version=tree.version, device=device, torch_version=torch.__version__,
+        kept + rows, version=tree.version,
+        device=", ".join(sorted({r["device"] for r in kept + rows})) or device,
+        torch_version=", ".join(sorted({r["torch"] for r in kept + rows})) or torch.__version__,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=f"{earlier['command']}; then {command}" if earlier else command,
         failures=[f for f in (earlier or {}).get("child_failures", [])
@@ -93,14 +99,91 @@ def run(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
-def _resumed(path: Path | None, version: str, device: str
-             ) -> tuple[list[dict] | str, dict | None]:
-    """The rows with trials of an earlier report (``--gpu-resume``) and that report; an
-    error text when it is of another tree or device."""
+def relative_command(argv: list[str]) -> str:
+    """The command as run, every path argument relative to the working directory (the
+    repository) or, outside it, by its name alone: no machine's local path in a report."""
+    words = []
+    for word in argv:
+        if word.startswith("/") and Path(word).exists():
+            path = Path(word)
+            try:
+                word = str(path.resolve().relative_to(Path.cwd().resolve()))
+            except ValueError:
+                word = f"<{path.name}>"
+        words.append(word)
+    return "overlap-harness " + shlex.join(words)
+
+
+def parse_forcing(label: str) -> tuple[str, bool, int]:
+    """``'forward_stream@earlier+8388608cy'`` -> (``'forward_stream'``, targeted, cycles)."""
+    stream, _, rest = label.partition("+")
+    if not rest.endswith("cy") or not rest[:-2].isdigit() or not stream:
+        raise ValueError(f"--repro-forcing {label!r}: expected STREAM[@earlier]+Ncy, as a "
+                         "GPU report's forced_delay labels it")
+    return stream.removesuffix("@earlier"), stream.endswith("@earlier"), int(rest[:-2])
+
+
+def _repro(args: argparse.Namespace, loop_document: dict) -> int:
+    """``--repro VARIANT SITE``: the serial answer, then SITE removed and one forcing; the
+    first wrong value, and how to make it by hand (a maintainer's patch: the site's line
+    removed, ``torch.cuda._sleep`` before the earlier side's ops). Exit 1 when the value is
+    wrong (the race shown), 0 when not."""
+    from overlap_harness.engines.core.mutation import Coverage, remove_site
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    variant, site = args.repro
+    site = None if site == "-" else site
+    if variant not in loop_document["variants"]:
+        return fail(PROG, f"--repro {variant}: not a variant of the loop report")
+    rows = [r for r in loop_document["rows"] if r["variant"] == variant and r["site"] == site]
+    if site is not None and not rows:
+        return fail(PROG, f"--repro {variant} {site}: no such row in the loop report")
+    examples = rows[0]["race_examples"] if rows else []
+    try:
+        stream, targeted, cycles = parse_forcing(args.repro_forcing or "")
+    except ValueError as exc:
+        return fail(PROG, str(exc))
+    try:
+        environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return fail(PROG, str(exc))
+    serial_trial, serial, _ = run_trial(variant, Forcing(serial=True), None)
+    if serial is None:
+        return fail(PROG, f"the serial run of {variant} failed: {serial_trial.error}")
+    if site is not None:
+        remove_site(gpu_table._find_site(site), Coverage())
+    probe = probes(examples, stream)
+    trial = run_trial(variant, Forcing((stream,), cycles, targeted=targeted), serial, probe)[0]
+    held = ", ".join(probe.earlier) or "every op of the stream"
+    print(f"{variant} without {site or 'no site (the unmodified loop)'}; "
+          f"torch.cuda._sleep({cycles}) on {stream} before "
+          f"{'the earlier side: ' + held if targeted else 'each of its ops'}")
+    print(f"held {trial.sleeps} ops; race made: {trial.race_made} (probe {trial.probe})")
+    if trial.error:
+        print(f"crashed: {trial.error}")
+    print(f"wrong: {trial.wrong}" if trial.wrong else "every value equals the serial answer")
+    if site is not None and targeted:
+        print(f"by hand: delete {site}; before {held} (on {stream}) insert "
+              f"`torch.cuda._sleep({cycles})`; run the variant and compare with the serial "
+              "run")
+    return 1 if trial.wrong or trial.error else 0
+
+
+def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | None]:
+    """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
+    trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
+    that report; an error text when it is of another tree. Its other rows run again."""
+    from overlap_harness.engines.sglang.gpu.table import recounted, settled
+
     if path is None:
         return [], None
     earlier = json.loads(path.read_text())
-    if earlier["sglang_version"] != version or earlier["device"] != device:
-        return (f"{path}: a report of sglang {earlier['sglang_version']} on "
-                f"{earlier['device']}, not {version} on {device}"), None
-    return [r for r in earlier["rows"] if r.get("trials")], earlier
+    if earlier["sglang_version"] != version:
+        return (f"{path}: a report of sglang {earlier['sglang_version']}, not "
+                f"{version}"), None
+    rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
+            for r in earlier["rows"]]
+    return [r for r in rows if settled(r)], earlier

@@ -66,17 +66,19 @@ def _on_device(args: Any, kwargs: Any) -> bool:
 
 
 class _Forced(TorchDispatchMode):
-    """Before each device op issued on a delayed stream, ``torch.cuda._sleep(cycles)`` on it;
+    """Before each device op issued on a delayed stream, ``torch.cuda._sleep(cycles)`` on it
+    (``targeted``: only before the ops the probe says come from the race's earlier side);
     with ``serial``, a device synchronize after each device op. Nothing is added inside a
     graph capture (a synchronize is illegal there, and a sleep would be replayed)."""
 
-    def __init__(self, delayed: set[int], cycles: int, serial: bool, probe: Any = None
-                 ) -> None:
+    def __init__(self, delayed: set[int], cycles: int, serial: bool, probe: Any = None,
+                 targeted: bool = False) -> None:
         super().__init__()
         self.probe = probe  # a gpu_probe.SideProbe told of each delayed op, or None
         self.delayed = delayed
         self.cycles = cycles
         self.serial = serial
+        self.targeted = targeted and probe is not None
         self.sleeps = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -86,16 +88,23 @@ class _Forced(TorchDispatchMode):
         return self.launch(func, args, kwargs, device)
 
     def launch(self, func: Any, args: Any, kwargs: Any, device: bool) -> Any:
-        """``func(*args, **kwargs)``, delayed before (a delayed current stream), told to the
-        probe after, synchronized after in a serial run."""
-        held = device and self.delayed and \
+        """``func(*args, **kwargs)``, delayed before (a delayed current stream; targeted:
+        an op of the earlier side there), told to the probe after, synchronized after in a
+        serial run."""
+        on_delayed = device and bool(self.delayed) and \
             torch.cuda.current_stream().cuda_stream in self.delayed
+        # targeted: an op from the earlier side's line is on the earlier side's stream by
+        # definition, whichever stream object the loop's attributes hold (a stream made per
+        # call, a context's own), so it is held wherever it is issued
+        watched = self.probe is not None and (on_delayed or (device and self.targeted))
+        earlier = watched and self.probe.at_earlier(3)
+        held = earlier if self.targeted else on_delayed
         if held:
             torch.cuda._sleep(self.cycles)
             self.sleeps += 1
         out = func(*args, **kwargs)
-        if held and self.probe is not None:
-            self.probe.after_op()
+        if watched:
+            self.probe.after_op(earlier)
         if device and self.serial:
             torch.cuda.synchronize()
         return out
@@ -157,14 +166,19 @@ class Forcing:
     streams: tuple[str, ...] = ()
     cycles: int = 0
     serial: bool = False
+    #: delay only the race's earlier side (its ops on the stream, or the host's calls at its
+    #: line for ``host``), found by the trial's probe; else every op of the streams
+    targeted: bool = False
 
     def label(self) -> str:
-        """E.g. ``copy_stream+1048576cy``, ``none``, ``serial``."""
+        """E.g. ``copy_stream+1048576cy``, ``copy_stream@earlier+1048576cy``, ``none``,
+        ``serial``."""
         if self.serial:
             return "serial"
         if not self.streams:
             return "none"
-        return "+".join(self.streams) + f"+{self.cycles}cy"
+        return "+".join(self.streams) + ("@earlier" if self.targeted else "") \
+            + f"+{self.cycles}cy"
 
 
 @dataclass
@@ -187,15 +201,22 @@ class DeviceRun:
         """The dispatch mode of :attr:`plan` around the loop."""
         streams = loop_streams(scheduler)
         self.streams_seen = sorted(streams)
-        missing = [s for s in self.plan.streams if s not in streams]
+        device_streams = [s for s in self.plan.streams if s != "host" and (
+            s in streams or not self.plan.targeted)]  # targeted: held where issued (above)
+        missing = [s for s in device_streams if s not in streams]
         if missing:
             raise KeyError(f"streams {missing} not found; the loop holds {sorted(streams)}")
-        delayed = {streams[s].cuda_stream for s in self.plan.streams}
-        mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe)
-        with mode, mode.replays(), \
-                (self.probe.watching() if self.probe is not None else nullcontext()):
-            yield
-        self.sleeps = mode.sleeps
+        delayed = {streams[s].cuda_stream for s in device_streams}
+        if "host" in self.plan.streams and self.probe is not None:
+            self.probe.host_cycles = self.plan.cycles  # the host held at its earlier side
+        mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe,
+                       self.plan.targeted)
+        try:
+            with mode, mode.replays(), \
+                    (self.probe.watching() if self.probe is not None else nullcontext()):
+                yield
+        finally:  # a crashed trial keeps what it held too
+            self.sleeps = mode.sleeps + (self.probe.host_sleeps if self.probe else 0)
 
 
 def observe(loop_run: Any) -> dict[str, Any]:
@@ -238,7 +259,18 @@ class Trial:
     error: str | None = None  # a crash of the run
     seconds: float = 0.0
     sleeps: int = 0
-    probe: dict[str, int] | None = None  # what a gpu_probe.SideProbe counted
+    probe: dict[str, Any] | None = None  # what a gpu_probe.SideProbe counted
+
+    @property
+    def slept(self) -> bool:
+        """The trial's delay held back at least one op (of the delayed stream, or the host's
+        earlier side): only such a trial is evidence."""
+        return self.sleeps > 0
+
+    @property
+    def race_made(self) -> bool:
+        """The probe saw the later side run while the earlier side's work was pending."""
+        return bool(self.probe and self.probe.get("later_pending"))
 
 
 def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
@@ -258,8 +290,11 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
     except Exception as exc:  # a crash is the trial's result, never raised
         torch.cuda.synchronize()
         return Trial(forcing.label(), error=format_error(exc),
-                     seconds=time.perf_counter() - started), None, run.streams_seen
-    trial = Trial(forcing.label() + ("+probe" if probe is not None else ""),
+                     seconds=time.perf_counter() - started, sleeps=run.sleeps,
+                     probe=probe.counts() if probe is not None else None
+                     ), None, run.streams_seen
+    trial = Trial(forcing.label() + ("+probe" if probe is not None and not forcing.targeted
+                                     else ""),
                   seconds=time.perf_counter() - started, sleeps=run.sleeps,
                   probe=probe.counts() if probe is not None else None)
     if serial is not None:

@@ -15,6 +15,7 @@ earlier side can reorder them.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,9 +55,20 @@ def _matches(frame: FrameType, keys: Sequence[tuple[str, int]]) -> bool:
     return False
 
 
+#: calls that can order the host or a stream behind earlier device work: what ran between the
+#: two sides when the later one found the earlier one finished (named in ``orderings``)
+ORDERING_CALLS = frozenset({
+    "synchronize", "wait_stream", "wait_event", "wait", "item", "tolist", "cpu", "numpy",
+    "query", "record_stream", "_local_scalar_dense", "is_nonzero", "nonzero", "to", "copy_"})
+#: a host-side earlier side (a host write, an allocator free) is delayed by this many seconds
+#: per GPU clock cycle asked (about 1.5 GHz: the order of a Hopper SM clock)
+HOST_SECONDS_PER_CYCLE = 1 / 1.5e9
+
+
 @dataclass
 class SideProbe:
-    """The two sides of the CPU races whose earlier side is on ``stream`` (``file:line``)."""
+    """The two sides of the CPU races whose earlier side is on ``stream`` (``file:line``;
+    ``stream`` ``host``: a host action)."""
 
     stream: str
     earlier: tuple[str, ...]
@@ -65,7 +77,12 @@ class SideProbe:
     later_pending: int = 0  # the later side reached while the earlier side's work was pending
     later_done: int = 0  # ... after it had finished
     later_first: int = 0  # ... before any earlier side was issued
+    host_cycles: int = 0  # a host earlier side: the delay before each of its calls
+    host_sleeps: int = 0
+    orderings: dict[str, int] = field(default_factory=dict)  # see ORDERING_CALLS
+    on_made: Any = field(default=None, repr=False)  # called once, when the race is first made
     _event: Any = field(default=None, repr=False)
+    _since_earlier: list[str] = field(default_factory=list, repr=False)
     _earlier_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
     _later_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
 
@@ -73,10 +90,20 @@ class SideProbe:
         self._earlier_keys = [_key(x) for x in self.earlier]
         self._later_keys = [_key(x) for x in self.later]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
         """What the trial showed (kept in the trial's details)."""
-        return {"earlier_issued": self.earlier_issued, "later_pending": self.later_pending,
-                "later_done": self.later_done, "later_first": self.later_first}
+        out: dict[str, Any] = {
+            "earlier_issued": self.earlier_issued, "later_pending": self.later_pending,
+            "later_done": self.later_done, "later_first": self.later_first}
+        if self.host_sleeps:
+            out["host_sleeps"] = self.host_sleeps
+        out["orderings"] = dict(sorted(self.orderings.items(), key=lambda kv: -kv[1])[:6])
+        return out
+
+    def made(self) -> bool:
+        """The trial made the race's order: the later side ran while the earlier side's
+        work was still pending."""
+        return self.later_pending > 0
 
     def _at(self, frame: FrameType | None, keys: Sequence[tuple[str, int]]) -> bool:
         while frame is not None:
@@ -85,26 +112,50 @@ class SideProbe:
             frame = frame.f_back
         return False
 
-    def after_op(self) -> None:
-        """Called by the forcing mode after a device op issued on the delayed stream."""
-        if self._at(sys._getframe(1), self._earlier_keys):
+    def at_earlier(self, depth: int = 2) -> bool:
+        """The op being issued (``depth`` frames up from the caller) comes from the race's
+        earlier side: the targeted forcing delays exactly these ops."""
+        return self._at(sys._getframe(depth), self._earlier_keys)
+
+    def after_op(self, at_earlier: bool) -> None:
+        """Called by the forcing mode after a device op issued on the delayed stream (its
+        ``at_earlier`` from :meth:`at_earlier`)."""
+        if at_earlier:
             self.earlier_issued += 1
             self._event = torch.cuda.Event()
             self._event.record()
+            self._since_earlier.clear()
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
+            name = frame.f_code.co_name
             frame = frame.f_back  # a Python call: the caller's line
-        elif event != "c_call":
+        elif event == "c_call":
+            name = getattr(arg, "__name__", "")
+        else:
             return
-        if frame is None or not _matches(frame, self._later_keys):
+        if frame is None:
+            return
+        if self.host_cycles and _matches(frame, self._earlier_keys):
+            time.sleep(self.host_cycles * HOST_SECONDS_PER_CYCLE)  # a host earlier side held
+            self.host_sleeps += 1
+            self.earlier_issued += 1
+            return
+        if not _matches(frame, self._later_keys):
+            if self._event is not None and name in ORDERING_CALLS \
+                    and len(self._since_earlier) < 32:
+                self._since_earlier.append(f"{name} at {_short(frame)}")
             return
         if self._event is None:
             self.later_first += 1
         elif self._event.query():
             self.later_done += 1
+            for call in dict.fromkeys(self._since_earlier):
+                self.orderings[call] = self.orderings.get(call, 0) + 1
         else:
             self.later_pending += 1
+            if self.later_pending == 1 and self.on_made is not None:
+                self.on_made()  # a trial that then dies (a CUDA abort) still made the race
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -115,6 +166,12 @@ class SideProbe:
             yield
         finally:
             sys.setprofile(previous)
+
+
+def _short(frame: FrameType) -> str:
+    """``sglang/srt/x.py:12`` or ``overlap_harness/...:3`` for a frame (no machine prefix)."""
+    path, line = _key(f"{frame.f_code.co_filename.replace(chr(92), '/')}:{frame.f_lineno}")
+    return f"{path}:{line}"
 
 
 def probes(race_examples: Sequence[str], stream: str) -> SideProbe:
@@ -133,7 +190,7 @@ def probes(race_examples: Sequence[str], stream: str) -> SideProbe:
     return SideProbe(stream, tuple(dict.fromkeys(earlier)), tuple(dict.fromkeys(later)))
 
 
-def why_equal(probe_counts: dict[str, int], probe: dict[str, Any]) -> tuple[str, str]:
+def why_equal(probe_counts: dict[str, Any], probe: dict[str, Any]) -> tuple[str, str]:
     """(reason key, text) for a necessary row whose probed trial equals the serial answer:
     ``overwritten`` when the race's order was made, ``timing`` when it was not."""
     sides = f"earlier side {', '.join(probe['earlier'])} on {probe['stream']}; later side " \
@@ -151,7 +208,13 @@ def why_equal(probe_counts: dict[str, int], probe: dict[str, Any]) -> tuple[str,
                           f"in the probed trial ({sides}): the delay has nothing to hold")
     if not reached:
         return "timing", f"the later side was not reached in the probed trial ({sides})"
+    seen = c.get("orderings")
+    between = "" if seen is None else (  # None: a probe older than the orderings' count
+        "; calls that can order them ran between the sides: "
+        + ", ".join(f"{call} ({times}x)" for call, times in seen.items()) if seen
+        else "; no call that can order them ran between the sides on the host")
     return "timing", (
         f"the earlier side had finished each of the {c['later_done']} times the later side "
-        f"was reached ({c['later_first']} reaches came before any earlier side; {sides}): "
-        "something between them waits for it, so no delay of the earlier side reorders them")
+        f"was reached ({c['later_first']} reaches came before any earlier side; {sides})"
+        f"{between}: something between them waits for it, so no delay of the earlier side "
+        "reorders them")

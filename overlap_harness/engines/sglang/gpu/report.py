@@ -18,8 +18,8 @@ NO_WRONG_REASONS = {
     "overwritten": "the race was made (probe), but the corrupted value is overwritten or not "
                    "read before it reaches the compared buffers",
     "timing": "the race needs a timing the delay of its earlier side cannot make (probe)",
-    "crashed": "a forced trial crashed (the race broke the loop) instead of finishing with a "
-               "wrong value",
+    "crashed": "a forced trial that made the race (probe) crashed: the race broke the loop "
+               "instead of finishing with a wrong value",
     "unprobed": "every forced trial equals the serial answer; no probe ran",
     "not_run": "the row's trials did not run (error or budget): see error",
 }
@@ -43,35 +43,53 @@ def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_ver
 
 def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
     """Why a necessary row shows no wrong value, computed from what its trials did (never
-    hand-written): not run; a trial crashed; else the probes' finding (gpu_probe.why_equal)
-    for each delayed stream: ``overwritten`` if any made the race, else ``timing``."""
+    hand-written): not run; a trial that made the race crashed; else the probes' finding
+    (gpu_probe.why_equal) of each probed trial: ``overwritten`` if any made the race, else
+    ``timing`` (the finding of the trial with the largest delay)."""
     from overlap_harness.engines.sglang.gpu.probe import why_equal
 
     if not row["trials"]:
         return "not_run", f"{NO_WRONG_REASONS['not_run']} ({row.get('error') or 'no trials'})"
-    if row.get("crashed_trials"):
-        return "crashed", (f"{row['crashed_trials']} of {row['trials']} forced trials crashed "
-                           f"instead of finishing with a wrong value "
+    if row.get("made_crashed_trials"):
+        return "crashed", (f"{row['made_crashed_trials']} of {row['trials']} forced trials "
+                           f"made the race and crashed instead of finishing with a wrong value "
                            f"({row.get('example_crash')}); the others equal the serial answer")
-    found = [why_equal(p["counts"], p) for p in row.get("probes", [])]
+    sides = {p["stream"]: p for p in row.get("probes", [])}
+    found = [why_equal(t["probe"], sides.get(t["forcing"].split("+")[0].split("@")[0],
+                                             {"stream": "?", "earlier": [], "later": []}))
+             for t in row.get("trial_details", []) if t.get("probe") and "earlier_issued"
+             in t["probe"]]
     if not found:
         return "unprobed", NO_WRONG_REASONS["unprobed"]
-    key = "overwritten" if any(k == "overwritten" for k, _ in found) else "timing"
+    crashed = (f"; {row['crashed_trials']} crashed without the probe seeing the race made "
+               f"({row.get('example_crash')})") if row.get("crashed_trials") else ""
+    made = [text for key, text in found if key == "overwritten"]
+    key, text = ("overwritten", made[0]) if made else ("timing", found[-1][1])
     delays = ", ".join(sorted(set(row.get("forced_delay", []))))
-    return key, f"all {row['trials']} forced trials ({delays}) equal the serial answer; " \
-        + "; ".join(text for _, text in found)
+    return key, f"all {row['trials']} forced trials ({delays}) equal the serial answer" \
+        f"{crashed}; {text}"
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Counts: necessary rows with a wrong value, redundant rows all equal, and so on."""
+    """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
+    those exercised), and so on."""
     def count(verdict: str | None, wrong: bool) -> int:
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
-                   and not r.get("error") and bool(r["wrong_trials"]) == wrong)
+                   and not r.get("error") and bool(r["wrong_trials"]) == wrong
+                   and not r.get("not_exercised"))
+    necessary = [r for r in rows if r["cpu_verdict"] == "race" and r["trials"]]
     return {"rows": len(rows),
             "race_rows_wrong": count("race", True), "race_rows_all_equal": count("race", False),
+            "race_rows_made": sum(1 for r in necessary if r.get("race_made_trials")),
+            "race_rows_wrong_or_made_crash": sum(
+                1 for r in necessary if r["wrong_trials"] or r.get("made_crashed_trials")),
             "race_free_rows_all_equal": count("race_free", False),
             "race_free_rows_wrong": count("race_free", True),
+            "race_free_rows_not_exercised": sum(
+                1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("not_exercised")),
             "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
+            "unmodified_not_exercised": sum(
+                1 for r in rows if r["cpu_verdict"] is None and r.get("not_exercised")),
             "errors": sum(1 for r in rows if r.get("error")),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
@@ -98,12 +116,30 @@ def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
         if row["cpu_verdict"] == "race" and not row["wrong_trials"] and (
                 not row.get("why") or row.get("why_reason") not in NO_WRONG_REASONS):
             out.append(f"{where}: a necessary row without a wrong value says no why")
+        if row["trials"] and "slept_trials" in row:
+            out.extend(_trial_count_problems(row, where))
     judged = {(v, s) for (v, s), verdict in real.items() if verdict in ("race", "race_free")}
     present = {(r["variant"], r["site"]) for r in report["rows"] if r["site"] is not None}
     variants = {r["variant"] for r in report["rows"]}
     for key in sorted(judged - present, key=str):
         if key[0] in variants:
             out.append(f"{key[0]} {key[1]}: judged in the loop report, no row here")
+    return out
+
+
+def _trial_count_problems(row: dict[str, Any], where: str) -> list[str]:
+    """The row's trial counts recomputed from its trial details."""
+    details = row.get("trial_details", [])
+    slept = sum(1 for t in details if t.get("sleeps"))
+    made = sum(1 for t in details if (t.get("probe") or {}).get("later_pending"))
+    out = []
+    if slept != row["slept_trials"] or made != row["race_made_trials"]:
+        out.append(f"{where}: slept/made {row['slept_trials']}/{row['race_made_trials']} but "
+                   f"its trials say {slept}/{made}")
+    if row["cpu_verdict"] != "race" and row.get("not_exercised") != (slept == 0):
+        out.append(f"{where}: not_exercised disagrees with its {slept} slept trials")
+    if row["wrong_trials"] and not row.get("repro"):
+        out.append(f"{where}: a wrong row without a repro")
     return out
 
 
@@ -121,28 +157,37 @@ def markdown(report: dict[str, Any]) -> str:
         f"Command: `{report['command']}`",
         "",
         f"Necessary rows (CPU verdict race) with a wrong value: {s['race_rows_wrong']}, "
-        f"without: {s['race_rows_all_equal']}; redundant rows (race_free) bit-identical in "
-        f"every trial: {s['race_free_rows_all_equal']}, with a wrong value: "
+        f"without: {s['race_rows_all_equal']}; race made (the probe saw the later side run "
+        f"while the earlier side's work was pending) in {s.get('race_rows_made', '?')}, a "
+        f"wrong value or a crash of a race-made trial in "
+        f"{s.get('race_rows_wrong_or_made_crash', '?')}; redundant rows (race_free) "
+        f"bit-identical in every trial, with a trial that held work back: "
+        f"{s['race_free_rows_all_equal']}, not exercised (no trial held anything): "
+        f"{s.get('race_free_rows_not_exercised', '?')}, with a wrong value: "
         f"{s['race_free_rows_wrong']}; unmodified loop bit-identical: "
-        f"{s['unmodified_all_equal']} variants, wrong: {s['unmodified_wrong']}; rows with an "
-        f"error: {s['errors']}.",
+        f"{s['unmodified_all_equal']} variants, not exercised: "
+        f"{s.get('unmodified_not_exercised', '?')}, wrong: {s['unmodified_wrong']}; rows with "
+        f"an error: {s['errors']}.",
         "",
         "Necessary rows without a wrong value, by the computed why (`why_reason`; "
         "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
                                       for key in NO_WRONG_REASONS) + ".",
         "",
-        "| variant | site | code | cpu_verdict | trials | forced_delay | wrong_trials | "
-        "example wrong value / why |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
+        "wrong_trials | example wrong value / why |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         delays = ", ".join(sorted(set(row.get("forced_delay", []))))
-        note = row["example_wrong"] or row.get("why") or row.get("error") or ""
+        note = row["example_wrong"] or row.get("why") or row.get("error") or (
+            "not exercised: no trial's delay held an op" if row.get("not_exercised") else "")
         if row.get("error") and row["example_wrong"] is None:
             note = f"error: {row['error']}"
         code = f"`{row['code']}`" if row["code"] else "(unmodified loop)"
         lines.append(f"| {row['variant']} | {row['site'] or '-'} | {code} | "
-                     f"{row['cpu_verdict'] or '-'} | {row['trials']} | {delays} | "
+                     f"{row['cpu_verdict'] or '-'} | {row['trials']} | "
+                     f"{row.get('slept_trials', '-')} | {row.get('race_made_trials', '-')} | "
+                     f"{delays} | "
                      f"{row['wrong_trials']} | {_cell(note)} |")
     if report["child_failures"]:
         lines += ["", "Child processes that failed: " + "; ".join(report["child_failures"])]

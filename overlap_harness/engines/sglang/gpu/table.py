@@ -2,13 +2,13 @@
 
 Rows come from the loop report (``reports/conformance/sglang-VERSION-loop.json``): every
 (variant, site) whose CPU verdict is ``race`` or ``race_free``. For a ``race`` row the stream of
-the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu.loop`), one trial
+the earlier side of each race the CPU mode reported is delayed (:mod:`.gpu_loop`), one trial
 per (stream, delay); a ``race_free`` row and the unmodified loop (a row without a site, per
 variant) delay each stream the loop holds in turn. Each trial's values are compared with the
 serial answer of the unmodified loop.
 
 Each site runs in its own child process (the removal is never undone; CUDA does not survive a
-fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu.table SPEC OUT``.
+fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu_table SPEC OUT``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-#: delays (GPU clock cycles of ``torch.cuda._sleep``) before each device op of a delayed stream
-RACE_CYCLES = (1 << 20, 1 << 23)
+#: a race row's targeted delays (GPU clock cycles of ``torch.cuda._sleep`` before each op of
+#: the race's earlier side), tried in turn until a trial shows a wrong value or crashes: as
+#: long as the later side needs
+RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
+#: a redundant row: each stream the loop holds delayed in turn (before every op it issues)
 SWEEP_CYCLES = (1 << 21,)
+#: the unmodified loop: each stream in turn at every delay the rows use
+CONTROL_CYCLES = tuple(sorted(set(RACE_CYCLES) | set(SWEEP_CYCLES)))
 
 _AGENT = re.compile(r" on (.+?) at ")
 
@@ -35,14 +40,15 @@ _AGENT = re.compile(r" on (.+?) at ")
 def earlier_streams(race_examples: Sequence[str]) -> list[str]:
     """The streams (attribute names) of the earlier side of each CPU race, in first-seen
     order: ``'WAR x: op on self.forward_stream at f:1 / op on host at g:2'`` ->
-    ``['forward_stream']``. The host is never the earlier side to delay here."""
+    ``['forward_stream']``; ``host`` where the earlier side is a host action (a host write of
+    pinned memory, an allocator free): the host is then held at that line."""
     out: list[str] = []
     for example in race_examples:
         agents = _AGENT.findall(example)
         if not agents:
             continue
         name = agents[0].removeprefix("self.")
-        if name != "host" and name not in out:
+        if name not in out:
             out.append(name)
     return out
 
@@ -78,11 +84,14 @@ def _find_site(key: str) -> Any:
 
 
 def _forcings_of(row: dict[str, Any], streams: list[str]) -> list[Any]:
+    """A redundant row's (each stream at :data:`SWEEP_CYCLES`) or the unmodified loop's (no
+    delay, then each stream at :data:`CONTROL_CYCLES`) forcings; a race row's are adaptive
+    (:func:`_race_trials`)."""
     from overlap_harness.engines.sglang.gpu.loop import Forcing, forcings
 
-    if row["cpu_verdict"] == "race" and row["delay"]:
-        return forcings([[s] for s in row["delay"]], RACE_CYCLES)
-    return [Forcing()] * (row["site"] is None) + forcings([[s] for s in streams], SWEEP_CYCLES)
+    if row["site"] is None:
+        return [Forcing(), *forcings([[s] for s in streams], CONTROL_CYCLES)]
+    return forcings([[s] for s in streams], SWEEP_CYCLES)
 
 
 def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,39 +124,49 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
             out.append(dict(row, error=failed[row["variant"]], trials=0))
             continue
         before = coverage.reached.get(site.key, 0) if site else 0
-        trials = []
-        for forcing in _forcings_of(row, streams[row["variant"]]):
-            _journal({"row": index, "starting": forcing.label()})
-            trials.append(run_trial(row["variant"], forcing, serial[row["variant"]])[0])
-            _journal({"row": index, "trial": asdict(trials[-1])})
+        if row["cpu_verdict"] == "race" and row["delay"]:
+            trials = _race_trials(index, row, serial[row["variant"]])
+        else:
+            trials = []
+            for forcing in _forcings_of(row, streams[row["variant"]]):
+                _journal({"row": index, "starting": forcing.label()})
+                trials.append(run_trial(row["variant"], forcing, serial[row["variant"]])[0])
+                _journal({"row": index, "trial": asdict(trials[-1])})
         reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
             else None
-        probed = []
-        if row["cpu_verdict"] == "race" and row["delay"] and trials \
-                and not any(t.wrong or t.error for t in trials):
-            probed = _probe_trials(index, row, serial[row["variant"]])
-        out.append(_row(row, trials + [t for t, _ in probed], reached,
-                        [p for _, p in probed]))
+        out.append(_row(row, trials, reached))
     return out
 
 
-def _probe_trials(index: int, row: dict[str, Any], serial: dict[str, Any]
-                  ) -> list[tuple[Any, dict[str, Any]]]:
-    """One more trial per delayed stream (the largest delay) with a gpu_probe.SideProbe on
-    the race's sides: did the later side run while the earlier side's work was pending?"""
+def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> list[Any]:
+    """A race row's trials, forced from the race itself: for each stream (or the host) of
+    an earlier side, that side alone delayed, immediately before each of its ops, with a
+    probe on the race's sides in every trial; the delay grows through :data:`RACE_CYCLES`
+    until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
+    (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
+    launcher's), the whole stream is delayed instead."""
     from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
     from overlap_harness.engines.sglang.gpu.probe import probes
 
-    out = []
+    trials = []
     for stream in row["delay"]:
-        probe = probes(row["race_examples"], stream)
-        forcing = Forcing((stream,), RACE_CYCLES[-1])
-        _journal({"row": index, "starting": forcing.label() + "+probe"})
-        trial = run_trial(row["variant"], forcing, serial, probe)[0]
-        _journal({"row": index, "trial": asdict(trial)})
-        out.append((trial, {"stream": stream, "earlier": list(probe.earlier),
-                            "later": list(probe.later), "counts": probe.counts()}))
-    return out
+        targeted = True
+        for cycles in RACE_CYCLES:
+            while True:
+                probe = probes(row["race_examples"], stream)
+                forcing = Forcing((stream,), cycles, targeted=targeted)
+                label = forcing.label()
+                probe.on_made = lambda label=label: _journal({"row": index, "made": label})
+                _journal({"row": index, "starting": label})
+                trial = run_trial(row["variant"], forcing, serial, probe)[0]
+                _journal({"row": index, "trial": asdict(trial)})
+                trials.append(trial)
+                if trial.slept or not targeted or stream == "host":
+                    break
+                targeted = False  # nothing held at the earlier side: the whole stream
+            if trial.wrong or trial.error or not trial.slept:
+                break
+    return trials
 
 
 def _journal(entry: dict[str, Any]) -> None:
@@ -160,26 +179,85 @@ def _journal(entry: dict[str, Any]) -> None:
             lines.write(json.dumps(entry) + "\n")
 
 
-def _row(row: dict[str, Any], trials: list[Any], reached: int | None,
-         probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[str, Any]:
+    """A row of the report from its trials: counts of the trials that held work back
+    (``slept_trials``), made the race's order (``race_made_trials``, race rows: the probe),
+    left a wrong value, crashed; a redundant or unmodified row none of whose trials held
+    anything is ``not_exercised`` (no evidence either way)."""
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
     wrong = [t for t in trials if t.wrong is not None]
     crashed = [t for t in trials if t.error is not None]
-    return {"probes": probes or [], **_row_fields(row, trials, wrong, crashed, reached)}
-
-
-def _row_fields(row: dict[str, Any], trials: list[Any], wrong: list[Any], crashed: list[Any],
-                reached: int | None) -> dict[str, Any]:
-    return {
+    made = [t for t in trials if t.race_made]
+    fields = {
         "variant": row["variant"], "site": row["site"], "code": row["code"],
         "cpu_verdict": row["cpu_verdict"], "trials": len(trials),
         "forced_delay": [t.forcing for t in trials],
+        "slept_trials": sum(1 for t in trials if t.slept),
+        "race_made_trials": len(made),
         "wrong_trials": len(wrong), "crashed_trials": len(crashed),
+        "made_wrong_trials": sum(1 for t in made if t.wrong is not None),
+        "made_crashed_trials": sum(1 for t in made if t.error is not None),
         "example_wrong": f"{wrong[0].forcing}: {wrong[0].wrong}" if wrong else None,
         "example_crash": f"{crashed[0].forcing}: {crashed[0].error}" if crashed else None,
         "reached_per_trial": reached,
         "seconds": round(sum(t.seconds for t in trials), 2),
         "trial_details": [asdict(t) for t in trials],
     }
+    if row["cpu_verdict"] == "race":
+        sides = [probes(row.get("race_examples", []), stream) for stream in row["delay"]]
+        fields["probes"] = [{"stream": p.stream, "earlier": list(p.earlier),
+                             "later": list(p.later)} for p in sides] \
+            if "race_examples" in row else row.get("probes", [])
+    else:
+        fields["not_exercised"] = bool(trials) and not fields["slept_trials"]
+    if wrong:
+        fields["repro"] = repro_command(row["variant"], row["site"], wrong[0].forcing)
+    return fields
+
+
+def recounted(row: dict[str, Any]) -> dict[str, Any]:
+    """A report row's counts recomputed from its trial details (a report written before a
+    count existed gains it; nothing is run): the row's other keys (error, aborted) kept."""
+    from overlap_harness.engines.sglang.gpu.loop import Trial
+
+    if not row.get("trials"):
+        return row
+    trials = [Trial(**t) for t in row.get("trial_details", [])]
+    meta = {**row, "delay": [p["stream"] for p in row.get("probes", [])]}
+    fresh = _row(meta, trials, row.get("reached_per_trial"))
+    kept = {k: v for k, v in row.items() if k not in fresh and k not in (
+        "why", "why_reason", "not_exercised", "repro")}
+    return {**kept, **fresh}
+
+
+def settled(row: dict[str, Any]) -> bool:
+    """The row is evidence as it stands, so a resumed run keeps it: a necessary row whose
+    race was made and showed a wrong value or crashed in a made trial; a redundant row with
+    a trial that held work back; the unmodified loop held at every delay of
+    :data:`CONTROL_CYCLES` on each stream that held any. Every other row runs again."""
+    if not row.get("trials") or row.get("error"):
+        return False
+    if row["cpu_verdict"] == "race":
+        return bool(row.get("race_made_trials")) and bool(
+            row["wrong_trials"] or row.get("made_crashed_trials"))
+    if not row.get("slept_trials"):
+        return False
+    if row["cpu_verdict"] == "race_free":
+        return True
+    held: dict[str, set[int]] = {}
+    for trial in row.get("trial_details", []):
+        stream, _, cycles = trial["forcing"].partition("+")
+        if trial.get("sleeps") and cycles.endswith("cy"):
+            held.setdefault(stream, set()).add(int(cycles[:-2]))
+    return all(set(CONTROL_CYCLES) <= cycles for cycles in held.values())
+
+
+def repro_command(variant: str, site: str | None, forcing: str) -> str:
+    """The command a maintainer runs on a GPU to see a wrong row's value: the variant with
+    ``site`` removed, one forcing (the first trial that showed it)."""
+    return (f"overlap-harness sglang --gpu --repro {variant} {site or '-'} "
+            f"--repro-forcing {forcing.removesuffix('+probe')}")
 
 
 def _child(spec_path: str, out_path: str) -> None:
@@ -314,19 +392,26 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
 
     finished: dict[int, list[Any]] = {}
     started: dict[int, str] = {}
+    made: dict[int, str] = {}
     if journal.is_file():
         for line in journal.read_text().splitlines():
             entry = json.loads(line)
             if "trial" in entry:
                 finished.setdefault(entry["row"], []).append(Trial(**entry["trial"]))
                 started.pop(entry["row"], None)
+                made.pop(entry["row"], None)
+            elif "made" in entry:
+                made[entry["row"]] = entry["made"]
             else:
                 started[entry["row"]] = entry["starting"]
     out = []
     for index, row in enumerate(site_rows):
-        trials = finished.get(index, []) + [Trial(label, error=why)
-                                            for label in [started.get(index)]
-                                            if label and died_in_trial]
+        # the trial it died in: crashed; it held work back and made the race if the probe
+        # journalled that before the abort (``made``), else neither is known
+        trials = finished.get(index, []) + [
+            Trial(label, error=why, sleeps=int(index in made),
+                  probe={"later_pending": 1} if index in made else None)
+            for label in [started.get(index)] if label and died_in_trial]
         if not trials:
             out.append(dict(row, error=why, trials=0))
             continue

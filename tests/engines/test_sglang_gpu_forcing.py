@@ -1,0 +1,196 @@
+"""The GPU table's forcing from the race itself, run without a GPU: a race row's delay grows
+until a trial shows a wrong value, falls back to the whole stream where the earlier side held
+nothing; each row counts the trials that held work back and made the race; a redundant row
+whose trials held nothing is not evidence; a wrong row names its repro command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.sglang.gpu import loop as gpu_loop
+from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu import table as gpu_table
+from overlap_harness.engines.sglang.gpu.command import parse_forcing, relative_command
+from overlap_harness.engines.sglang.gpu.loop import Forcing, Trial
+from overlap_harness.engines.sglang.gpu.probe import probes
+
+EXAMPLE = ("WAR x@a.py:1: model_forward on self.forward_stream at /m/overlap_harness/engines/"
+           "sglang/worker.py:158 / write on self.schedule_stream at sglang/srt/alloc.py:452")
+RACE_ROW = {"variant": "v", "site": "sglang/srt/s.py:9", "code": "wait()",
+            "cpu_verdict": "race", "delay": ["forward_stream"], "race_examples": [EXAMPLE]}
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, outcomes: list[dict]) -> list[Forcing]:
+    """run_trial replaced: each call takes the next outcome (Trial fields); the forcings
+    asked for are returned in order."""
+    asked: list[Forcing] = []
+
+    def fake(variant: str, forcing: Forcing, serial: dict, probe: object = None) -> tuple:
+        asked.append(forcing)
+        return Trial(forcing.label(), **outcomes[len(asked) - 1]), {}, []
+
+    monkeypatch.setattr(gpu_loop, "run_trial", fake)
+    monkeypatch.setattr(gpu_table, "_journal", lambda entry: None)
+    return asked
+
+
+def test_the_delay_grows_until_a_trial_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = {"earlier_issued": 2, "later_pending": 1, "later_done": 0, "later_first": 0}
+    asked = _scripted(monkeypatch, [{"sleeps": 2, "probe": made},
+                                    {"sleeps": 2, "probe": made, "wrong": "r1 = 3 (serial 4)"}])
+    trials = gpu_table._race_trials(0, RACE_ROW, {})
+    assert [f.cycles for f in asked] == list(gpu_table.RACE_CYCLES[:2])
+    assert all(f.targeted and f.streams == ("forward_stream",) for f in asked)
+    row = gpu_table._row(RACE_ROW, trials, None)
+    assert (row["slept_trials"], row["race_made_trials"], row["made_wrong_trials"]) == (2, 2, 1)
+    assert row["repro"] == ("overlap-harness sglang --gpu --repro v sglang/srt/s.py:9 "
+                            "--repro-forcing forward_stream@earlier+8388608cy")
+    assert row["probes"][0]["earlier"] == ["/m/overlap_harness/engines/sglang/worker.py:158"]
+
+
+def test_an_earlier_side_that_holds_nothing_falls_back_to_the_whole_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _scripted(monkeypatch, [{"sleeps": 0}, {"sleeps": 5}, {"sleeps": 5}, {"sleeps": 5}])
+    trials = gpu_table._race_trials(0, RACE_ROW, {})
+    assert [(f.targeted, f.cycles) for f in asked] == [
+        (True, 1 << 21), (False, 1 << 21), (False, 1 << 23), (False, 1 << 25)]
+    row = gpu_table._row(RACE_ROW, trials, None)
+    assert row["slept_trials"] == 3 and row["race_made_trials"] == 0 and "repro" not in row
+    # a stream that issued nothing at all: no escalation (nothing to hold at any delay)
+    asked = _scripted(monkeypatch, [{"sleeps": 0}, {"sleeps": 0}])
+    assert len(gpu_table._race_trials(0, RACE_ROW, {})) == 2 and len(asked) == 2
+
+
+def test_a_redundant_row_that_held_nothing_is_not_exercised() -> None:
+    row = {"variant": "v", "site": "s.py:1", "code": "x", "cpu_verdict": "race_free",
+           "delay": []}
+    idle = gpu_table._row(row, [Trial("copy_stream+2097152cy", sleeps=0)], None)
+    assert idle["not_exercised"] is True and idle["slept_trials"] == 0
+    held = gpu_table._row(row, [Trial("copy_stream+2097152cy", sleeps=3),
+                                Trial("plan_stream+2097152cy", sleeps=0)], None)
+    assert held["not_exercised"] is False and held["slept_trials"] == 1
+    rows = [dict(idle, site="a"), dict(held, site="b")]
+    counts = gpu_report.summary(rows)
+    assert counts["race_free_rows_all_equal"] == 1
+    assert counts["race_free_rows_not_exercised"] == 1
+
+
+def test_the_unmodified_loop_runs_at_every_delay_the_rows_use() -> None:
+    forcings = gpu_table._forcings_of({"site": None}, ["copy_stream", "forward_stream"])
+    assert forcings[0] == Forcing()
+    used = set(gpu_table.RACE_CYCLES) | set(gpu_table.SWEEP_CYCLES)
+    for stream in ("copy_stream", "forward_stream"):
+        assert {f.cycles for f in forcings if f.streams == (stream,)} == used
+
+
+def test_a_crash_is_evidence_only_where_the_race_was_made() -> None:
+    made = {"earlier_issued": 1, "later_pending": 1, "later_done": 0, "later_first": 0}
+    unmade = {"earlier_issued": 1, "later_pending": 0, "later_done": 3, "later_first": 0}
+    crash_made = gpu_table._row(RACE_ROW, [Trial("forward_stream@earlier+2097152cy",
+                                                 error="boom", sleeps=1, probe=made)], None)
+    crash_unmade = gpu_table._row(RACE_ROW, [Trial("forward_stream@earlier+2097152cy",
+                                                   error="boom", sleeps=1, probe=unmade)], None)
+    report = gpu_report.document([crash_made, dict(crash_unmade, site="other.py:2")],
+                                 version="0", device="d", torch_version="t", date="x",
+                                 command="c", failures=[], seconds=0)
+    by_site = {r["site"]: r for r in report["rows"]}
+    assert by_site["sglang/srt/s.py:9"]["why_reason"] == "crashed"
+    assert by_site["other.py:2"]["why_reason"] == "timing"
+    assert "crashed without the probe seeing the race made" in by_site["other.py:2"]["why"]
+    assert report["summary"]["race_rows_wrong_or_made_crash"] == 1
+
+
+def test_a_dead_childs_trial_made_the_race_if_its_journal_says_so(tmp_path: Path) -> None:
+    journal = tmp_path / "journal0.jsonl"
+    journal.write_text("\n".join(json.dumps(e) for e in [
+        {"row": 0, "starting": "forward_stream@earlier+2097152cy"},
+        {"row": 0, "made": "forward_stream@earlier+2097152cy"},
+        {"row": 1, "starting": "forward_stream@earlier+2097152cy"}]) + "\n")
+    rows = [RACE_ROW, dict(RACE_ROW, variant="w")]
+    done = gpu_table.from_journal(rows, journal, "exit -6: CUDA error")
+    assert done[0]["race_made_trials"] == 1 and done[0]["made_crashed_trials"] == 1
+    assert done[1]["race_made_trials"] == 0 and done[1]["crashed_trials"] == 1
+
+
+def test_report_problems_recount_slept_and_made_trials() -> None:
+    row = gpu_table._row(RACE_ROW, [Trial("f@earlier+1cy", sleeps=1, wrong="x (serial y)")],
+                         None)
+    loop = {"sglang_version": "0", "rows": [{"variant": "v", "site": RACE_ROW["site"],
+                                             "real": "race"}]}
+    report = gpu_report.document([row], version="0", device="d", torch_version="t",
+                                 date="x", command="c", failures=[], seconds=0)
+    assert gpu_report.problems(report, loop) == []
+    report["rows"][0]["slept_trials"] = 0
+    report["rows"][0].pop("repro")
+    found = gpu_report.problems(report, loop)
+    assert any("slept/made 0/0" in p for p in found)
+    assert any("without a repro" in p for p in found)
+
+
+def test_a_forcing_label_parses_back_and_paths_in_the_command_are_relative(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_forcing("plan_stream@earlier+8388608cy") == ("plan_stream", True, 8388608)
+    assert parse_forcing("copy_stream+2097152cy") == ("copy_stream", False, 2097152)
+    with pytest.raises(ValueError, match="STREAM"):
+        parse_forcing("plan_stream")
+    inside = tmp_path / "reports"
+    inside.mkdir()
+    outside = tmp_path.parent / "elsewhere.json"
+    outside.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    command = relative_command(["sglang", "--gpu", "--gpu-report", str(inside),
+                                "--gpu-resume", str(outside)])
+    assert command == ("overlap-harness sglang --gpu --gpu-report reports --gpu-resume "
+                       "'<elsewhere.json>'")
+    outside.unlink()
+
+
+def test_a_host_earlier_side_is_held_on_the_host() -> None:
+    example = ("WAW x: index_put_ on host at sglang/srt/a.py:3 / copy_ on self.copy_stream "
+               "at sglang/srt/b.py:4")
+    assert gpu_table.earlier_streams([example]) == ["host"]
+    probe = probes([example], "host")
+    assert probe.earlier == ("sglang/srt/a.py:3",) and probe.later == ("sglang/srt/b.py:4",)
+
+
+class _FakeProbe:
+    """Says whether the op being issued comes from the earlier side; counts what it is told."""
+
+    def __init__(self, earlier: bool) -> None:
+        self.earlier = earlier
+        self.told: list[bool] = []
+
+    def at_earlier(self, depth: int) -> bool:
+        return self.earlier
+
+    def after_op(self, at_earlier: bool) -> None:
+        self.told.append(at_earlier)
+
+
+@pytest.mark.parametrize(("current", "earlier", "targeted", "held"), [
+    (7, True, True, True),     # the earlier side's op on the delayed stream
+    (7, False, True, False),   # another op of that stream: not held when targeted
+    (7, False, False, True),   # ... held when the whole stream is delayed
+    (9, True, True, True),     # the earlier side's op on a stream object the loop does not hold
+    (9, True, False, False),   # whole-stream forcing holds only the named stream
+])
+def test_the_targeted_forcing_holds_exactly_the_earlier_sides_ops(
+        monkeypatch: pytest.MonkeyPatch, current: int, earlier: bool, targeted: bool,
+        held: bool) -> None:
+    import torch
+
+    slept: list[int] = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda: type("S", (), {"cuda_stream": current})())
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    probe = _FakeProbe(earlier)
+    mode = gpu_loop._Forced({7}, 1 << 21, serial=False, probe=probe, targeted=targeted)
+    assert mode.launch(lambda x: x + 1, (1,), {}, True) == 2
+    assert (slept == [1 << 21]) == held and mode.sleeps == int(held)
+    if held:
+        assert probe.told == [earlier]
+    # a host op (no CUDA tensor) is never held
+    assert mode.launch(lambda x: x, (0,), {}, False) == 0 and mode.sleeps == int(held)
