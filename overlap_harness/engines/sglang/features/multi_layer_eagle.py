@@ -24,15 +24,26 @@ pool is not a hybrid one) and the scheduler's spec-v2 relay.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
 from overlap_harness.engines.sglang.features import eagle
-from overlap_harness.engines.sglang.features.eagle import EagleConfig
+from overlap_harness.engines.sglang.features.eagle import Eagle
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.stand_ins import eagle_models, multi_layer_eagle_models
+from overlap_harness.engines.sglang.stand_ins import (
+    eagle_kernels,
+    eagle_models,
+    multi_layer_eagle_models,
+)
 from overlap_harness.engines.sglang.stand_ins.model_worker import _ngram_manager
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 WORKER_MODULE = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
 #: the contexts that scope the draft model's build to its parallel groups (none on one rank)
@@ -40,26 +51,34 @@ BUILD_SCOPES = ("draft_pp_context", "draft_tp_context", "speculative_moe_backend
                 "speculative_moe_a2a_backend_context", "draft_model_build_scope")
 
 
-def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
-                mixed_chunk: bool) -> Any:
-    """SGLang's ``ServerArgs`` of a multi-layer EAGLE variant (``enable_multi_layer_eagle``;
-    SGLang asks ``num_draft_tokens == num_steps + 1``), published as the configuration."""
-    from sglang.srt.server_args import ServerArgs
+@dataclass(frozen=True, slots=True)
+class MultiLayerEagle(Eagle):
+    """SGLang's multi-layer EAGLE v2 worker (``--enable-multi-layer-eagle``: an MTP model's
+    draft layers, one runner per step) in place of the single-layer one: EAGLE's options, and
+    the key ``multi_layer_eagle``. SGLang asks ``num_draft_tokens == num_steps + 1``."""
 
-    from overlap_harness.engines.sglang.scheduler_build import publish
+    keys: ClassVar[tuple[str, ...]] = ("multi_layer_eagle", *Eagle.keys)
+    options: ClassVar[tuple[str, ...]] = ("--enable-multi-layer-eagle", *Eagle.options)
 
-    args = ServerArgs(model_path="dummy", page_size=1, device=DEVICE,
-                      chunked_prefill_size=chunked_prefill_size, disable_radix_cache=True,
-                      enable_mixed_chunk=mixed_chunk, skip_tokenizer_init=True,
-                      disable_cuda_graph=True, speculative_algorithm="EAGLE",
-                      speculative_eagle_topk=config.topk,
-                      speculative_num_steps=config.num_steps,
-                      speculative_num_draft_tokens=config.num_draft_tokens,
-                      enable_multi_layer_eagle=True)
-    return publish(args)
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"multi_layer_eagle": "on", **Eagle.configuration(self, variant)}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.MULTI_LAYER_EAGLE if need is rf.EAGLE_V2 else need
+                for need in Eagle.release_needs(self, variant)]
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (eagle_kernels.declare, multi_layer_eagle_models.declare)
+
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        Eagle.server_options(self, options, variant)
+        options.update(enable_multi_layer_eagle=True)
+
+    def spec_workers(self, variant: Variant) -> Callable[[Any, Any], None]:
+        return lambda scheduler, sizes: build_workers(scheduler, sizes, self)
 
 
-def _step_runner(step: int, pool: Any, allocator: Any, sizes: PoolSizes, config: EagleConfig,
+def _step_runner(step: int, pool: Any, allocator: Any, sizes: PoolSizes, config: Eagle,
                  scheduler: Any) -> multi_layer_eagle_models.FakeStepRunner:
     """Draft step ``step``'s model runner: the fields SGLang's multi-layer path reads."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -87,7 +106,7 @@ def _step_runner(step: int, pool: Any, allocator: Any, sizes: PoolSizes, config:
     return runner
 
 
-def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:
+def build_workers(scheduler: Any, sizes: PoolSizes, config: Eagle) -> None:
     """Give ``scheduler`` SGLang's multi-layer EAGLE worker over the fake target and the
     fake per-step draft runners (its ``spec_algorithm``, ``tp_worker``, ``draft_worker``,
     ``model_worker``)."""
@@ -138,9 +157,3 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     scheduler.tp_worker = target
     scheduler.draft_worker = scheduler.model_worker = worker
 
-
-def workers(config: EagleConfig | None) -> Any:
-    """``build_scheduler``'s ``spec_workers`` for a multi-layer ``config`` (None otherwise)."""
-    if config is None or not config.multi_layer:
-        return None
-    return lambda scheduler, sizes: build_workers(scheduler, sizes, config)
