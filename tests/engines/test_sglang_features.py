@@ -78,15 +78,19 @@ def test_the_configuration_page_is_what_the_tool_writes() -> None:
 
 
 def test_a_configuration_no_variant_runs_names_the_missing_feature() -> None:
-    wanted = configurations.parse(["speculative=dspark", "cpu_seq_lens=off"])
+    """(DSpark without host lengths, the first example, has its variant since issue 41:
+    dspark_no_host_lengths; a ragged verify mode no variant drives stands in.)"""
+    wanted = configurations.parse(["speculative=dspark", "ragged_verify=compact"])
     with pytest.raises(configurations.ConfigError) as caught:
         configurations.select(VARIANTS, list(VARIANTS), wanted)
     first, *why = caught.value.problems
     assert first.startswith("no variant runs under --config speculative=dspark "
-                            "--config cpu_seq_lens=off")
-    assert why == ["nearest: dspark_confidence_relay runs with cpu_seq_lens=on (set by its "
-                   "Dspark)",
-                   "missing: a variant with Dspark setting cpu_seq_lens=off "
+                            "--config ragged_verify=compact")
+    assert why == ["nearest: dspark_confidence_relay runs with ragged_verify=cap-accept (set "
+                   "by its Dspark)",
+                   "nearest: dspark_no_host_lengths runs with ragged_verify=cap-accept (set "
+                   "by its Dspark)",
+                   "missing: a variant with Dspark setting ragged_verify=compact "
                    "(features/dspark.py; docs/sglang-configurations.md)"]
 
 
