@@ -172,6 +172,14 @@ def print_report(result: Any, out: TextIO) -> None:
         print(paragraph, file=out)
 
 
+def crashed_line(script: str, races: list[Any], mode: str, ops: int) -> str:
+    """The verdict line of a script that crashed: no verdict (a race count would read as
+    one), how far the run got, and whether the races printed above came before the crash."""
+    seen = "; the races above happened before the crash" if races else ""
+    return (f"{script}: no verdict, the script crashed ({mode} mode, {ops} ops recorded "
+            f"before the crash{seen})")
+
+
 def run_check(args: argparse.Namespace) -> int:
     """The ``check`` command; see the module docstring for the exit status."""
     # deferred: torch loads only when a script is checked (CLI start-up stays fast)
@@ -215,12 +223,14 @@ def run_check(args: argparse.Namespace) -> int:
     if result.refused is not None:  # no verdict line: the run was not followed to its end
         print(f"overlap-harness check: {result.refused}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(summary_line(args.script, result.races, result.notes, result.mode,
-                       len(result.run.timeline)), file=text)
-    if result.crashed:
+    if result.crashed:  # no race count: the run stopped before the script's end
+        print(crashed_line(args.script, result.races, result.mode, len(result.run.timeline)),
+              file=text)
         print(result.error, file=sys.stderr, end="" if result.error.endswith("\n") else "\n")
         print(f"overlap-harness check: {args.script} crashed", file=sys.stderr)
         return EXIT_BAD_INPUT
+    print(summary_line(args.script, result.races, result.notes, result.mode,
+                       len(result.run.timeline)), file=text)
     if unknown_lines and not args.allow_unknown_ops:
         print(f"overlap-harness check: {args.script}: the verdict is incomplete: "
               f"{len(unknown_lines)} op{'s' if len(unknown_lines) != 1 else ''} of unknown "

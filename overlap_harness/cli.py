@@ -558,12 +558,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console_main() -> None:
     """The console script and ``python -m overlap_harness``: :func:`main`, then exit with its
-    status. After a GPU-mode recording the process leaves without interpreter teardown: torch
-    cannot unregister its GPU trace hooks, and during teardown every CUDA free calls them and
-    fails (``trace hook execution failed: KeyError: '__import__'``), one line per free."""
+    status. After Ctrl-C, and after a GPU-mode recording, the process leaves without
+    interpreter teardown: after Ctrl-C it would hold the terminal while it collects an
+    engine's objects; after a GPU-mode recording torch cannot unregister its GPU trace hooks,
+    and during teardown every CUDA free calls them and fails (``trace hook execution failed:
+    KeyError: '__import__'``), one line per free."""
     status = main()
     gpu_mode = sys.modules.get("overlap_harness.recorder.gpu_mode")
-    if gpu_mode is not None and gpu_mode.trace_active():
+    # after Ctrl-C the process ends now: the interpreter's teardown of an engine's objects
+    # (SGLang's, torch's: a garbage collection of millions) held the terminal 20 s and more
+    if status == EXIT_INTERRUPTED or (gpu_mode is not None and gpu_mode.trace_active()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -52,6 +52,8 @@ MAX_TITLE_LINES = 4
 length leaves the axes their room."""
 MAX_TITLE_NAME = 80
 """A run's name longer than this is cut, with an ellipsis, in its plot's title."""
+MAX_TITLE_KEYS = 6
+"""A title lists the race keys up to this many distinct ones, else their count by kind."""
 MAX_LANE_LABEL = 32
 """A lane (stream) name longer than this is cut, with an ellipsis, in its tick label."""
 MIN_AXES_SHARE = 0.25
@@ -214,11 +216,19 @@ def _legend(fig: Figure) -> None:
     handles += [Line2D([], [], marker=MARKERS[k][0], color=MARKERS[k][1], linestyle="none",
                        label=label)
                 for k, label in ((OpKind.RECORD, "event record"), (OpKind.WAIT, "event wait"),
-                                 (OpKind.HOST_READ, "host read"))]
+                                 (OpKind.HOST_READ, "host read"),
+                                 (OpKind.HOST_WRITE, "host write"),
+                                 (OpKind.QUERY, "event query"),
+                                 (OpKind.ALLOC, "alloc / free"))]
     handles.append(Line2D([], [], color="#7b3294", lw=0.8, label="record \u2192 wait"))
-    handles.append(Line2D([], [], color=RACE_COLOR, lw=1.6, marker="X", label="race"))
-    fig.legend(handles=handles, loc="lower right", ncol=len(handles), fontsize=7,
-               frameon=False)
+    handles.append(Line2D([], [], color="#555555", lw=0.7, linestyle="--",
+                          label="iteration N starts"))
+    handles.append(Line2D([], [], color=RACE_COLOR, lw=1.6, marker="X",
+                          label="race (kind buffer \u00d7count; manifest / latent)"))
+    handles.append(Line2D([], [], color=RACE_COLOR, marker="o", markerfacecolor="white",
+                          linestyle="none", label="race access outside the window"))
+    fig.legend(handles=handles, loc="lower right", ncol=math.ceil(len(handles) / 2),
+               fontsize=7, frameon=False)
 
 
 @functools.cache
@@ -252,16 +262,36 @@ def _paste_legend(fig: Figure) -> None:
     fig.figimage(pixels, xo=left, yo=bottom, zorder=5)  # zorder: the legend's own
 
 
+def races_phrase(case: CaseResult) -> str:
+    """``2 races: RAW new_seq_lens_buf, WAR x``; past :data:`MAX_TITLE_KEYS` distinct races,
+    their count and kinds instead (``97 races, 31 distinct: 12 RAW, 19 reuse``): a title
+    that lists a hundred keys is cut before the reader learns anything."""
+    n = len(case.races)
+    if not n:
+        return "no race"
+    keys = list(dict.fromkeys(case.race_keys()))
+    head = f"{n} race{'s' if n != 1 else ''}"
+    if len(keys) <= MAX_TITLE_KEYS:
+        return f"{head}: {', '.join(keys)}"
+    kinds: dict[str, int] = {}
+    for key in keys:
+        kind = key.split(" ", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return f"{head}, {len(keys)} distinct: " + ", ".join(f"{c} {k}" for k, c in kinds.items())
+
+
 def case_title(case: CaseResult) -> str:
-    """``scenario[mutation]: removed X — race (2 races: RAW new_seq_lens_buf)``; a name longer
-    than :data:`MAX_TITLE_NAME` is cut, so the verdict stays in view."""
+    """``scenario[mutation]: removed X — race (2 races: RAW new_seq_lens_buf; ok)``; a name
+    longer than :data:`MAX_TITLE_NAME` is cut, so the verdict stays in view. A run with no
+    expectation (a user's program or engine tree: ``expect`` empty) gives its verdict alone,
+    without ok or FAIL."""
     name = case.name
     parts = [name if len(name) <= MAX_TITLE_NAME else name[:MAX_TITLE_NAME - 1] + "\u2026"]
     if case.removed:
         parts.append(f": removed {', '.join(case.removed)}")
-    keys = ", ".join(case.race_keys())
-    n = len(case.races)
-    races = f"{n} race{'s' if n != 1 else ''}: {keys}" if n else "no race"
+    races = races_phrase(case)
+    if not case.expect:
+        return "".join(parts) + f" \u2014 {case.verdict} ({races})"
     ok = "ok" if case.ok else f"FAIL, expected {case.expect}"
     return "".join(parts) + f" \u2014 {case.verdict} ({races}; {ok})"
 
@@ -391,7 +421,7 @@ def _fit_margins(fig: Figure, timeline: Sequence[OpRecord], gpu_tl: Sequence[OpR
     names = [lane_label(n) for n in lane_order(timeline) + lane_order(gpu_tl)]
     left_in = 0.25 + 0.075 * max((len(n) for n in names), default=4)  # 10 pt tick labels
     top_in = 0.25 + 0.2 * title_lines + 0.2  # 11 pt title lines, then the axes' heading
-    bottom_in = 0.75  # x tick labels, "time (us)" and the legend row
+    bottom_in = 0.95  # x tick labels, "time (us)" and the legend's two rows
     right = 1 - 0.2 / width
     left = min(left_in / width, right - MIN_AXES_SHARE)
     bottom = min(bottom_in / height, (1 - MIN_AXES_SHARE) / 2)

@@ -86,6 +86,20 @@ def _view(head: Path, base: Path, tmp_path: Path, *extra: str) -> tuple[int, str
     return done.returncode, output, document, sarif
 
 
+def _counts(document: dict) -> str:
+    """``N new races (M occurrences)`` as counted from the JSON's races, by hand."""
+    races = document["races"]
+    occurrences = sum(r["count"] for r in races)
+    return (f"{len(races)} new race{'s' if len(races) != 1 else ''} "
+            f"({occurrences} occurrence{'s' if occurrences != 1 else ''})")
+
+
+def _place(side: dict) -> str:
+    """A racing side's line in the tree (a stand-in's: the tree line that called it)."""
+    shown = side if side["in_tree"] else side["stands_in_for"]
+    return f"{shown['file']}:{shown['line']}"
+
+
 @pytest.mark.engine_run
 def test_a_removed_necessary_sync_races_and_names_the_removal(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
@@ -104,13 +118,25 @@ def test_a_removed_necessary_sync_races_and_names_the_removal(tmp_path: Path) ->
     assert all(FORWARD_WAIT in r["what"] and r["what"].startswith("removed")
                for r in document["races"])
     report = output[output.index(f"\n{where} ") + 1:]  # after the two trees' progress lines
-    assert report.startswith(f"{where} removed `{FORWARD_WAIT}`: ")
-    assert report.index("new races in non_spec_decode") < report.index("\nnew races:")
+    verdict_line = report.splitlines()[0]
+    assert verdict_line.startswith(f"{where} removed `{FORWARD_WAIT}`: ")
+    counts = _counts(document)
+    assert verdict_line.endswith(f": {counts} in {VARIANT}") and len(verdict_line) <= 200
+    assert f"\nnew races of the change at {where}: {counts}" in report
+    assert f"\n    fix: restore the removed `{FORWARD_WAIT}`\n" in report
+    assert output.rstrip().splitlines()[-1] == f"overlap-harness sglang: {counts}"  # stderr
     assert document["changes"][0]["reached_by"] == [VARIANT]
+    results = sarif["runs"][0]["results"]
     located = {(loc["physicalLocation"]["artifactLocation"]["uri"],
                 loc["physicalLocation"]["region"]["startLine"])
-               for result in sarif["runs"][0]["results"] for loc in result["locations"]}
+               for result in results for loc in result["locations"]}
     assert located == {(SCHEDULER, index + 1)}
+    related = [loc["physicalLocation"]["artifactLocation"]["uri"]
+               for result in results for loc in result["relatedLocations"]]
+    assert len(related) == 2 * len(results)
+    assert all(uri.startswith("sglang/") for uri in related)
+    pairs = {(_place(r["first"]), _place(r["second"])) for r in document["races"]}
+    assert len(results) == len(pairs)  # one result per pair of racing sites
     sides = [s for r in document["races"] for s in (r["first"], r["second"])]
     assert all(not Path(s["file"]).is_absolute() for s in sides if s["in_tree"])
     assert all(s["stack"] and not Path(s["stack"][0]["file"]).is_absolute() for s in sides)
@@ -134,6 +160,9 @@ def test_a_moved_event_record_races_at_the_moved_line(tmp_path: Path) -> None:
     assert status == 1, output
     assert {r["change"] for r in document["races"]} == {f"{relative}:{moved_to + 1}"}
     assert all(r["what"].startswith(f"moved `{record}`") for r in document["races"])
+    verdicts = [line for line in output.splitlines() if line.startswith(f"{relative}:")]
+    assert len(verdicts) == 1 and f"moved `{record}`" in verdicts[0]  # the move: one verdict
+    assert f"fix: move `{record}` back to where BASE has it (line " in output
 
 
 @pytest.mark.engine_run
@@ -218,3 +247,39 @@ def test_a_removed_plan_stream_wait_names_it_and_the_calls_stand_ins_play(
     assert stand_ins and all(s["file"].startswith("overlap_harness/engines/")
                              and s["stands_in_for"]["file"].startswith("sglang/")
                              and s["stands_in_for"]["code"] for s in stand_ins)
+
+
+def test_the_forward_waits_removal_in_every_variant_is_one_short_verdict(
+        tmp_path: Path) -> None:
+    """The forward stream's entry wait removed, every variant run (no ``--variant``): exit 1,
+    each verdict line at most 200 characters, the variants summed up, every race with its
+    sentence and fix in the JSON, the text's fix hint leading with "fix"."""
+    head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
+    index = -1
+
+    def remove(lines: list[str]) -> None:
+        nonlocal index
+        index = _index(lines, FORWARD_WAIT)
+        del lines[index]
+    _edit(head, SCHEDULER, remove)
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang", "--sglang-src",
+                           str(head), "--base", str(base), "-j", "2", "--json",
+                           str(tmp_path / "pr.json")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800,
+                          check=False)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((tmp_path / "pr.json").read_text())
+    where = f"{SCHEDULER}:{index + 1}"
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith(f"{where} ")]
+    assert len(verdicts) == 1 and all(len(line) <= 200 for line in verdicts)
+    ran = [v for v in document["variants"] if v not in document["errors"]
+           and v not in document["not_applicable"]]
+    raced = {v for r in document["races"] for v in r["variants"]}
+    assert len(raced) > 1 and f" in {len(raced)} variants, first " in verdicts[0]
+    assert verdicts[0].split(", first ")[1] == next(v for v in ran if v in raced)
+    assert verdicts[0].endswith(f"{_counts(document)} in {len(raced)} variants, first "
+                                f"{next(v for v in ran if v in raced)}")
+    assert done.stderr.rstrip().splitlines()[-1] == f"overlap-harness sglang: {_counts(document)}"
+    assert f"\n    fix: restore the removed `{FORWARD_WAIT}`\n" in done.stdout
+    assert all(r["fix"] == f"fix: restore the removed `{FORWARD_WAIT}`"
+               and r["explanation"].endswith(".") for r in document["races"])

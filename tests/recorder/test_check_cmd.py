@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,20 @@ def test_crashing_script_exits_2_with_its_own_traceback(tmp_path, capsys):
     assert "ValueError: boom in the script" in err
     assert f'File "{path}", line 4, in f' in err
     assert "recorder" + os.sep not in err and "runpy" not in err
+
+
+def test_a_crashed_script_claims_no_race_count(tmp_path, capsys):
+    """A script that races, then crashes: its race is printed, but the verdict line says the
+    run has no verdict instead of a race count (the rest of the script never ran)."""
+    path = tmp_path / "races_then_crashes.py"
+    path.write_text(PROGRAM + "raise RuntimeError('after the race')\n")
+    assert main(["check", "--cpu", str(path)]) == 2
+    out, err = capsys.readouterr()
+    [verdict] = [line for line in out.splitlines() if line.startswith(f"{path}: ")]
+    assert verdict.startswith(f"{path}: no verdict, the script crashed (cpu mode, ")
+    assert verdict.endswith("; the races above happened before the crash)")
+    assert "RAW race on staged" in out and not re.search(r"\d+ races?\b", verdict)
+    assert err.rstrip().endswith(f"overlap-harness check: {path} crashed")
 
 
 def test_script_exit_status_is_a_crash(tmp_path, capsys):

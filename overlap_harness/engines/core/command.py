@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from overlap_harness.cli_options import count
+from overlap_harness.engines.core.interrupted import Interrupted
 
 
 def add_engine_options(parser: argparse.ArgumentParser, engine: str, source_help: str,
@@ -70,29 +71,48 @@ def unknown_variants(names: Sequence[str], known: Sequence[str]) -> str | None:
 
 
 def run_variants(names: Sequence[str], run_outcome: Callable[[str], Any],
-                 progress: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
+                 progress: Callable[[Any], str],
+                 reports: Callable[[str], Sequence[Path]] | None = None
+                 ) -> tuple[dict[str, Any], list[str]]:
     """Run each variant, printing its verdict (``progress`` says how far it got) and its first
-    races; returns the outcomes of the variants that ran, and one message per variant that
-    cannot be driven. A variant that cannot be driven never stops the others: its message is
-    printed where its verdict would be, and the runs go on."""
+    races, then writing its reports (``reports``, ``--out``: a Ctrl-C later leaves them
+    written); returns the outcomes of the variants that ran, and one message per variant
+    that cannot be driven. A variant that cannot be driven never stops the others: its
+    message is printed where its verdict would be, and the runs go on. Ctrl-C raises
+    :class:`Interrupted` with ``(outcomes, errors)`` of the variants finished."""
     from overlap_harness.engines.core.engine_output import captured
     from overlap_harness.engines.core.report import describe
 
     outcomes: dict[str, Any] = {}
     errors: list[str] = []
-    for name in names:
-        with captured(f"{name} run", summary=False):  # the engine's log lines: one line at exit
-            outcome = run_outcome(name)
-        if outcome.error is not None:
-            errors.append(f"variant {name} cannot be driven on this tree: {outcome.error}")
-            print(f"  {name}: cannot be driven ({outcome.error})")
-            continue
-        outcomes[name] = outcome
-        verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
-        print(f"  {name}: {verdict} ({progress(outcome)}, {outcome.seconds:.2f} CPU s)")
-        for race in outcome.races[:5]:
-            print(f"    {describe(race)}")
+    try:
+        for name in names:
+            with captured(f"{name} run", summary=False):  # the engine's log lines: one line
+                outcome = run_outcome(name)
+            if outcome.error is not None:
+                errors.append(f"variant {name} cannot be driven on this tree: {outcome.error}")
+                print(f"  {name}: cannot be driven ({outcome.error})")
+                continue
+            verdict = f"{len(outcome.races)} races" if outcome.races else "race-free"
+            print(f"  {name}: {verdict} ({progress(outcome)}, {outcome.seconds:.2f} CPU s)")
+            for race in outcome.races[:5]:
+                print(f"    {describe(race)}")
+            for path in reports(name) if reports is not None else ():
+                print(f"wrote {path}")
+            outcomes[name] = outcome
+    except KeyboardInterrupt:
+        raise Interrupted((outcomes, errors)) from None
     return outcomes, errors
+
+
+def interrupted(command: str, document: dict[str, Any], paths: Sequence[Path]) -> int:
+    """After Ctrl-C: write ``document`` (what finished) marked ``partial: true``, say so in
+    one line; the exit status of an interrupted command (130)."""
+    document["partial"] = True
+    write_document(document, paths)
+    print(f"{command}: interrupted; what finished is written"
+          f"{' (partial: true)' if paths else ''}", file=sys.stderr)
+    return 130
 
 
 def fail_all(command: str, errors: Sequence[str]) -> int:
@@ -108,13 +128,27 @@ def timed_necessity(site_count: int, rows_of: Callable[[], list[Any]]) -> list[d
     from overlap_harness.engines.core.report import summary_lines
 
     started, cpu = time.perf_counter(), time.process_time()
-    rows = rows_of()
+    try:
+        rows = rows_of()
+    except Interrupted as stop:  # the rows of the sites that finished, as JSON
+        print(f"necessity: interrupted after {time.perf_counter() - started:.1f} s wall; "
+              f"{len(stop.finished)} rows finished")
+        raise Interrupted([row.to_json() for row in stop.finished]) from None
     print(f"necessity: {site_count} sites, {len(rows)} rows, "
           f"{time.perf_counter() - started:.1f} s wall")
     for line in summary_lines(rows):
         print(line)
     print(f"necessity CPU: {time.process_time() - cpu:.1f} s here (children not counted)")
     return [row.to_json() for row in rows]
+
+
+def fail_written(command: str, message: str, document: dict[str, Any],
+                 paths: Sequence[Path]) -> int:
+    """:func:`fail` for a tree that cannot be driven at all (it does not import): the JSON
+    is still written, ``document`` with the message as its one error and no race, so a CI
+    step that reads it finds why; the exit status 2."""
+    write_document({**document, "variants": [], "races": [], "errors": [message]}, paths)
+    return fail(command, message)
 
 
 def write_document(document: dict[str, Any], paths: Sequence[Path]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from overlap_harness.engines.core.engine_output import captured
+from overlap_harness.engines.core.interrupted import Interrupted, stop_children
 from overlap_harness.engines.core.mutation import Coverage, remove_site
 from overlap_harness.engines.core.progress import Progress
 from overlap_harness.engines.core.reach import probe_key, reached_by_variant
@@ -46,6 +47,7 @@ RunVariant = Callable[[str], VariantOutcome]
 MUTABLE_KINDS = frozenset(SiteKind) - {SiteKind.NON_BLOCKING_COPY}
 
 T = TypeVar("T")
+INTERRUPTED_STATUS = 130  # a forked child's exit status after Ctrl-C
 _STATE: dict[str, object] = {}  # what forked children inherit: the run function, variants
 
 
@@ -115,19 +117,38 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
     progress = Progress("necessity")
     _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
-    plans = (_plans(mutable, variants, jobs) if skip_unreached
-             else [list(variants) for _ in mutable])
+    try:
+        plans = (_plans(mutable, variants, jobs) if skip_unreached
+                 else [list(variants) for _ in mutable])
+    except Interrupted:  # Ctrl-C in the probed pass: no site finished
+        raise Interrupted([]) from None
     indices = [index for index, plan in enumerate(plans) if plan]  # the sites to run
     planned = [(position, mutable[index], plans[index])
                for position, index in enumerate(indices)]
     _STATE.update(planned=planned)
     progress.phase()
-    ran = dict(zip(indices, forked_map(_one_site, planned, jobs), strict=True))
+    try:
+        ran = dict(zip(indices, forked_map(_one_site, planned, jobs), strict=True))
+    except Interrupted as stop:  # Ctrl-C: the rows of the sites whose children answered
+        finished = {indices[position]: result for position, result in stop.finished.items()}
+        raise Interrupted(_rows(mutable, variants, plans, baseline, finished,
+                                only_finished=True)) from None
     progress.done(f"{len(planned)} of {len(mutable)} sites run "
                   f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "
                   "variant runs; the others never reached)")
+    return _rows(mutable, variants, plans, baseline, ran)
+
+
+def _rows(mutable: Sequence[SyncSite], variants: Sequence[str], plans: list[list[str]],
+          baseline: dict[str, VariantOutcome], ran: dict[int, Any],
+          only_finished: bool = False) -> list[NecessityRow]:
+    """The table's rows from the sites' results ``ran`` (by site index); with
+    ``only_finished``, only the sites that have a result or needed no run (an interrupted
+    table)."""
     rows = []
     for index, (site, plan) in enumerate(zip(mutable, plans, strict=True)):
+        if only_finished and plan and index not in ran:
+            continue
         outcomes, reached, error = ran.get(index, ([], {}, None))
         for variant in variants:
             if variant not in plan:  # never reached: the mutated run is the intact run
@@ -204,6 +225,19 @@ def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) ->
     results: dict[int, T] = {}
     running: dict[int, tuple[int, int]] = {}  # pid -> (item index, read end)
     pending = list(enumerate(items))
+    try:
+        _fork_all(function, pending, running, results, jobs)
+    except KeyboardInterrupt:  # Ctrl-C: the children end now, what answered goes up
+        stop_children(running)
+        for _index, read_end in running.values():
+            os.close(read_end)
+        raise Interrupted(dict(results)) from None
+    return [results[i] for i in range(len(items))]
+
+
+def _fork_all(function: Callable[[Any], T], pending: list[tuple[int, Any]],
+              running: dict[int, tuple[int, int]], results: dict[int, T], jobs: int) -> None:
+    """:func:`forked_map`'s loop: fork while fewer than ``jobs`` run, collect in order."""
     while pending or running:
         while pending and len(running) < max(1, jobs):
             index, item = pending.pop(0)
@@ -212,20 +246,26 @@ def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) ->
             pid = os.fork()
             if pid == 0:  # the child: run, answer, exit without cleanup of the parent's state
                 os.close(read_end)
+                status = 0
                 try:
                     payload = pickle.dumps(function(item))
                     with os.fdopen(write_end, "wb") as pipe:
                         pipe.write(payload)
+                except KeyboardInterrupt:  # Ctrl-C reached the child too: say so
+                    status = INTERRUPTED_STATUS
                 finally:
-                    os._exit(0)
+                    os._exit(status)
             os.close(write_end)
             running[pid] = (index, read_end)
         pid = next(iter(running))
-        index, read_end = running.pop(pid)
-        with os.fdopen(read_end, "rb") as pipe:
+        index, read_end = running[pid]
+        with os.fdopen(read_end, "rb", closefd=False) as pipe:
             data = pipe.read()
-        os.waitpid(pid, 0)
+        del running[pid]
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+        if not data and os.waitstatus_to_exitcode(status) == INTERRUPTED_STATUS:
+            raise KeyboardInterrupt  # the child's Ctrl-C came before this process's
         if not data:
             raise RuntimeError(f"the child for item {index} died without a result")
         results[index] = pickle.loads(data)
-    return [results[i] for i in range(len(items))]

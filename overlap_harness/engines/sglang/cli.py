@@ -19,11 +19,14 @@ from overlap_harness.engines.core.command import (
     apply_output_options,
     fail,
     fail_all,
+    fail_written,
+    interrupted,
     run_variants,
     timed_necessity,
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.interrupted import Interrupted
 from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
@@ -120,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
                      "beside the model)")
     try:
         tree = environment.load(args.sglang_src)
-    except environment.SglangTreeError as exc:
-        return fail(PROG, str(exc))
+    except environment.SglangTreeError as exc:  # the JSON still says why
+        return fail_written(PROG, str(exc), {"source": args.sglang_src}, _documents(args))
     from overlap_harness.engines.sglang.configurations import configuration
     from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
@@ -131,9 +134,14 @@ def run(args: argparse.Namespace) -> int:
     for name, reason in not_selected.items():
         print(f"  {name}: not selected ({reason})")
     not_applicable = _not_applicable(names)
-    outcomes, errors = run_variants([n for n in names if n not in not_applicable],
-                                    run_outcome,
-                                    lambda outcome: f"{outcome.iterations} iterations")
+    stopped = False  # Ctrl-C: what finished is written, marked partial
+    try:
+        outcomes, errors = run_variants([n for n in names if n not in not_applicable],
+                                        run_outcome,
+                                        lambda outcome: f"{outcome.iterations} iterations",
+                                        _reports(args))
+    except Interrupted as stop:
+        (outcomes, errors), stopped = stop.finished, True
     names = list(outcomes)  # the variants that ran
     document: dict[str, Any] = {
         "source": str(tree.package_dir), "sglang_version": tree.version,
@@ -143,25 +151,25 @@ def run(args: argparse.Namespace) -> int:
         "not_selected": [{"variant": n, "reason": r} for n, r in not_selected.items()],
         "configurations": {n: configuration(VARIANTS[n]) for n in names},
         "races": [r for o in outcomes.values() for r in o.races]}
-    if errors:  # what did run is still written, then the tree is reported undrivable
+    if errors:
         document["errors"] = errors
-        write_document(document, ([args.json] if args.json else [])
-                       + ([args.out / "sglang-loop.json"] if args.out else []))
+    if stopped:
+        return interrupted(PROG, document, _documents(args))
+    if errors:  # what did run is still written, then the tree is reported undrivable
+        write_document(document, _documents(args))
         return fail_all(PROG, errors)
     if args.necessity:
         from overlap_harness.engines.core.necessity import necessity_table
 
         sites = path_sites()
-        document["necessity"] = timed_necessity(
-            len(sites), lambda: necessity_table(sites, names, outcomes, run_outcome, args.jobs))
-    write_document(document, ([args.json] if args.json else [])
-                   + ([args.out / "sglang-loop.json"] if args.out else []))
-    if args.out:
-        from overlap_harness.engines.sglang.report.plots import write_variant_reports
-
-        for name in names:
-            for path in write_variant_reports(name, args.out):
-                print(f"wrote {path}")
+        try:
+            document["necessity"] = timed_necessity(
+                len(sites),
+                lambda: necessity_table(sites, names, outcomes, run_outcome, args.jobs))
+        except Interrupted as stop:  # the rows of the sites that finished
+            document["necessity"] = stop.finished
+            return interrupted(PROG, document, _documents(args))
+    write_document(document, _documents(args))
     if args.loop_report:
         from overlap_harness.engines.sglang.report.loop_report import write as write_loop_report
 
@@ -174,6 +182,22 @@ def run(args: argparse.Namespace) -> int:
         md.write_text(markdown(document))
         print(f"wrote {md}")
     return 1 if document["races"] else 0
+
+
+def _reports(args: argparse.Namespace) -> Any:
+    """With ``--out``: the writer of one variant's reports (timeline plot, Perfetto, SARIF),
+    called as each variant finishes; else None."""
+    if not args.out:
+        return None
+    from overlap_harness.engines.sglang.report.plots import write_variant_reports
+
+    return lambda name: write_variant_reports(name, args.out)
+
+
+def _documents(args: argparse.Namespace) -> list[Path]:
+    """Where the command's JSON goes: ``--json`` and ``--out``'s sglang-loop.json."""
+    return ([args.json] if args.json else []) + ([args.out / "sglang-loop.json"]
+                                                 if args.out else [])
 
 
 def _apply_config(args: argparse.Namespace) -> dict[str, str]:

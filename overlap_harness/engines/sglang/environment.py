@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ import msgspec
 
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.patching import attributes_set
+from overlap_harness.engines.core.tree_errors import import_failure
 from overlap_harness.engines.sglang.stand_ins import sgl_kernel as sgl_kernel_stub
 from overlap_harness.engines.sglang.stand_ins import torchvision as torchvision_stub
 from overlap_harness.model.errors import HarnessError
@@ -97,14 +99,23 @@ def load(source: str | None = None) -> SglangTree:
             # the engine's own warnings, summed up in one line
             for name in PATH_MODULES:
                 importlib.import_module(name)
-    except ImportError as exc:
-        raise SglangTreeError(f"import {name} failed: {exc} (docs/sglang-loop.md: install)"
-                              ) from None
+    except Exception as exc:  # a syntax error, a missing package, a crash at import time
+        hint = " (docs/sglang-loop.md: install)" if isinstance(exc, ImportError) else ""
+        where = import_failure(exc, root if root is not None else _installed_root())
+        raise SglangTreeError(f"import {name} failed: {where}{hint}") from None
     elapsed = time.perf_counter() - started
     package = Path(os.path.abspath(sys.modules["sglang"].__file__)).parent
     if root is not None and package.parent != root:
         raise SglangTreeError(f"{source}: sglang was imported from {package}, not this tree")
     return SglangTree(package, _version(package), elapsed)
+
+
+def _installed_root() -> Path | None:
+    """The folder holding the installed (or already found) sglang package, if any."""
+    spec = importlib.util.find_spec("sglang") if "sglang" not in sys.modules else None
+    module = sys.modules.get("sglang")
+    origin = module.__file__ if module is not None else (spec.origin if spec else None)
+    return Path(origin).resolve().parents[1] if origin else None
 
 
 @contextmanager

@@ -12,6 +12,7 @@ code's races.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from overlap_harness.engines.core.command import (
@@ -19,11 +20,14 @@ from overlap_harness.engines.core.command import (
     apply_output_options,
     fail,
     fail_all,
+    fail_written,
+    interrupted,
     run_variants,
     timed_necessity,
     unknown_variants,
     write_document,
 )
+from overlap_harness.engines.core.interrupted import Interrupted
 from overlap_harness.engines.core.pr_view.options import add_pr_options
 from overlap_harness.output_paths import prepare_outputs
 
@@ -62,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         info = environment.load(args.vllm_src)
-    except environment.VllmUnavailable as exc:
-        return fail(PROG, " ".join(str(exc).split()))
+    except environment.VllmUnavailable as exc:  # the JSON still says why
+        return fail_written(PROG, " ".join(str(exc).split()), {"source": args.vllm_src},
+                            _documents(args))
     from overlap_harness.engines.vllm import necessity
 
     known = list(necessity.variant_runs())
@@ -71,24 +76,37 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, known)) is not None:
         return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
-    outcomes, errors = run_variants(names, necessity.run_outcome,
-                                    lambda outcome: f"{outcome.ops} ops")
-    if errors:
-        return fail_all(PROG, errors)
+    not_applicable = _not_applicable(names)
+    stopped = False  # Ctrl-C: what finished is written, marked partial
+    try:
+        outcomes, errors = run_variants([n for n in names if n not in not_applicable],
+                                        necessity.run_outcome,
+                                        lambda outcome: f"{outcome.ops} ops", _reports(args))
+    except Interrupted as stop:
+        (outcomes, errors), stopped = stop.finished, True
+    names = list(outcomes)  # the variants that ran
     document: dict[str, Any] = {
         "source": info.location, "vllm_version": info.version, "variants": names,
+        "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
         "races": [r for o in outcomes.values() for r in o.races]}
+    if errors:
+        document["errors"] = errors
+    if stopped:
+        return interrupted(PROG, document, _documents(args))
+    if errors:  # what did run is still written, then the tree is reported undrivable
+        write_document(document, _documents(args))
+        return fail_all(PROG, errors)
+    if not names:
+        return fail(PROG, "no variant applies to this tree: "
+                    + "; ".join(f"{n}: {r}" for n, r in not_applicable.items()))
     if args.necessity:
-        document["necessity"] = timed_necessity(
-            len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
-    write_document(document, ([args.json] if args.json else [])
-                   + ([args.out / "vllm.json"] if args.out else []))
-    if args.out:
-        from overlap_harness.engines.vllm.reports import write_variant_reports
-
-        for name in names:
-            for path in write_variant_reports(name, args.out):
-                print(f"wrote {path}")
+        try:
+            document["necessity"] = timed_necessity(
+                len(necessity.sites()), lambda: necessity.table(names, outcomes, args.jobs))
+        except Interrupted as stop:  # the rows of the sites that finished
+            document["necessity"] = stop.finished
+            return interrupted(PROG, document, _documents(args))
+    write_document(document, _documents(args))
     if args.out and args.necessity:
         from overlap_harness.engines.core.report import necessity_markdown
 
@@ -99,3 +117,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
+
+def _not_applicable(names: list[str]) -> dict[str, str]:
+    """The variants of ``names`` the loaded tree lacks the code of, each with the reason
+    (:mod:`.release_features`), printed as they are found."""
+    from overlap_harness.engines.vllm.release_features import not_applicable_reason
+
+    reasons = {}
+    for name in names:
+        if (reason := not_applicable_reason(name)) is not None:
+            reasons[name] = reason
+            print(f"  {name}: not applicable ({reason})")
+    return reasons
+
+
+def _documents(args: argparse.Namespace) -> list[Path]:
+    """Where the command's JSON goes: ``--json`` and ``--out``'s vllm.json."""
+    return ([args.json] if args.json else []) + ([args.out / "vllm.json"] if args.out else [])
+
+
+def _reports(args: argparse.Namespace) -> Any:
+    """With ``--out``: the writer of one variant's reports (timeline plot, Perfetto, SARIF),
+    called as each variant finishes; else None."""
+    if not args.out:
+        return None
+    from overlap_harness.engines.vllm.reports import write_variant_reports
+
+    return lambda name: write_variant_reports(name, args.out)

@@ -6,7 +6,8 @@
 of the ``--cover`` files (relative to the tree root; only those, to keep the cost low) per
 variant (a coverage context each), keeps every op's stack (:mod:`.stacks`), and writes the
 races with both sides' stacks, the covered lines and, with ``--necessity``, the necessity
-table. A variant that cannot be driven is kept as its error; the others still run.
+table. A variant that cannot be driven is kept as its error; the others still run. A tree
+that does not import writes ``{"fatal": "FILE:LINE: ERROR"}`` instead and exits 2.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from overlap_harness.engines.core.pr_view.ordering import enclosing_functions
 from overlap_harness.engines.core.pr_view.stacks import Frame, StackKeeper
 from overlap_harness.engines.core.pr_view.trees import engine_tree
+from overlap_harness.model.errors import HarnessError
 
 
 @dataclass
@@ -198,8 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--necessity", action="store_true")
     parser.add_argument("-j", "--jobs", type=int, default=1)
     args = parser.parse_args(argv)
-    result = run_side(args.engine, args.source, args.variant, args.cover, args.necessity,
-                      args.jobs)
+    try:
+        result = run_side(args.engine, args.source, args.variant, args.cover, args.necessity,
+                          args.jobs)
+    except HarnessError as exc:  # the tree does not import: its line, for the parent to say
+        args.result.write_text(json.dumps({"fatal": " ".join(str(exc).split())}))
+        return 2
     args.result.write_text(json.dumps(result))
     return 0
 

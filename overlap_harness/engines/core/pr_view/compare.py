@@ -81,6 +81,8 @@ class ChangeView:
     hunk: Hunk
     reached_by: list[str]
     executable: bool
+    #: the removed half of a move and nothing else: the move's one verdict covers it
+    part_of_move: bool = False
 
     @property
     def ordering(self) -> bool:
@@ -123,6 +125,9 @@ class ChangeView:
             out["removed"] = hunk.removed_code
         if hunk.moved_from is not None:
             out["moved_from"] = hunk.moved_from
+        if hunk.moved_to is not None:
+            out["moved_to"] = hunk.moved_to
+            out["part_of_move"] = self.part_of_move
         return out
 
 
@@ -151,7 +156,29 @@ def change_views(hunks: Sequence[Hunk], head: Coverage, base: Coverage) -> list[
             executable |= base.executable(hunk.file, line)
             reached.update(base.variants(hunk.file, line))
         views.append(ChangeView(hunk, sorted(reached), executable))
+    for view in views:
+        view.part_of_move = _only_moved(view.hunk, hunks)
     return views
+
+
+def move_target(view: ChangeView, views: Sequence[ChangeView]) -> ChangeView:
+    """The hunk a removed-only half of a move moved its line to (``view`` itself for any
+    other change): a race or verdict of the removed half belongs to the move."""
+    if not view.part_of_move:
+        return view
+    hunk = view.hunk
+    return next((v for v in views if v.hunk.file == hunk.file and v.hunk.moved_from is not None
+                 and hunk.moved_to in v.hunk.head_lines), view)
+
+
+def _only_moved(hunk: Hunk, hunks: Sequence[Hunk]) -> bool:
+    """True when ``hunk`` only removes lines that another hunk of its file added (the
+    removed half of a move)."""
+    if hunk.moved_to is None or not hunk.removal:
+        return False
+    added = {code for other in hunks if other.file == hunk.file and other is not hunk
+             for code in other.head_code.values()}
+    return all(code in added for code in hunk.removed_code if code)
 
 
 def unreached_lines(views: Sequence[ChangeView], head: Coverage, base: Coverage,

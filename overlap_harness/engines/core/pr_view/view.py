@@ -25,6 +25,7 @@ from overlap_harness.engines.core.pr_view.compare import (
     Coverage,
     change_views,
     group_races,
+    move_target,
     unreached_lines,
 )
 from overlap_harness.engines.core.pr_view.trees import (
@@ -49,22 +50,62 @@ def _child_command(engine: str, tree: Tree, result: Path, args: Any,
 
 
 def _run_children(commands: list[list[str]], logs: list[Path], parallel: bool) -> list[int]:
-    """Run the children (at once when ``parallel``), each one's output into its log."""
-    codes: list[int] = []
-    running = []
-    for command, log in zip(commands, logs, strict=True):
-        with log.open("w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        if parallel:
-            running.append(process)
-        else:
-            codes.append(process.wait())
-    return codes + [p.wait() for p in running]
+    """Run the children (at once when ``parallel``), each one's output into its log; their
+    exit statuses, None for a child never started or stopped. A child that fails stops the
+    others (the view needs both trees), and so does Ctrl-C: each child is ended within a
+    second or two, never left running after the command."""
+    codes: list[int | None] = [None] * len(commands)
+    running: dict[int, subprocess.Popen] = {}
+    waiting = list(range(len(commands)))
+    try:
+        while waiting or running:
+            while waiting and (parallel or not running):
+                index = waiting.pop(0)
+                with logs[index].open("w") as out:
+                    running[index] = subprocess.Popen(commands[index], stdout=out,
+                                                      stderr=subprocess.STDOUT)
+            time.sleep(0.1)
+            finished = [i for i, process in running.items() if process.poll() is not None]
+            for index in finished:
+                codes[index] = running.pop(index).returncode
+            if any(codes[i] != 0 for i in finished):  # the view cannot be made: stop the rest
+                waiting.clear()
+                _stop(running.values())
+                running.clear()
+    except BaseException:
+        _stop(running.values())
+        raise
+    return codes
+
+
+def _stop(processes: Any) -> None:
+    """End ``processes``: SIGTERM, then SIGKILL for any still running after two seconds."""
+    processes = list(processes)
+    for process in processes:
+        process.terminate()
+    deadline = time.perf_counter() + 2.0
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _progress(log: Path) -> list[str]:
     return [line.rstrip() for line in log.read_text(errors="replace").splitlines()
             if line.startswith("  [")]
+
+
+def _child_failure(name: str, code: int, result: Path, log: Path) -> str:
+    """Why one tree's run gave no result: the child's one line when the tree does not import
+    (``FILE:LINE: ERROR``, relative to that tree's root), else the last line of its log."""
+    if result.is_file():
+        fatal = json.loads(result.read_text()).get("fatal")
+        if fatal:
+            return f"the {name} tree cannot be driven: {fatal}"
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+    return f"the {name} tree's run failed (exit {code}): {' '.join(tail)}"
 
 
 def _necessity_changed(head: dict[str, Any], base: dict[str, Any], head_root: str,
@@ -107,11 +148,14 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
         if key in old_groups:
             continue
         view, how = attributor.attribute(group.example)
+        if view is not None:
+            view = move_target(view, views)
         race = dict(group.example, variants=group.variants, count=group.count,
                     change=view.location if view else "", attribution=how,
                     change_index=views.index(view) if view else -1,
                     what=view.what() if view else "")
         race.pop("variant"), race.pop("iteration")
+        race.update(explanation=output.explanation(race), fix=output.fix_hint(race))
         races.append(race)
     fixed = []
     for key, group in old_groups.items():
@@ -144,7 +188,7 @@ def compare(engine: str, head: Tree, base: Tree, hunks: list, ours: dict[str, An
 def verdict(document: dict[str, Any], allow_unreached: bool) -> tuple[int, str]:
     """The exit status and its one-line reason (see the module docstring)."""
     if document["races"]:
-        return 1, f"{len(document['races'])} new races"
+        return 1, output.count_phrase(document["races"])
     if document["errors"]:
         return 2, "variants of HEAD cannot be driven: " + ", ".join(document["errors"])
     if document["unreached"] and not allow_unreached:
@@ -161,7 +205,7 @@ def verdict(document: dict[str, Any], allow_unreached: bool) -> tuple[int, str]:
 
 def run(args: Any, engine: str, prog: str) -> int:
     """The pull-request view of ``args`` (the engine command's parsed options)."""
-    from overlap_harness.engines.core.command import fail, write_document
+    from overlap_harness.engines.core.command import fail, interrupted, write_document
 
     source = getattr(args, f"{engine}_src")
     if source is None:
@@ -181,16 +225,26 @@ def run(args: Any, engine: str, prog: str) -> int:
               f"{head.root} and BASE {base.root}", flush=True)
         results = [scratch / "head.json", scratch / "base.json"]
         logs = [scratch / "head.log", scratch / "base.log"]
-        codes = _run_children([_child_command(engine, t, r, args, cover)
-                               for t, r in zip((head, base), results, strict=True)],
-                              logs, parallel=args.jobs >= 2)
+        try:
+            codes = _run_children([_child_command(engine, t, r, args, cover)
+                                   for t, r in zip((head, base), results, strict=True)],
+                                  logs, parallel=args.jobs >= 2)
+        except KeyboardInterrupt:  # both trees' runs stopped: nothing to compare yet
+            return interrupted(prog, {"engine": engine, "head": {"source": str(head.root)},
+                                      "base": {"source": str(base.root)}, "races": []},
+                               [args.json] if args.json else [])
         for name, code, result, log in zip(("HEAD", "BASE"), codes, results, logs,
                                            strict=True):
+            if code is None:  # stopped: the other tree's run failed
+                continue
             print("\n".join(_progress(log)))
             if code != 0 or not result.is_file():
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-                return fail(prog, f"the {name} tree's run failed (exit {code}): "
-                            f"{' '.join(tail)}")
+                message = _child_failure(name, code, result, log)
+                fatal = {"engine": engine, "head": {"source": str(head.root)},
+                         "base": {"source": str(base.root)}, "races": [],
+                         "fatal": message, "exit": {"status": 2, "reason": message}}
+                write_document(fatal, [args.json] if args.json else [])
+                return fail(prog, message)
         ours, theirs = (json.loads(r.read_text()) for r in results)
         document = compare(engine, head, base, hunks, ours, theirs)
     finally:
