@@ -1,5 +1,7 @@
-"""`.ci/run` runs exactly the README's commands: a fresh virtual environment, the install, the
-tests and the engine runs in it, and nothing else."""
+"""`.ci/run` runs exactly the README's commands: the Quick start's tests command (a fresh
+virtual environment, the install, the tests), then the engine runs of the README's "CI"
+section in that environment, and nothing else; the two test selections together are the one
+selection CI ran before the engine runs were split off."""
 
 from __future__ import annotations
 
@@ -7,32 +9,42 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def quick_start_blocks() -> list[str]:
-    """The ``sh`` blocks of the README's "Quick start" section, in order."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)\n```", quick, flags=re.S)
-
-
-def test_ci_runs_the_readme_commands_in_a_fresh_venv() -> None:
-    blocks = quick_start_blocks()
-    assert " -m venv " in blocks[0] and "pip install" in blocks[1]
-    commands = [line for line in (ROOT / ".ci/run").read_text().splitlines()
-                if line and not line.startswith(("#", "set ", "cd "))]
-    assert commands == blocks
-
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 #: what CI ran as one pytest command before the engine runs were split off: the two commands
 #: together must select exactly it, so CI keeps every test it ran
 DEFAULT_SELECTION = "not benchmark and (not slow or release_ci)"
 
 
+def sh_blocks(section: str) -> list[str]:
+    """The ``sh`` blocks of the README's section ``section``, in order."""
+    text = README.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)\n```", text, flags=re.S)
+
+
+def ci_commands() -> list[str]:
+    return [line for line in (ROOT / ".ci/run").read_text().splitlines()
+            if line and not line.startswith(("#", "set ", "cd "))]
+
+
+def test_the_quick_start_is_two_commands_the_suite_and_the_tests() -> None:
+    suite, tests = sh_blocks("Quick start")
+    assert suite.endswith("&& overlap-harness run scenarios/")
+    assert " -m pytest " in tests and "pip install" in tests
+
+
+def test_ci_runs_the_readme_tests_command_then_its_engine_runs() -> None:
+    _suite, tests = sh_blocks("Quick start")
+    (engine_runs,) = sh_blocks("CI")
+    assert ci_commands() == [tests, engine_runs]
+
+
 def test_the_two_test_commands_split_the_default_selection() -> None:
-    selections = [re.fullmatch(r"python3 -m pytest -q -n 2 -m '(.*)'", block)
-                  for block in quick_start_blocks() if "pytest" in block]
-    assert all(selections), "each test command is one pytest run, nothing chained"
+    _suite, tests = sh_blocks("Quick start")
+    (engine_runs,) = sh_blocks("CI")
+    selections = [re.search(r"(?:^|&& )python3 -m pytest -q -n 2 -m '([^']*)'$", command)
+                  for command in (tests, engine_runs)]
+    assert all(selections), "each ends in one pytest run of one marker expression"
     assert [m.group(1) for m in selections] == [f"not engine_run and {DEFAULT_SELECTION}",
                                                 f"engine_run and {DEFAULT_SELECTION}"]
 
@@ -40,8 +52,8 @@ def test_the_two_test_commands_split_the_default_selection() -> None:
 def test_the_venv_is_fresh_and_isolated() -> None:
     """A new environment every run (``--clear``), never the machine's packages, and every
     later ``python3`` is the environment's (it is activated in the same line)."""
-    (venv_command,) = [b for b in quick_start_blocks() if " -m venv " in b]
-    assert "--clear" in venv_command and "--system-site-packages" not in venv_command
-    target = re.search(r"-m venv --clear (\S+)", venv_command)
-    assert target and f". {target.group(1)}/bin/activate" in venv_command
-    assert (ROOT / ".gitignore").read_text().splitlines().count(f"{target.group(1)}/") == 1
+    for command in sh_blocks("Quick start"):
+        assert "--clear" in command and "--system-site-packages" not in command
+        target = re.search(r"-m venv --clear (\S+)", command)
+        assert target and f". {target.group(1)}/bin/activate" in command
+        assert (ROOT / ".gitignore").read_text().splitlines().count(f"{target.group(1)}/") == 1

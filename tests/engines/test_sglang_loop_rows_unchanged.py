@@ -81,6 +81,7 @@ def _fresh(tmp_path: Path, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("variant", ["radix_cache", "eagle_topk1"])
+@pytest.mark.engine_run
 def test_a_fresh_run_of_a_variant_has_the_committed_rows(variant: str, tmp_path: Path) -> None:
     """Two variants whose races have harness sides (the model worker's forward, the EAGLE
     target's), against the committed 0.5.23 report."""
@@ -98,6 +99,7 @@ def test_a_fresh_run_of_a_variant_has_the_committed_rows(variant: str, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", sorted(COMMITTED))
+@pytest.mark.engine_run
 def test_a_fresh_run_has_every_committed_row(version: str, tmp_path: Path) -> None:
     """The whole report of a release (several CPU minutes each)."""
     try:

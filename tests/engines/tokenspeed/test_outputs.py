@@ -47,6 +47,7 @@ def _command(*arguments: str, timeout: int = 900) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.engine_run
 def test_out_writes_the_json_plots_perfetto_and_sarif_of_a_racy_tree(
         tokenspeed_tree: Path, tmp_path: Path) -> None:
     tree = tree_copy(tokenspeed_tree, tmp_path / "tree",
@@ -83,6 +84,7 @@ def _view(tree: Path, tmp_path: Path, head_without_wait: bool) -> tuple[int, str
             json.loads((tmp_path / "pr.json").read_text()), number)
 
 
+@pytest.mark.engine_run
 def test_a_removed_forward_wait_races_and_is_named(tokenspeed_tree: Path,
                                                    tmp_path: Path) -> None:
     status, output, document, number = _view(tokenspeed_tree, tmp_path, True)
@@ -92,6 +94,7 @@ def test_a_removed_forward_wait_races_and_is_named(tokenspeed_tree: Path,
     assert document["changes"][0]["reached_by"] == [VARIANT]
 
 
+@pytest.mark.engine_run
 def test_restoring_the_forward_wait_fixes_the_base_races(tokenspeed_tree: Path,
                                                           tmp_path: Path) -> None:
     status, output, document, _number = _view(tokenspeed_tree, tmp_path, False)

@@ -48,6 +48,7 @@ def _drive(tree: Path, out: Path, *options: str) -> subprocess.CompletedProcess[
 
 @pytest.mark.parametrize(("distribution", "version"), releases.MATRIX,
                          ids=[f"{d}-{v}" for d, v in releases.MATRIX])
+@pytest.mark.engine_run
 def test_each_release_is_driven_race_free_from_its_own_tree(distribution: str, version: str,
                                                             tmp_path: Path) -> None:
     tree = _tree(distribution, version)
@@ -64,6 +65,7 @@ def test_each_release_is_driven_race_free_from_its_own_tree(distribution: str, v
         assert entry["variant"] not in ran and entry["reason"].startswith("the tree lacks ")
 
 
+@pytest.mark.engine_run
 def test_the_v1_runner_is_not_applicable_where_the_release_dropped_it(tmp_path: Path) -> None:
     tree = _tree("vllm", "0.34.0")
     assert not (tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py").exists()
@@ -77,6 +79,7 @@ def test_the_v1_runner_is_not_applicable_where_the_release_dropped_it(tmp_path: 
     assert "no module vllm.v1.worker.gpu_model_runner" in entry["reason"]
 
 
+@pytest.mark.engine_run
 def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
         tmp_path: Path) -> None:
     mirror = tmp_path / "tree"
@@ -101,6 +104,7 @@ def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
     assert all(".to(\"cpu\", non_blocking=True" in text for text in copy_lines), copy_lines
 
 
+@pytest.mark.engine_run
 def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Path) -> None:
     """``--base``: head is 0.34.0 with AsyncOutput's entry wait removed, base the release."""
     tree = _tree("vllm", "0.34.0")
