@@ -115,6 +115,21 @@ def interrupted(command: str, document: dict[str, Any], paths: Sequence[Path]) -
     return 130
 
 
+def stop_early(command: str, document: dict[str, Any], errors: Sequence[str], stopped: bool,
+               paths: Sequence[Path]) -> int | None:
+    """After the variants ran: the exit status when the command ends here (Ctrl-C: what
+    finished written, partial; a variant that could not be driven: what did run written,
+    then each error), else None. ``errors`` go into ``document`` either way."""
+    if errors:
+        document["errors"] = list(errors)
+    if stopped:
+        return interrupted(command, document, paths)
+    if errors:
+        write_document(document, paths)
+        return fail_all(command, errors)
+    return None
+
+
 def fail_all(command: str, errors: Sequence[str]) -> int:
     """Print each message as :func:`fail` does; the exit status of an undrivable tree (2)."""
     for message in errors:

@@ -142,6 +142,34 @@ def watch_outcome(name: str, run: Callable[[], Any]) -> VariantOutcome:
                           unknown_ops=[u.name for u in watcher.unknown_ops])
 
 
+@dataclass(frozen=True)
+class WatchedEngine:
+    """What every adapter whose driven functions are listed (``targets``: owner, attribute)
+    and whose variants return the recorder's ``Watch`` (``variant_runs``: name -> run) has
+    alike: its sync sites, one variant's outcome, the necessity table."""
+
+    targets: Callable[[], list[tuple[Any, str]]]
+    variant_runs: Callable[[], dict[str, Callable[[], Any]]]
+
+    def sites(self) -> list[Any]:
+        """Every sync site of the driven functions."""
+        from overlap_harness.engines.core.sites import function_sites
+
+        return [s for owner, attribute in self.targets()
+                for s in function_sites(owner, attribute)]
+
+    def run_outcome(self, name: str) -> VariantOutcome:
+        """One run of variant ``name`` as the core's outcome (a crash becomes its error)."""
+        return watch_outcome(name, self.variant_runs()[name])
+
+    def table(self, names: Sequence[str], baseline: dict[str, VariantOutcome],
+              jobs: int = 1) -> list[Any]:
+        """The necessity table of the driven syncs over the variants ``names``."""
+        from overlap_harness.engines.core.necessity import necessity_table
+
+        return necessity_table(self.sites(), names, baseline, self.run_outcome, jobs)
+
+
 def watch_side(version: str, runs: dict[str, Callable[[], Any]], table: Callable[..., Any],
                run_outcome: Callable[[str], VariantOutcome]) -> Any:
     """The pull-request child's side of an adapter whose variants return a ``Watch``."""

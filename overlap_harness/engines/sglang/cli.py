@@ -22,6 +22,7 @@ from overlap_harness.engines.core.command import (
     fail_written,
     interrupted,
     run_variants,
+    stop_early,
     timed_necessity,
     unknown_variants,
     write_document,
@@ -151,13 +152,8 @@ def run(args: argparse.Namespace) -> int:
         "not_selected": [{"variant": n, "reason": r} for n, r in not_selected.items()],
         "configurations": {n: configuration(VARIANTS[n]) for n in names},
         "races": [r for o in outcomes.values() for r in o.races]}
-    if errors:
-        document["errors"] = errors
-    if stopped:
-        return interrupted(PROG, document, _documents(args))
-    if errors:  # what did run is still written, then the tree is reported undrivable
-        write_document(document, _documents(args))
-        return fail_all(PROG, errors)
+    if (status := stop_early(PROG, document, errors, stopped, _documents(args))) is not None:
+        return status  # Ctrl-C, or a variant the tree could not drive: what ran is written
     if args.necessity:
         from overlap_harness.engines.core.necessity import necessity_table
 

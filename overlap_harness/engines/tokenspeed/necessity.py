@@ -9,13 +9,10 @@ the variants (:mod:`.variants`) and one variant's run as the core's :class:`Vari
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from overlap_harness.engines.core.engine_command import watch_outcome
-from overlap_harness.engines.core.necessity import necessity_table
-from overlap_harness.engines.core.results import NecessityRow, VariantOutcome
-from overlap_harness.engines.core.sites import SyncSite, function_sites
+from overlap_harness.engines.core.engine_command import WatchedEngine
 
 
 def variant_runs() -> dict[str, Callable[[], Any]]:
@@ -46,17 +43,6 @@ def targets() -> list[tuple[Any, str]]:
             (FlashInferSamplingBackend, "get_packed_output_d2h")]
 
 
-def sites() -> list[SyncSite]:
-    """Every sync site of the driven functions."""
-    return [s for owner, attribute in targets() for s in function_sites(owner, attribute)]
-
-
-def run_outcome(name: str) -> VariantOutcome:
-    """One run of variant ``name`` as the core's outcome (a crash becomes its ``error``)."""
-    return watch_outcome(name, variant_runs()[name])
-
-
-def table(names: Sequence[str], baseline: dict[str, VariantOutcome],
-          jobs: int = 1) -> list[NecessityRow]:
-    """The necessity table of TokenSpeed's driven syncs over the variants ``names``."""
-    return necessity_table(sites(), names, baseline, run_outcome, jobs)
+ENGINE = WatchedEngine(targets, variant_runs)
+#: every sync site of the driven functions; one variant's outcome; the necessity table
+sites, run_outcome, table = ENGINE.sites, ENGINE.run_outcome, ENGINE.table

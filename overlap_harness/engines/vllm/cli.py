@@ -19,10 +19,10 @@ from overlap_harness.engines.core.command import (
     add_engine_options,
     apply_output_options,
     fail,
-    fail_all,
     fail_written,
     interrupted,
     run_variants,
+    stop_early,
     timed_necessity,
     unknown_variants,
     write_document,
@@ -89,13 +89,8 @@ def run(args: argparse.Namespace) -> int:
         "source": info.location, "vllm_version": info.version, "variants": names,
         "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
         "races": [r for o in outcomes.values() for r in o.races]}
-    if errors:
-        document["errors"] = errors
-    if stopped:
-        return interrupted(PROG, document, _documents(args))
-    if errors:  # what did run is still written, then the tree is reported undrivable
-        write_document(document, _documents(args))
-        return fail_all(PROG, errors)
+    if (status := stop_early(PROG, document, errors, stopped, _documents(args))) is not None:
+        return status  # Ctrl-C, or a variant the tree could not drive: what ran is written
     if not names:
         return fail(PROG, "no variant applies to this tree: "
                     + "; ".join(f"{n}: {r}" for n, r in not_applicable.items()))

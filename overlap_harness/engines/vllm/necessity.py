@@ -9,13 +9,11 @@ vLLM's here: which functions are driven (:func:`targets`), which variants exist
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from overlap_harness.engines.core.necessity import MUTABLE_KINDS, format_error, necessity_table
-from overlap_harness.engines.core.results import NecessityRow, VariantOutcome, race_record
-from overlap_harness.engines.core.sites import SyncSite, function_sites
+from overlap_harness.engines.core.engine_command import WatchedEngine
+from overlap_harness.engines.core.necessity import MUTABLE_KINDS
 
 
 def variant_runs() -> dict[str, Callable[[], Any]]:
@@ -89,29 +87,9 @@ def targets() -> list[tuple[Any, str]]:
     return found
 
 
-def sites() -> list[SyncSite]:
-    """Every sync site of the driven functions (non-blocking copies included, as listed)."""
-    return [s for owner, attribute in targets() for s in function_sites(owner, attribute)]
-
-
-def run_outcome(name: str) -> VariantOutcome:
-    """One run of variant ``name`` as the core's outcome (a crash becomes its ``error``)."""
-    started = time.process_time()
-    try:
-        watcher = variant_runs()[name]()
-    except Exception as exc:  # the tree cannot be driven: the caller reports the line
-        return VariantOutcome(name, error=format_error(exc),
-                              seconds=time.process_time() - started)
-    return VariantOutcome(name, [race_record(r, name) for r in watcher.races],
-                          ops=watcher.recording.ops_recorded,
-                          seconds=time.process_time() - started,
-                          unknown_ops=[u.name for u in watcher.unknown_ops])
-
-
-def table(names: Sequence[str], baseline: dict[str, VariantOutcome],
-          jobs: int = 1) -> list[NecessityRow]:
-    """The necessity table of vLLM's driven syncs over the variants ``names``."""
-    return necessity_table(sites(), names, baseline, run_outcome, jobs)
+ENGINE = WatchedEngine(targets, variant_runs)
+#: every sync site of the driven functions; one variant's outcome; the necessity table
+sites, run_outcome, table = ENGINE.sites, ENGINE.run_outcome, ENGINE.table
 
 
 __all__ = ["MUTABLE_KINDS", "TARGETS", "run_outcome", "sites", "table", "targets", "variant_runs"]
