@@ -7,24 +7,14 @@ buffers' making. Skipped without vLLM, or on a tree without Model Runner V2's gr
 
 from __future__ import annotations
 
-import pytest
+from tests.engines.vllm.applicable import require_variant
 
-from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+require_variant("mrv2-cuda-graphs")
 
-try:
-    import_vllm()
-except VllmUnavailable as exc:
-    pytest.skip(str(exc), allow_module_level=True)
+from vllm.distributed.parallel_state import GroupCoordinator  # noqa: E402 - after the skip
 
-from overlap_harness.engines.vllm.release_features import not_applicable_reason
-
-if (reason := not_applicable_reason("mrv2-cuda-graphs")) is not None:
-    pytest.skip(reason, allow_module_level=True)
-
-from vllm.distributed.parallel_state import GroupCoordinator
-
-from overlap_harness.engines.core.mutation import removed, site
-from overlap_harness.engines.vllm.cuda_graphs import cuda_graph_steps
+from overlap_harness.engines.core.mutation import removed, site  # noqa: E402
+from overlap_harness.engines.vllm.cuda_graphs import cuda_graph_steps  # noqa: E402
 
 
 def test_the_graph_is_captured_and_replayed_race_free() -> None:
