@@ -187,6 +187,9 @@ def cuda_platform() -> StrictStub:
         is_cuda=yes, is_cuda_alike=yes, is_rocm=no, is_xpu=no, is_cpu=no, is_tpu=no,
         is_out_of_tree=no, is_pin_memory_available=yes,
         is_confidential_compute=no,  # asked from 0.34.0 on; UVA is off under NVIDIA CC
+        # CUDA graphs' memory pool: the recorder's (torch.cuda's API, faked in CPU mode)
+        get_global_graph_pool=lambda: torch.cuda.graph_pool_handle(),
+        graph_pool_handle=lambda: torch.cuda.graph_pool_handle(),
     )
 
 

@@ -20,6 +20,7 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     """Every vLLM variant by name; each run returns the recorder's ``Watch``."""
     from overlap_harness.engines.vllm import (
         chunked_prefill,
+        cuda_graphs,
         drivers,
         encoder_only,
         engine_core,
@@ -38,6 +39,7 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     runs["v1-hybrid-spec-decode-sync"] = hybrid_spec_decode.without_async_scheduling
     runs["v1-hybrid-spec-decode-async-none"] = hybrid_spec_decode.async_without_align
     runs["mrv2-encoder-only"] = encoder_only.encoder_only_steps
+    runs["mrv2-cuda-graphs"] = cuda_graphs.cuda_graph_steps
     return runs
 
 
@@ -64,6 +66,8 @@ TARGETS = (
     "vllm.v1.worker.gpu.pp_utils:PPHandler.receive",
     "vllm.v1.worker.gpu.pp_utils:PPHandler.broadcast",
     "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.input_tensor_semaphore",
+    "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.capture",
+    "vllm.distributed.parallel_state:GroupCoordinator.graph_capture",
 )
 
 

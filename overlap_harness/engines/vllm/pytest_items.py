@@ -2,7 +2,8 @@
 installed vLLM), with ``--vllm-variant NAME ...`` to choose (a pytest11 entry point of the
 package; ``-p overlap_harness.engines.vllm.pytest_items`` where it is not installed).
 
-One item per variant (race-free as released, drivable) and one per variant x removable sync
+One item per variant the tree has the code of (race-free as released, drivable; the others are
+not collected, :mod:`.release_features`) and one per variant x removable sync
 site of the driven functions (its verdict in the item's properties), by the core's items
 (:mod:`overlap_harness.engines.core.pytest_items`). Nothing is collected without
 ``--vllm-async`` or ``--vllm-src``.
@@ -36,9 +37,19 @@ def _load(config: pytest.Config) -> LoadedEngine:
 
 
 def _variants(config: pytest.Config) -> list[str]:
+    """The variants asked for that the loaded tree has the code of (the core asks after
+    loading it); naming one it lacks is a usage error with the reason."""
     from overlap_harness.engines.vllm.necessity import variant_runs
+    from overlap_harness.engines.vllm.release_features import not_applicable_reason
 
-    return config.getoption("--vllm-variant") or list(variant_runs())
+    asked = config.getoption("--vllm-variant")
+    names = asked or list(variant_runs())
+    lacking = {name: reason for name in names
+               if (reason := not_applicable_reason(name)) is not None}
+    if asked and lacking:
+        raise pytest.UsageError("; ".join(f"--vllm-variant {name}: not applicable ({reason})"
+                                          for name, reason in lacking.items()))
+    return [name for name in names if name not in lacking]
 
 
 ENGINE = EngineItems("vllm-async", "vllm", _load, _variants)

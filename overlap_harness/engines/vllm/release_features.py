@@ -23,6 +23,7 @@ WHAT = {
     f"{MRV2}.buffer_utils": "Model Runner V2's UVA buffers",
     f"{MRV2}.pp_utils": "Model Runner V2's pipeline-parallel handler",
     f"{MRV2}.spec_decode": "Model Runner V2's speculative decoding",
+    f"{MRV2}.cudagraph_utils": "Model Runner V2's CUDA graphs",
     "vllm.v1.worker.mm_encoder_model_runner": "Model Runner V2's encoder-only runner",
     "vllm.v1.utils": "vLLM's CpuGpuBuffer",
 }
@@ -52,6 +53,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
         f"{V1_RUNNER}:GPUModelRunner._update_states_after_model_execute",),
     "v1-hybrid-spec-decode-async-none": (
         f"{V1_RUNNER}:GPUModelRunner._update_states_after_model_execute",),
+    "mrv2-cuda-graphs": (f"{MRV2}.cudagraph_utils:CudaGraphManager.run_fullgraph", _RING,
+                         _MRV2_OUTPUT),
     "mrv2-encoder-only": (
         "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.input_tensor_semaphore",
         _RING),

@@ -67,3 +67,47 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     uris = {loc["physicalLocation"]["artifactLocation"]["uri"]
             for result in sarif["runs"][0]["results"] for loc in result["locations"]}
     assert sarif["runs"][0]["results"] and any(uri.endswith(str(RUNNER)) for uri in uris)
+
+
+def _run_variants(tree: Path, out: Path, *variants: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    chosen = [arg for name in variants for arg in ("--variant", name)]
+    return subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
+                           str(tree), "--json", str(out), *chosen], capture_output=True,
+                          text=True, env=env, check=False, timeout=300)
+
+
+def test_a_tree_without_the_v1_runner_runs_the_rest(tmp_path: Path) -> None:
+    """As 0.34.0 ships: no vllm/v1/worker/gpu_model_runner.py. Its variants are not
+    applicable, with what the tree lacks; Model Runner V2's run (exit 0)."""
+    tree = _mirror(tmp_path)
+    (tree / "vllm" / RUNNER).unlink()
+    done = _run_variants(tree, tmp_path / "vllm.json", "v1-async-output", "mrv2-pooling")
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads((tmp_path / "vllm.json").read_text())
+    assert document["variants"] == ["mrv2-pooling"] and document["races"] == []
+    assert document["not_applicable"] == [{
+        "variant": "v1-async-output", "reason": "the tree lacks the V1 GPU model runner (no "
+        "module vllm.v1.worker.gpu_model_runner)"}]
+    assert "v1-async-output: not applicable" in done.stdout
+
+
+def test_a_variant_that_cannot_be_driven_exits_2_with_the_others_written(
+        tmp_path: Path) -> None:
+    """A changed AsyncPoolingOutput (its constructor raises): exit 2 naming the variant and
+    the error; the JSON still holds the variant that ran."""
+    tree = _mirror(tmp_path)
+    utils = tree / "vllm" / "v1" / "worker" / "gpu" / "async_utils.py"
+    lines = utils.read_text().splitlines(keepends=True)
+    utils.unlink()
+    start = next(i for i, line in enumerate(lines) if line.startswith("class AsyncPoolingOutput"))
+    body = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("):"))
+    lines.insert(body + 1, "        raise RuntimeError('a changed constructor')\n")
+    utils.write_text("".join(lines))
+    done = _run_variants(tree, tmp_path / "vllm.json", "mrv2-pooling", "mrv2-uva-ring")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "variant mrv2-pooling cannot be driven on this tree: RuntimeError: a changed " \
+           "constructor" in done.stderr
+    document = json.loads((tmp_path / "vllm.json").read_text())
+    assert document["variants"] == ["mrv2-uva-ring"] and document["races"] == []
+    assert len(document["errors"]) == 1 and "mrv2-pooling" in document["errors"][0]

@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+from tests.engines.vllm.applicable import require_variant
 
-try:
-    import_vllm()
-except VllmUnavailable as exc:
-    pytest.skip(str(exc), allow_module_level=True)
+require_variant("mrv2-encoder-only")
 
-from overlap_harness.engines.vllm.release_features import not_applicable_reason
-
-if (reason := not_applicable_reason("mrv2-encoder-only")) is not None:
-    pytest.skip(reason, allow_module_level=True)
-
-from overlap_harness.engines.vllm.encoder_only import encoder_only_steps
+from overlap_harness.engines.vllm.encoder_only import encoder_only_steps  # noqa: E402 - after the skip
 
 
 def _lines(watcher) -> set[tuple[str, str, str]]:

@@ -51,14 +51,16 @@ def test_every_sync_statement_on_the_driven_paths_is_necessary_where_reached():
     # per variant, the syncs of the functions it drives (the spec-decode and chunked-prefill
     # variants also run the V1 async output's three); every reached row is necessary but
     # three of the pipeline's: the first stage's receive orders its side stream after the
-    # main stream and also record_streams what it made there, each alone enough here
+    # main stream and also record_streams what it made there, each alone enough here; the
+    # graph variant also reaches the capture stream's wait in GroupCoordinator.graph_capture
     per_variant = {name: sum(r.variant == name for r in reached) for name in names}
     assert per_variant == {"v1-async-output": 3, "v1-input-prep": 2, "mrv2-uva-ring": 3,
                            "v1-pooling": 3, "mrv2-pooling": 3, "v1-spec-decode": 9,
                            "engine-core": 3, "chunked-prefill": 5, "mrv2-spec-decode": 10,
                            "pp-batch-queue": 9, "v1-hybrid-spec-decode": 7,
                            "v1-hybrid-spec-decode-sync": 5,
-                           "v1-hybrid-spec-decode-async-none": 6}
+                           "v1-hybrid-spec-decode-async-none": 6,
+                           "mrv2-encoder-only": 2, "mrv2-cuda-graphs": 4}
     redundant = {(Path(r.site).name.split(":")[0], r.code, r.variant) for r in reached
                  if r.verdict == "redundant"}
     # and the accepted-token event where nothing reads the counts before a host sync: without

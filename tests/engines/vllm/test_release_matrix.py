@@ -128,3 +128,18 @@ def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Pa
     (change,) = {r["change"] for r in document["races"]}  # a head line beside the removal
     assert change in {f"{ASYNC_UTILS}:{index}", f"{ASYNC_UTILS}:{index + 1}"}, change
     assert all(ENTRY_WAIT in r["what"] for r in document["races"])
+
+
+def test_the_pytest_items_of_a_0_34_tree_leave_out_the_v1_runner(tmp_path: Path) -> None:
+    """``pytest --vllm-src TREE``: only the variants the tree has the code of are items."""
+    tree = _tree("vllm", "0.34.0")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "overlap_harness.engines.vllm.pytest_items",
+                           "--vllm-src", str(tree), "--rootdir", str(tmp_path),
+                           "-c", os.devnull, str(tmp_path)], capture_output=True, text=True,
+                          env=env, check=False, timeout=900, cwd=tmp_path)
+    names = {line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line}
+    variants = {name for name in names if "[" not in name}
+    assert "mrv2-encoder-only" in variants and "mrv2-cuda-graphs" in variants, done.stdout[-2000:]
+    assert not any(name.startswith("v1-") or name == "chunked-prefill" for name in variants)
