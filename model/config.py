@@ -70,6 +70,13 @@ class FutureLayout(StrEnum):
     RING = "ring"
 
 
+class Loop(StrEnum):
+    """Which engine's loop design runs the workload."""
+
+    SGLANG_OVERLAP = "sglang_overlap"
+    ONE_FORWARD_THREAD = "one_forward_thread"
+
+
 class Expect(StrEnum):
     """The verdicts a run can get: the detector found no race / a race; no race but a debug
     check fired (poison assert, allocation overrun, ring alias); the harness refused the run."""
@@ -154,6 +161,12 @@ class ProtocolConfig:
     stream_ordered_resolve: bool = _f(False, "resolve_seq_lens_cpu(stream_ordered=True) (0.5.23, HIP with seq_lens_d2h = none): the seq_lens gather runs on F after forward_entry, fenced by stream order only", late=True)
     adopted_relay: bool = _f(False, "new_seq_lens_buf is a FutureRelayBuffers tensor adopted from a static verify CUDA graph (0.5.23): the graph's replay scatters the new seq_lens, publish skips its scatter and records publish_ready", late=True)
     consume_once: bool = _f(False, "with debug_poison: the consume-once assert (0.5.23): publish arms a host flag, each event-waiting resolve asserts it and clears it", late=True)
+    # TokenSpeed 0.1.1's design (model/protocol/one_forward_thread.py, docs/tokenspeed.md)
+    loop: Loop = _f(Loop.SGLANG_OVERLAP, "sglang_overlap: the schedule/forward-stream overlap loop (every key above); one_forward_thread: TokenSpeed's design, one thread issuing all GPU work on an execution stream that waits on the default stream, results committed through a copy event (only the one_forward_thread keys below and pool_size apply)", late=True)
+    in_flight_depth: int = _f(1, "one_forward_thread: forwards in flight when a round is committed (1: round n-1 is committed after round n is issued; 0: each round is committed at once)", (0, 1), late=True)
+    draft_width: int = _f(0, "one_forward_thread: draft tokens per decode (a drafter on the execution stream writes the next round's 1 + k ids into the token table)", (0, 8), late=True)
+    page_size: int = _f(4, "one_forward_thread: tokens per KV page; a round zeroes the pages it hands out on the default stream", (1, 1024), late=True)
+    cached_prefix: int = _f(0, "one_forward_thread: prompt tokens a request arriving after iteration 0 finds in the KV cache (a prefix hit): its first extend starts there", (0, 1 << 20), late=True)
 
 
 @dataclass(frozen=True, slots=True)

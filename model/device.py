@@ -88,6 +88,14 @@ class SyncLabel(StrEnum):
     # spec_utils.py 369-404 before the preparation, eagle_worker_common.py 597 after it)
     VERIFY_PRE_PREPARE_RECORD_STREAM = "verify_pre_prepare.record_stream"
     VERIFY_INPUTS_RECORD_STREAM = "verify_inputs.record_stream"
+    # TokenSpeed 0.1.1's one-forward-thread loop (protocol.loop = "one_forward_thread"):
+    # the execution stream's waits on the default stream before a forward and before the
+    # valid cache lengths are written (model_executor.py 1911 / 1861), the output copy's
+    # event record (2238) and the commit's host wait on it (types.py 232)
+    EXEC_FORWARD_WAIT = "exec.forward_wait"
+    EXEC_CACHE_LENGTHS_WAIT = "exec.cache_lengths_wait"
+    COPY_EVENT_RECORD = "copy_event.record"
+    COPY_EVENT_HOST_WAIT = "copy_event.host_wait"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ import torch
 
 from overlap_harness.model.results import CaseResult
 from overlap_harness.model.trace import DeviceRun, OpKind, Race
-from overlap_harness.recorder import graph_api, kernels, project_kernels
+from overlap_harness.recorder import buffer_exports, graph_api, kernels, project_kernels
 from overlap_harness.recorder.accelerator_fakes import accelerator_patches
 from overlap_harness.recorder.core import Access, Recording, Replayable, UnknownOp
 from overlap_harness.recorder.cpu_mode import CpuMemory, FakeCudaFunctionMode
@@ -245,6 +245,7 @@ class Watch:
         stack.enter_context(self.dispatch)
         stack.enter_context(function_mode)
         stack.enter_context(patched(numpy_patches(function_mode.host_view)))
+        stack.enter_context(buffer_exports.closing(self.recording))
         self._function_mode: Any = function_mode
 
     def _enter_gpu(self, stack: ExitStack) -> None:
@@ -262,6 +263,7 @@ class Watch:
         self._function_mode = gpu_mode.GpuFunctionMode(self.memory, self.dispatch)
         stack.enter_context(self._function_mode)
         stack.enter_context(patched(numpy_patches(self._function_mode.host_view)))
+        stack.enter_context(buffer_exports.closing(self.recording))
 
     def _storage_resizes(self) -> StorageResizes:
         """Storage resizes as frees, allocations and moves (:mod:`recorder.storages`)."""

@@ -336,10 +336,12 @@ class Recording:
         self.detector.on_op(info, (), (), observed=(captured,))
 
     @_serialized
-    def unknown(self, name: str, agent: int, tensors: Sequence[str]) -> OpId:
-        """An op whose accesses nobody declared: a node with none, listed as unknown."""
-        op = self.op(name, agent, (), OpKind.KERNEL)
-        site = user_site() if op == CAPTURED else self.timeline[op].source
+    def unknown(self, name: str, agent: int, tensors: Sequence[str],
+                site: str | None = None) -> OpId:
+        """An op whose accesses nobody declared: a node with none, listed as unknown (at
+        ``site``, else the caller's)."""
+        op = self.op(name, agent, (), OpKind.KERNEL, site=site)
+        site = (site or user_site()) if op == CAPTURED else self.timeline[op].source
         self.unknown_ops.append(UnknownOp(op, name, self.detector.agent_names[agent], site,
                                           tuple(tensors)))
         return op

@@ -161,7 +161,9 @@ class FakeCudaFunctionMode(TorchFunctionMode):
         """Watch fresh results that no aten op produced (``torch.tensor(data, device=...)``
         builds its data in C++ and only lifts it through the dispatcher as an alias). On a GPU
         such a device tensor is a blocking copy from pageable host memory, which synchronizes
-        its stream: the host is ordered after it, as after ``.item()``."""
+        its stream: the host is ordered after it, as after ``.item()``. Inside a declared
+        kernel's CPU implementation (``dispatch.quiet``) it is only watched: the real kernel
+        makes no such copy."""
         if self.dispatch.paused:  # recording nothing (the overhead benchmark's baseline)
             return
         outputs = out if isinstance(out, tuple | list) else (out,)
@@ -175,6 +177,8 @@ class FakeCudaFunctionMode(TorchFunctionMode):
                 agent = HOST_AGENT if pinned else self.memory.current_agent()
                 label = tensor_label(name, site, position, len(outputs), targets)
                 info = self.memory.register(t, pinned, agent, label)
+                if self.dispatch.quiet:  # a declared kernel's CPU implementation builds it:
+                    continue  # watched, but neither its op nor a host sync is the program's
                 kind = OpKind.HOST_WRITE if pinned else OpKind.COPY
                 op = self.recording.op(name, agent, [access_of(info, t, True)], kind)
                 if not pinned:  # host data copied in from pageable memory: torch blocks the
@@ -250,6 +254,16 @@ class FakeCudaFunctionMode(TorchFunctionMode):
     def _host_read(self, name: str, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Reads that bypass the dispatcher: a blocking copy of device memory (a copy on the
         current stream, then a host sync on it), or a host read of pinned memory."""
+        if self.dispatch.quiet and not self.dispatch.paused:
+            # inside a declared kernel's CPU implementation: the real kernel reads device
+            # memory on its stream and never makes the host wait, so neither this read nor a
+            # host sync is the program's (a sync here would order the host after the stream
+            # and hide its races); a pinned tensor's NumPy form is a plain unrecorded array
+            self.dispatch.paused += 1
+            try:
+                return getattr(torch.Tensor, name)(t, *args, **kwargs)
+            finally:
+                self.dispatch.paused -= 1
         info = self.memory.lookup(t)
         if name == "numpy" and info is not None and info.pinned:
             return self.host_view(t)  # a view of the memory: its reads and writes recorded

@@ -64,6 +64,13 @@ _LIKE_OPS = {getattr(packet, overload)
              for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like,
                             aten.rand_like, aten.randn_like, aten.randint_like)
              for overload in packet.overloads()}
+# Allocations: the fresh tensor's values are whatever the memory held, so no element is
+# written (the caching allocator hands out a block, no kernel runs). Its storage is watched;
+# the first kernel that fills it is its first write, so a missing wait before that kernel is
+# one race, not a second one with the allocation.
+_ALLOCATES = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+              aten.new_empty.default, aten.new_empty_strided.default,
+              aten.empty_permuted.default}
 # ``set_`` rebinds a tensor to another storage: no memory is read or written (see
 # recorder.storages)
 _REBINDS = {aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
@@ -261,8 +268,11 @@ class RecordingDispatchMode(TorchDispatchMode):
             position = next(i for i, value in enumerate(outputs) if value is t)
             info = memory.register(t, pinned, agent,
                                    tensor_label(name, site, position, len(outputs), targets))
-            written.append(access_of(info, t, True))
+            if func not in _ALLOCATES:
+                written.append(access_of(info, t, True))
         accesses += written
+        if not accesses:  # an allocation alone: watched from now on, no node
+            return out
         device_views = getattr(memory, "device_views", None)
         touches_pinned = any(reaches_host(device_views, info, t)
                              for t, info, _write in inputs) or any(p for _t, p in fresh)

@@ -26,16 +26,17 @@ where NumPy lets Python see it (facts of NumPy 2.x, checked on 2.4):
   ``torch.as_tensor`` and ``torch.asarray`` alias it as a view of the pinned tensor, watched).
 
 Where the memory leaves for code the recorder cannot follow (``.ctypes``, ``.data``,
-``__array_interface__``, ``__array_struct__``, ``__dlpack__``, ``.flat``, the buffer protocol
-on Python 3.12+, ``np.frombuffer``), an op of unknown access is recorded: the verdict is
-incomplete (``check`` exits 2), never a silent pass.
+``__array_interface__``, ``__array_struct__``, ``__dlpack__``, ``.flat``, ``np.frombuffer``),
+an op of unknown access is recorded: the verdict is incomplete (``check`` exits 2), never a
+silent pass. The buffer protocol (``bytes(h)``, ``memoryview(h)``, ``struct``, ``ctypes``'
+``from_buffer``...) is a host read, or an unknown access when its consumer holds the memory
+across other work (:mod:`recorder.buffer_exports`).
 
 NumPy's own C copy of a view into a plain (unwatched) array (``plain[:n] = host[:n]``) calls
 no Python code on the source: :mod:`recorder.stored_views` finds it from the statement when
 the view is taken. The constructors and torch entries are :mod:`recorder.numpy_entry`'s.
-Not seen: a bare ``HostArray`` copied into a plain array (``plain[:n] = host``) and the
-buffer protocol on Python 3.11 (``memoryview(host)``, ``bytes(host)``);
-docs/numpy-host-access.md lists them.
+Not seen: a bare ``HostArray`` copied into a plain array (``plain[:n] = host``);
+docs/numpy-host-access.md lists it and the other limits.
 """
 
 from __future__ import annotations
@@ -212,12 +213,6 @@ class HostArray(np.ndarray):
     def __reduce_ex__(self, protocol: Any) -> Any:
         self._note("ndarray.__reduce_ex__", False)
         return self.view(np.ndarray).__reduce_ex__(protocol)
-
-    if sys.version_info >= (3, 12):
-        def __buffer__(self, flags: int) -> memoryview:
-            """The buffer protocol hands the memory to its consumer: not followed."""
-            self._note_unknown("buffer protocol (memoryview)")
-            return memoryview(self.view(np.ndarray))
 
 
 # NumPy functions that read no element of their array arguments (shape, dtype, memory).

@@ -11,8 +11,10 @@ access* (``watch().unknown_ops``, printed by ``check``). Its accesses can be dec
   where the kernel cannot run (CPU mode, no Triton);
 * :func:`declared` is the same as a decorator on the user's own launching function.
 
-A declared call runs quietly (its internal aten ops are not recorded; its fresh outputs are
-still watched) and becomes one op on the current stream with the declared accesses.
+A declared call runs quietly (its internal aten ops are not recorded, nor its host reads
+of device memory, ``tolist()`` or ``torch.tensor(..., device="cuda")``, which would
+otherwise add a host sync the real kernel never makes; its fresh outputs are still watched)
+and becomes one op on the current stream with the declared accesses.
 """
 
 from __future__ import annotations

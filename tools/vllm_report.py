@@ -9,72 +9,53 @@ Run in a venv with vLLM (docs/vllm.md):  python tools/vllm_report.py --out repor
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from overlap_harness.engines.core.results import race_signature
+from overlap_harness.engines.core.committed import (
+    cpu_seconds_with_children,
+    distinct_races,
+    machine_free,
+    write_report,
+)
 from overlap_harness.engines.vllm import historical, necessity
-from overlap_harness.engines.vllm.environment import VllmUnavailable, import_vllm
+from overlap_harness.engines.vllm.environment import VllmUnavailable, load
+from overlap_harness.engines.vllm.release_features import not_applicable_reason
+
+#: a site relative to site-packages (vLLM) or to the repository (the drivers); a tree given
+#: with --vllm-src is added first (its root, so its vllm/... paths stay)
+MARKERS = (("/site-packages/", ""), ("/overlap_harness/", "overlap_harness/"))
 
 
-def _short(site: str) -> str:
-    """A site relative to site-packages (vLLM) or to the repository (the drivers)."""
-    for marker in ("/site-packages/", "/overlap_harness/"):
-        if marker in site:
-            keep = "overlap_harness/" if marker == "/overlap_harness/" else ""
-            return keep + site.split(marker, 1)[1]
-    return site
-
-
-def _portable(value: object) -> object:
-    """``value`` with every absolute site shortened (the committed report is machine-free)."""
-    if isinstance(value, str):
-        return _short(value)
-    if isinstance(value, list):
-        return [_portable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    return value
-
-
-def build(jobs: int = 1) -> dict:
-    """The whole report as one JSON-ready document."""
-    info = import_vllm()
-    names = list(necessity.variant_runs())
-    start, start_all = time.process_time(), _cpu_with_children()
+def build(jobs: int = 1, source: str | None = None) -> dict:
+    """The whole report as one JSON-ready document (``source``: a tree holding the ``vllm``
+    package, as ``overlap-harness vllm --vllm-src`` takes it; None: the installed vLLM)."""
+    info = load(source)
+    markers = MARKERS if source is None else (
+        (str(Path(info.location).parent) + "/", ""), *MARKERS)
+    not_applicable = {name: reason for name in necessity.variant_runs()
+                      if (reason := not_applicable_reason(name)) is not None}
+    names = [name for name in necessity.variant_runs() if name not in not_applicable]
+    start, start_all = time.process_time(), cpu_seconds_with_children()
     baseline = {name: necessity.run_outcome(name) for name in names}
     released = {name: {"races": len(o.races), "ops": o.ops} for name, o in baseline.items()}
-    rows = [_distinct(row.to_json()) for row in necessity.table(names, baseline, jobs)]
+    rows = [distinct_races(row.to_json()) for row in necessity.table(names, baseline, jobs)]
     reached = [row for row in rows if row["verdict"] != "not_reached"]
     with tempfile.TemporaryDirectory() as folder:
         history = [historical.historical_entry(race, Path(folder))
                    for race in historical.HISTORICAL]
     counts = {verdict: sum(row["verdict"] == verdict for row in rows)
               for verdict in ("necessary", "redundant", "not_reached", "error")}
-    return {"vllm_version": info.version, "source": "site-packages/vllm",
-            "variants": released, "sites": len({row["site"] for row in rows}),
-            "counts": counts, "rows": _portable(reached), "historical": history,
+    return {"vllm_version": info.version,
+            "source": "site-packages/vllm" if source is None else "the vllm wheel's tree",
+            "variants": released,
+            "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
+            "sites": len({row["site"] for row in rows}),
+            "counts": counts, "rows": machine_free(reached, markers), "historical": history,
             "cpu_seconds": round(time.process_time() - start, 1),
-            "cpu_seconds_with_children": round(_cpu_with_children() - start_all, 1)}
-
-
-def _cpu_with_children() -> float:
-    """CPU seconds of this process and of its waited-for children (the forked table runs)."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-def _distinct(row: dict) -> dict:
-    """``row`` with each race once (the same pair of lines recurs every step); ``races``
-    counts them all."""
-    seen: dict[tuple, dict] = {}
-    for race in row["races"]:
-        seen.setdefault(race_signature(race), race)
-    return {**row, "race_count": len(row["races"]), "races": list(seen.values())}
+            "cpu_seconds_with_children": round(cpu_seconds_with_children() - start_all, 1)}
 
 
 def _pair(race: dict) -> str:
@@ -89,6 +70,8 @@ def markdown(report: dict) -> str:
            "Made by `tools/vllm_report.py` (docs/vllm.md). CPU mode; only the model faked.", "",
            "| variant | races as released | recorded ops |", "|---|---|---|"]
     out += [f"| {name} | {v['races']} | {v['ops']} |" for name, v in report["variants"].items()]
+    out += [f"| {n['variant']} | not applicable: {n['reason']} | - |"
+            for n in report.get("not_applicable", [])]
     counts = report["counts"]
     out += ["", "## Necessity of each sync (removed from vLLM's own function)", "",
             f"{report['sites']} removable sites x {len(report['variants'])} variants: "
@@ -104,6 +87,10 @@ def markdown(report: dict) -> str:
             "| ref | pattern | pre-fix | races | lines | post-fix | races |",
             "|---|---|---|---|---|---|---|"]
     for entry in report["historical"]:
+        if "not_applicable" in entry:
+            out.append(f"| {entry['ref']} | {entry['pattern']} | not applicable to this tree: "
+                       f"{entry['not_applicable']} | - | - | - | - |")
+            continue
         pre, post = entry["pre_fix"], entry["post_fix"]
         lines = "; ".join(f"{p['kind']} {p['first']} -> {p['second']}" for p in pre["lines"])
         out.append(f"| {entry['ref']} | {entry['pattern']} | {pre['source']} | {pre['races']} "
@@ -127,16 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/conformance"))
     parser.add_argument("-j", "--jobs", type=int, default=1)
+    parser.add_argument("--vllm-src", metavar="PATH", default=None,
+                        help="a tree holding the vllm package (an unzipped vllm wheel); "
+                        "default: the installed vllm")
     args = parser.parse_args(argv)
     try:
-        report = build(args.jobs)
+        report = build(args.jobs, args.vllm_src)
     except VllmUnavailable as exc:
         print(f"vllm_report: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"vllm-{report['vllm_version']}"  # the version's dots stay
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-    Path(f"{stem}.md").write_text(markdown(report))
+    stem = write_report(report, markdown(report), args.out, f"vllm-{report['vllm_version']}")
     print(f"wrote {stem}.json and {stem}.md")
     return 0
 

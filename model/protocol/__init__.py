@@ -15,11 +15,12 @@ per WAR-barrier placement, :class:`~model.protocol.scheduler.Scheduler` (the eve
 
 from __future__ import annotations
 
-from overlap_harness.model.config import ProtocolConfig, Scenario, Timing, Workload
+from overlap_harness.model.config import Loop, ProtocolConfig, Scenario, Timing, Workload
 from overlap_harness.model.device import Device
 from overlap_harness.model.protocol.barrier import placement_for
 from overlap_harness.model.protocol.context import RunContext, StreamAliasError
 from overlap_harness.model.protocol.faults import future_map_for
+from overlap_harness.model.protocol.one_forward_thread import run_one_forward_thread
 from overlap_harness.model.protocol.oracle import ValueDiff, compare_runs
 from overlap_harness.model.protocol.outcome import DebugFailure, ProtocolOutcome, RequestOutcome
 from overlap_harness.model.protocol.run_batch import BatchRunner
@@ -60,6 +61,10 @@ def run_protocol(
         proto, workload, timing = scenario.protocol, scenario.workload, scenario.timing
     else:
         proto, workload, timing = scenario
+    if proto.loop == Loop.ONE_FORWARD_THREAD:  # TokenSpeed's design
+        outcome = run_one_forward_thread(dev, proto, workload, timing)
+        outcome.skipped_syncs = list(dev.skipped_syncs)
+        return outcome
     ctx = RunContext(dev, proto, timing)
     runner = BatchRunner(ctx, future_map_for(ctx, workload), placement_for(proto))
     sched = Scheduler(ctx, workload, runner)

@@ -91,6 +91,7 @@ _BLOCKED_THEN_RETRIED = textwrap.dedent("""
 
 
 @pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
+@pytest.mark.engine_run
 def test_real_sglang_check_names_the_missing_package_and_recovers():
     """SGLang itself, in a fresh process: a package its import needs is blocked, the check
     names it; unblocked, the same process imports SGLang (no ``KeyError: 'sglang'``)."""

@@ -100,6 +100,7 @@ def _place(side: dict) -> str:
     return f"{shown['file']}:{shown['line']}"
 
 
+@pytest.mark.engine_run
 def test_a_removed_necessary_sync_races_and_names_the_removal(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
     index = -1
@@ -141,6 +142,7 @@ def test_a_removed_necessary_sync_races_and_names_the_removal(tmp_path: Path) ->
     assert all(s["stack"] and not Path(s["stack"][0]["file"]).is_absolute() for s in sides)
 
 
+@pytest.mark.engine_run
 def test_a_moved_event_record_races_at_the_moved_line(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
     relative = "sglang/srt/managers/utils.py"
@@ -163,6 +165,7 @@ def test_a_moved_event_record_races_at_the_moved_line(tmp_path: Path) -> None:
     assert f"fix: move `{record}` back to where BASE has it (line " in output
 
 
+@pytest.mark.engine_run
 def test_a_harmless_reached_edit_passes_and_is_reached(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
 
@@ -178,6 +181,7 @@ def test_a_harmless_reached_edit_passes_and_is_reached(tmp_path: Path) -> None:
     assert sarif["runs"][0]["results"] == []
 
 
+@pytest.mark.engine_run
 def test_a_removed_sync_no_variant_runs_is_unreached(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
     relative = "sglang/srt/managers/scheduler_components/batch_result_processor.py"
@@ -201,6 +205,7 @@ def test_a_removed_sync_no_variant_runs_is_unreached(tmp_path: Path) -> None:
     assert document["changes"][0]["reached_by"] == []
 
 
+@pytest.mark.engine_run
 def test_an_edit_that_restores_a_sync_lists_the_base_races_as_fixed(tmp_path: Path) -> None:
     head, base = _twin(tmp_path, "head"), _twin(tmp_path, "base")
     _edit(base, SCHEDULER, lambda lines: lines.__delitem__(_index(lines, FORWARD_WAIT)))
@@ -212,6 +217,7 @@ def test_an_edit_that_restores_a_sync_lists_the_base_races_as_fixed(tmp_path: Pa
     assert "races fixed" in output
 
 
+@pytest.mark.engine_run
 def test_a_removed_plan_stream_wait_names_it_and_the_calls_stand_ins_play(
         tmp_path: Path) -> None:
     """The EAGLE v2 verify's plan-stream wait (a statement over three lines) replaced by

@@ -53,6 +53,7 @@ def _view(head: Path, base: Path, tmp_path: Path) -> tuple[int, str, dict]:
             json.loads((tmp_path / "pr.json").read_text()))
 
 
+@pytest.mark.engine_run
 def test_a_removed_copy_stream_wait_races_and_is_named(tmp_path: Path) -> None:
     head, index = _twin(tmp_path, "head", without_wait=True)
     base, _ = _twin(tmp_path, "base", without_wait=False)
@@ -64,6 +65,7 @@ def test_a_removed_copy_stream_wait_races_and_is_named(tmp_path: Path) -> None:
     assert document["changes"][0]["reached_by"] == [VARIANT]
 
 
+@pytest.mark.engine_run
 def test_restoring_the_wait_fixes_the_base_races(tmp_path: Path) -> None:
     head, _ = _twin(tmp_path, "head", without_wait=False)
     base, _ = _twin(tmp_path, "base", without_wait=True)

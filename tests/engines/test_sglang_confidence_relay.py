@@ -118,6 +118,7 @@ def _pairs(races: list[dict], kind: str, tensor: str) -> set[tuple]:
             for r in races if r["kind"] == kind and r["tensor"].split("@")[0] == tensor}
 
 
+@pytest.mark.engine_run
 def test_the_relay_is_race_free_as_released_and_the_host_reads_the_ring(runs):
     """SGLang built the FutureMap with the relay on; every decode published a confidence and
     issued a ring copy, and from the third decode on the planner's budget came from the
@@ -130,6 +131,7 @@ def test_the_relay_is_race_free_as_released_and_the_host_reads_the_ring(runs):
     assert all(isinstance(b, int) for b in intact["budgets"][2:])
 
 
+@pytest.mark.engine_run
 def test_without_the_publish_wait_the_ring_copy_reads_the_unpublished_confidence(runs):
     """:241 removed: the D2H stream's copy of confidence_buf (:243) is unordered after the
     forward stream's scatter (:235) of the same decode (RAW)."""
@@ -139,6 +141,7 @@ def test_without_the_publish_wait_the_ring_copy_reads_the_unpublished_confidence
             "self.fwd_prepare_d2h_stream") in _pairs(cut["races"], "RAW", "self.confidence_buf")
 
 
+@pytest.mark.engine_run
 def test_without_the_copy_record_the_seq_lens_synchronize_still_orders_the_ring(runs):
     """:244 removed, the query never sees a record and says done at once; the host's read of
     the slot is still after its copy: resolve_seq_lens_cpu synchronized the D2H stream
@@ -148,6 +151,7 @@ def test_without_the_copy_record_the_seq_lens_synchronize_still_orders_the_ring(
     assert cut["budgets"] == runs["intact"]["budgets"]
 
 
+@pytest.mark.engine_run
 def test_without_the_query_the_seq_lens_synchronize_still_orders_the_ring(runs):
     """The resolve's host wait gone (``if False:``): the same, the host already knows every
     copy before the last decode's done."""
@@ -155,6 +159,7 @@ def test_without_the_query_the_seq_lens_synchronize_still_orders_the_ring(runs):
     assert cut["races"] == [] and cut["budgets"] == runs["intact"]["budgets"]
 
 
+@pytest.mark.engine_run
 def test_without_host_lengths_the_ring_copy_races_the_next_scatter_as_released(runs):
     """Backends that need no host lengths: the D2H stream only waits for the forward stream,
     never the other way, so the next decode's scatter into confidence_buf (:235, forward
@@ -169,12 +174,14 @@ def test_without_host_lengths_the_ring_copy_races_the_next_scatter_as_released(r
     assert set(released["budgets"]) == {None}
 
 
+@pytest.mark.engine_run
 def test_the_scatter_waiting_on_the_last_ring_copy_is_the_fixed_twin(runs):
     fixed = runs["gpu_lens_fixed"]
     assert fixed["races"] == [] and fixed["unknown"] == []
     assert fixed["ring_pos"] == runs["gpu_lens"]["ring_pos"] > 3
 
 
+@pytest.mark.engine_run
 def test_without_the_copy_record_the_host_reads_the_ring_under_its_copy(runs):
     """The fixed twin without :244: the query says done at once, the planner reads the slot
     on the host (:276) while its copy (:243) may still run (host-D2H on the pinned ring)."""
@@ -185,6 +192,7 @@ def test_without_the_copy_record_the_host_reads_the_ring_under_its_copy(runs):
     assert any(isinstance(b, int) for b in cut["budgets"])
 
 
+@pytest.mark.engine_run
 def test_without_the_query_the_host_reads_the_ring_under_its_copy(runs):
     """The fixed twin without the resolve's host wait: the slot read (:276) from the second
     lagged decode on, unordered after its copy (:243); and the ring is read from the first
@@ -223,6 +231,7 @@ def _tree_command(tmp_path, edit) -> tuple[int, str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_without_the_publish_wait_races_in_its_own_file(tmp_path):
     status, output, document = _tree_command(tmp_path, statement_passed("issue_ring_copy", WAIT))
     assert status == 1, output
@@ -233,6 +242,7 @@ def test_tree_without_the_publish_wait_races_in_its_own_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_as_released_is_race_free(tmp_path):
     status, output, document = _tree_command(tmp_path, unchanged)
     assert status == 0, output

@@ -86,6 +86,7 @@ def test_a_selection_no_variant_has_is_refused():
         configurations.select(VARIANTS, ["non_spec_decode"], wanted)
 
 
+@pytest.mark.engine_run
 def test_the_command_prints_every_bad_config_on_its_own_line_and_exits_2():
     done = subprocess.run([sys.executable, "-m", "overlap_harness", "sglang",
                            "--config", "plan_stream=maybe", "--config", "nokey=1"],

@@ -90,6 +90,7 @@ def runs():
 
 
 @pytest.mark.parametrize("variant", FIXED_TWINS)
+@pytest.mark.engine_run
 def test_variant_is_race_free_as_released(runs, variant):
     twin = runs["twins"][variant]
     assert twin["races"] == []
@@ -97,16 +98,19 @@ def test_variant_is_race_free_as_released(runs, variant):
     assert twin["forwards"] >= 4
 
 
+@pytest.mark.engine_run
 def test_the_grammar_objects_advanced_on_sglangs_path(runs):
     """SGLang's prefill and barrier advances fed every constrained request's grammar."""
     assert runs["accepted"] and all(n >= 2 for n in runs["accepted"]), runs["accepted"]
 
 
+@pytest.mark.engine_run
 def test_the_delayed_sampler_ran(runs):
     assert runs["twins"]["delay_sample"]["delayed"] >= 3
 
 
 @pytest.mark.parametrize("key", sorted(REMOVALS))
+@pytest.mark.engine_run
 def test_removing_the_sync_races_at_sglang_lines(runs, key):
     removal = runs["removed"][key]
     assert REMOVALS[key][4] in removal["code"]
@@ -129,6 +133,7 @@ def _tree_command(tmp_path: Path, remove: bool) -> tuple[int, str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_without_the_grammar_host_wait_races_in_its_own_file(tmp_path):
     status, output, document = _tree_command(tmp_path, remove=True)
     assert status == 1, output
@@ -139,6 +144,7 @@ def test_tree_without_the_grammar_host_wait_races_in_its_own_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_with_the_grammar_host_wait_is_race_free(tmp_path):
     status, output, document = _tree_command(tmp_path, remove=False)
     assert status == 0, output

@@ -72,12 +72,14 @@ def runs() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.engine_run
 def test_the_dp_rank_as_released_is_race_free(runs):
     intact = runs["intact"]
     assert intact["races"] == [] and intact["unknown_ops"] == []
     assert intact["iterations"] == 14
 
 
+@pytest.mark.engine_run
 def test_idle_batches_and_graph_replays_follow_the_peer(runs):
     """Idle while only the peer has tokens: eager while it prefills (iterations 0, 3), a
     decode-graph replay while it decodes; the rank's own decode runs eager when the peer
@@ -89,6 +91,7 @@ def test_idle_batches_and_graph_replays_follow_the_peer(runs):
         ("IDLE", 0, True), ("EXTEND", 1, False), ("DECODE", 1, True), ("IDLE", 0, True)]
 
 
+@pytest.mark.engine_run
 def test_the_idle_result_wait_runs_and_is_redundant(runs):
     run = runs["idle_host_wait"]
     idle = [x for x in runs["intact"]["launched"] if x[0] == "IDLE"]
@@ -96,6 +99,7 @@ def test_the_idle_result_wait_runs_and_is_redundant(runs):
     assert run["races"] == []
 
 
+@pytest.mark.engine_run
 def test_without_the_forward_wait_the_dp_rank_races(runs):
     run = runs["forward_wait"]
     assert run["reached"] == 12

@@ -64,6 +64,7 @@ def runs():
 
 
 @pytest.mark.parametrize("variant", sorted(REMOVALS))
+@pytest.mark.engine_run
 def test_eagle_variant_is_race_free_as_released(runs, variant):
     run = runs[variant]
     assert run["intact"] == []
@@ -72,6 +73,7 @@ def test_eagle_variant_is_race_free_as_released(runs, variant):
 
 
 @pytest.mark.parametrize("variant", sorted(REMOVALS))
+@pytest.mark.engine_run
 def test_removing_a_spec_v2_sync_races_at_sglang_lines(runs, variant):
     files = REMOVALS[variant][4]
     races = runs[variant]["removed"]

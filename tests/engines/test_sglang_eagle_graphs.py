@@ -111,6 +111,7 @@ def runs():
 
 
 @pytest.mark.parametrize("variant", FIXED_TWINS)
+@pytest.mark.engine_run
 def test_variant_is_race_free_as_released(runs, variant):
     twin = runs["twins"][variant]
     assert twin["races"] == []
@@ -120,6 +121,7 @@ def test_variant_is_race_free_as_released(runs, variant):
 
 @pytest.mark.parametrize("variant", ("eagle_topk1_graph", "eagle_topk1_graph_plan",
                                      "eagle_topk4_graph", "eagle_topk4_graph_plan"))
+@pytest.mark.engine_run
 def test_every_decode_verify_and_draft_extend_replays_its_graph(runs, variant):
     """The 2 prefills (and their draft extends) run eager; each decode iteration's verify
     and draft extend are replays of SGLang's runners."""
@@ -129,11 +131,13 @@ def test_every_decode_verify_and_draft_extend_replays_its_graph(runs, variant):
 
 
 @pytest.mark.parametrize("topk", (1, 4))
+@pytest.mark.engine_run
 def test_only_the_plan_variant_stages_the_verify_on_the_plan_stream(runs, topk):
     assert runs["twins"][f"eagle_topk{topk}_graph_plan"]["plan_ops"] > 0
     assert runs["twins"][f"eagle_topk{topk}_graph"]["plan_ops"] == 0
 
 
+@pytest.mark.engine_run
 def test_the_grammar_variant_samples_behind_sglangs_mask(runs):
     """Every forward deferred its sampling; each sample applied the grammars' bitmask; the
     result processors advanced every request's grammar."""
@@ -144,6 +148,7 @@ def test_the_grammar_variant_samples_behind_sglangs_mask(runs):
 
 
 @pytest.mark.parametrize("key", sorted(RACING))
+@pytest.mark.engine_run
 def test_removing_the_sync_races_at_sglang_lines(runs, key):
     removal = runs["removed"][key]
     assert RACING[key][4] in removal["code"]
@@ -151,12 +156,14 @@ def test_removing_the_sync_races_at_sglang_lines(runs, key):
 
 
 @pytest.mark.parametrize("key", sorted(EAGER))
+@pytest.mark.engine_run
 def test_the_same_joins_order_nothing_in_the_eager_chain_verify(runs, key):
     removal = runs["removed"][key]
     assert EAGER[key][4] in removal["code"]
     assert removal["races"] == []
 
 
+@pytest.mark.engine_run
 def test_the_graph_plan_race_names_the_plan_stream_load(runs):
     """Without the plan stream's wait the graph's static-input copy (load_batch, on the plan
     stream) reads the draft output before the forward stream wrote it."""
@@ -196,6 +203,7 @@ def _tree_command(tmp_path: Path, remove: bool) -> tuple[int, str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_without_the_verify_plan_wait_races_in_its_own_file(tmp_path):
     status, output, document = _tree_command(tmp_path, remove=True)
     assert status == 1, output
@@ -205,6 +213,7 @@ def test_tree_without_the_verify_plan_wait_races_in_its_own_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_with_the_verify_plan_wait_is_race_free(tmp_path):
     status, output, document = _tree_command(tmp_path, remove=False)
     assert status == 0, output

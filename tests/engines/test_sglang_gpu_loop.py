@@ -32,12 +32,14 @@ def _site_rows(site: str | None, variant: str, tmp_path: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.engine_run
 def test_unmodified_loop_equals_the_serial_answer_under_every_delay(tmp_path: Path) -> None:
     pytest.importorskip("sglang")
     [row] = _site_rows(None, "non_spec_decode", tmp_path)
     assert row["trials"] >= 4 and row["wrong_trials"] == 0, row
 
 
+@pytest.mark.engine_run
 def test_removed_result_copy_event_gives_a_wrong_token(tmp_path: Path) -> None:
     pytest.importorskip("sglang")
     [row] = _site_rows("sglang/srt/managers/utils.py:231", "non_spec_decode", tmp_path)

@@ -207,6 +207,7 @@ print("stand-in" if getattr(sys.modules["sgl_kernel"], sgl_kernel_stub.MARKER, F
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_sglang_path_imports_with_cuda_selected_on_the_stand_ins() -> None:
     """SGLang's path modules import as on a CUDA host (torch told it has CUDA): every
     ``sgl_kernel`` name they import is a stand-in (the list was found this way)."""

@@ -54,6 +54,7 @@ def _row(document: dict, variant: str, file_tail: str, code: str) -> dict:
 
 
 @pytest.mark.parametrize("variant", GRAPH_VARIANTS)
+@pytest.mark.engine_run
 def test_the_loop_with_decode_graphs_is_race_free_as_released(table, variant):
     status, output, document = table
     assert status == 0, output
@@ -66,6 +67,7 @@ def test_the_loop_with_decode_graphs_is_race_free_as_released(table, variant):
     ("graph_decode_post_replay", POST_REPLAY_RECORD),
     ("graph_decode_radix", BARRIER_WAIT),
 ])
+@pytest.mark.engine_run
 def test_without_the_read_done_event_the_graph_prep_races_the_radix_rewrite(table, variant,
                                                                              code):
     """WAR on ``req_to_token``: the replayed in-graph attention prep (issued at SGLang's
@@ -85,6 +87,7 @@ def test_without_the_read_done_event_the_graph_prep_races_the_radix_rewrite(tabl
     assert second["stream"] == "self.schedule_stream"
 
 
+@pytest.mark.engine_run
 def test_a_backend_preparing_before_the_replay_races_without_the_barrier_wait(table):
     """PRE_REPLAY (decode metadata prepared out of the graph, before the replay): the
     scheduler's WAR barrier removed, the out-of-graph prep on the forward stream reads the row
@@ -100,6 +103,7 @@ def test_a_backend_preparing_before_the_replay_races_without_the_barrier_wait(ta
     assert war[0]["second"]["stream"] == "self.schedule_stream"
 
 
+@pytest.mark.engine_run
 def test_each_read_done_site_is_reached_where_its_backend_declares_it(table):
     """IN_REPLAY (SGLang's default for decode): the event recorded inside the graph at each
     capture is the one waited on; POST_REPLAY: a fresh event after each replay, the in-graph
@@ -114,6 +118,7 @@ def test_each_read_done_site_is_reached_where_its_backend_declares_it(table):
                 POST_REPLAY_RECORD)["reached"] > 0
 
 
+@pytest.mark.engine_run
 def test_decode_graphs_keep_the_host_syncs_the_eager_loop_needs(table):
     """The result copies' host syncs (prefill and decode results) still order the host's read
     of the tokens: each one reached is necessary, with host-D2H races."""

@@ -44,6 +44,7 @@ def installed_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.engine_run
 def test_unmodified_loop_is_race_free(installed_run, variant):
     status, output, document = installed_run
     assert status == 0, output
@@ -52,6 +53,7 @@ def test_unmodified_loop_is_race_free(installed_run, variant):
     assert f"  {variant}: race-free" in output
 
 
+@pytest.mark.engine_run
 def test_variants_in_reverse_order_in_one_process_are_race_free(tmp_path):
     """Each run starts from its own published configuration: what one variant leaves in
     SGLang's process-wide context (EAGLE's one-rank groups, a graph runner's config) never
@@ -95,6 +97,7 @@ def _tree_run(tmp_path: Path, old: str | None, variant: str,
     return status, output, document, tree
 
 
+@pytest.mark.engine_run
 def test_tree_without_the_forward_wait_races_in_its_own_files(tmp_path):
     status, output, document, tree = _tree_run(tmp_path, FORWARD_WAIT, "non_spec_decode")
     assert status == 1, output
@@ -106,6 +109,7 @@ def test_tree_without_the_forward_wait_races_in_its_own_files(tmp_path):
     assert {r["kind"] for r in document["races"]} >= {"RAW"}
 
 
+@pytest.mark.engine_run
 def test_twin_tree_with_the_forward_wait_is_race_free(tmp_path):
     status, output, document, _tree_dir = _tree_run(tmp_path, None, "non_spec_decode")
     assert status == 0, output
@@ -113,6 +117,7 @@ def test_twin_tree_with_the_forward_wait_is_race_free(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_without_the_redundant_keep_alive_is_race_free(tmp_path):
     status, output, document, _tree_dir = _tree_run(tmp_path, KEEP_ALIVE, "non_spec_decode")
     assert status == 0, output
@@ -133,6 +138,7 @@ def _assert_races_in_tree(status: int, output: str, document: dict, tree: Path) 
     assert any(s["file"].startswith(str(tree / "sglang") + os.sep) for s in sides), output
 
 
+@pytest.mark.engine_run
 def test_tree_without_async_d2h_record_stream_races_in_its_own_files(tmp_path):
     """A necessary line outside scheduler.py (utils/common.py's async_d2h)."""
     status, output, document, tree = _site_run(tmp_path, "srt/utils/common.py", 616,
@@ -143,18 +149,21 @@ def test_tree_without_async_d2h_record_stream_races_in_its_own_files(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("file, line, variant", _loop_report_sites("race"))
+@pytest.mark.engine_run
 def test_every_necessary_site_removed_from_a_tree_exits_1(tmp_path, file, line, variant):
     _assert_races_in_tree(*_site_run(tmp_path, file, line, variant))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("file, line, variant", _loop_report_sites("race_free"))
+@pytest.mark.engine_run
 def test_every_redundant_site_removed_from_a_tree_exits_0(tmp_path, file, line, variant):
     status, output, document, _tree_dir = _site_run(tmp_path, file, line, variant)
     assert status == 0, output
     assert document["races"] == []
 
 
+@pytest.mark.engine_run
 def test_a_tree_calling_what_the_driver_did_not_plan_exits_2_naming_it(tmp_path):
     old = "self.profiler_manager._profile_batch_predicate(batch)"
     status, output, _document, tree = _tree_run(
@@ -195,6 +204,7 @@ def test_pytest_items_collect_nothing_unless_asked(tmp_path):
     assert "1 passed" in done.stdout
 
 
+@pytest.mark.engine_run
 def test_pytest_with_sglang_src_alone_collects_the_loops_items(tmp_path):
     """Installed, the package's pytest11 entry point brings the items: ``pytest --sglang-src
     PATH`` needs no ``-p`` and no ``--sglang-loop``; without either option nothing is added
@@ -226,6 +236,7 @@ def test_pytest_with_sglang_src_alone_collects_the_loops_items(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_pytest_items_one_per_variant_and_site_with_their_verdicts(tmp_path):
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (docs/sglang-loop.md: install)")
@@ -247,6 +258,7 @@ GRAPH_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 
 
 @pytest.mark.parametrize("remove_in_graph_record", [True, False])
+@pytest.mark.engine_run
 def test_tree_without_the_in_graph_read_done_record_races_in_its_own_files(
         tmp_path, remove_in_graph_record):
     """Decode under CUDA graphs: the tree's decode graph runner without the ``event.record()``

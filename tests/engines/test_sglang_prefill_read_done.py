@@ -86,10 +86,12 @@ def runs():
     return run_child(CHILD, VARIANT, {**REMOVALS, **HOST_WAIT})
 
 
+@pytest.mark.engine_run
 def test_the_fastpath_is_race_free_as_released(runs):
     assert runs["races"] == [] and runs["unknown"] == []
 
 
+@pytest.mark.engine_run
 def test_each_prefill_chunk_publishes_its_read_done_event_after_its_metadata_reads(runs):
     """The event is recorded by SGLang's shared_read_event.py on the forward stream, once per
     extend forward (none for decodes), after that forward's metadata prep; the barrier then
@@ -103,6 +105,7 @@ def test_each_prefill_chunk_publishes_its_read_done_event_after_its_metadata_rea
 
 
 @pytest.mark.parametrize("key", sorted(REMOVALS))
+@pytest.mark.engine_run
 def test_without_the_event_the_chunk_prep_races_the_radix_rewrite(runs, key):
     """WAR on ``req_to_token``: the extend's metadata prep (forward stream, declared in the
     stand-in backend's ``init_forward_metadata``) reads the chunked row that the radix
@@ -142,6 +145,7 @@ def _metadata_init_after_publish(text: str) -> str:
                    + moved + lines[publish.end_lineno:])
 
 
+@pytest.mark.engine_run
 def test_the_prefill_tokens_are_read_by_the_host_only_behind_the_result_copy(runs):
     """The eager path's sampled tokens are device memory copied to the host on the copy
     stream: without the prefill result's host wait, the host reads them before the copy."""
@@ -160,6 +164,7 @@ def _tree_command(tmp_path: Path, moved: bool) -> tuple[int, str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_with_the_metadata_read_after_the_event_races_in_its_own_file(tmp_path):
     status, output, document = _tree_command(tmp_path, moved=True)
     assert status == 1, output
@@ -170,6 +175,7 @@ def test_tree_with_the_metadata_read_after_the_event_races_in_its_own_file(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_as_released_is_race_free(tmp_path):
     status, output, document = _tree_command(tmp_path, moved=False)
     assert status == 0, output

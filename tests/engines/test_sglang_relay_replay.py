@@ -42,12 +42,14 @@ def _pairs(relay: dict, run: str) -> set[tuple[str, str]]:
     return {tuple(pair) for pair in relay["runs"][run]["race_pairs"]}
 
 
+@pytest.mark.engine_run
 def test_the_relay_path_is_race_free_as_released(relay):
     intact = relay["runs"]["intact"]
     assert intact["race_pairs"] == []
     assert intact["unknown_ops"] == []
 
 
+@pytest.mark.engine_run
 def test_the_future_map_reads_what_the_replayed_graph_scattered(relay):
     intact = relay["runs"]["intact"]
     # the FutureMap adopted the relay the graph writes, relays no hidden states (DSpark's
@@ -63,6 +65,7 @@ def test_the_future_map_reads_what_the_replayed_graph_scattered(relay):
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS)
+@pytest.mark.engine_run
 def test_a_removed_future_map_sync_races_at_sglangs_lines(relay, mutation):
     assert relay["runs"]["intact"]["race_pairs"] == []  # the fixed twin
     lines = relay["lines"]
@@ -73,6 +76,7 @@ def test_a_removed_future_map_sync_races_at_sglangs_lines(relay, mutation):
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS)
+@pytest.mark.engine_run
 def test_a_removed_future_map_sync_races_with_the_replayed_graph_scatter(relay, mutation):
     lines = relay["lines"]
     assert (lines["graph_scatter"], lines["d2h_copy"]) in _pairs(relay, mutation)

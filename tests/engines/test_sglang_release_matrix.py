@@ -83,6 +83,7 @@ def _drive(version: str, tmp_path: Path, config: tuple[str, ...] = ()) -> dict:
 
 
 @pytest.mark.parametrize("version", _params(KNOWN_DEFAULT_GAPS, lambda version: True))
+@pytest.mark.engine_run
 def test_release_drives_its_default_variants_race_free(version: str, tmp_path: Path) -> None:
     """The issue's bar: every default variant runs or is not applicable, exit 0, race-free,
     at least 10 run."""
@@ -105,6 +106,7 @@ def _check_configuration(document: dict, config: tuple[str, ...]) -> None:
 # in CI for the mid-range release, whose whole default set is a known gap
 @pytest.mark.parametrize("version", _params(KNOWN_DEFAULT_CONFIG_GAPS,
                                             lambda version: version in KNOWN_DEFAULT_GAPS))
+@pytest.mark.engine_run
 def test_release_drives_sglangs_default_configuration_race_free(version: str,
                                                                 tmp_path: Path) -> None:
     """``--config plan_stream=off`` (SGLang's default): at least 10 variants run, EAGLE eager
@@ -117,6 +119,7 @@ def test_release_drives_sglangs_default_configuration_race_free(version: str,
 
 
 @pytest.mark.parametrize("version", _params({}, lambda version: False))
+@pytest.mark.engine_run
 def test_release_drives_the_pre_replay_backend_configuration_race_free(version: str,
                                                                        tmp_path: Path) -> None:
     """Plan stream off and a backend preparing its decode metadata before the replay: every
@@ -128,6 +131,7 @@ def test_release_drives_the_pre_replay_backend_configuration_race_free(version: 
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_releases_page_is_what_the_tool_writes(tmp_path: Path) -> None:
     """docs/sglang-releases.md is generated: regenerated from the releases' trees and the
     committed loop reports, it comes out the same."""

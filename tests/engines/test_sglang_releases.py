@@ -76,6 +76,7 @@ def _renamed(old: str, new: str) -> Callable[[str], str]:
     return edit
 
 
+@pytest.mark.engine_run
 def test_a_tree_lacking_a_feature_lists_its_variant_not_applicable(tmp_path):
     """FutureMap without its late-bound spec tails (as releases before 0.5.19): the EAGLE
     mixed-chunk variant is not applicable, named with the missing name; the other runs."""
@@ -91,6 +92,7 @@ def test_a_tree_lacking_a_feature_lists_its_variant_not_applicable(tmp_path):
     assert "eagle_mixed: not applicable" in output
 
 
+@pytest.mark.engine_run
 def test_a_variant_that_cannot_be_driven_keeps_the_others_results(tmp_path):
     """Retraction calls what the driver did not plan: that variant is reported (exit 2, the
     line and function named), the one before it still ran and is in the JSON."""
@@ -136,6 +138,7 @@ def _without_run_batch_entry_wait(text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_an_older_release_without_the_forward_entry_wait_races_at_its_lines(tmp_path):
     package = _older_release()
     tree = _tree(tmp_path, package, "srt/managers/scheduler.py", _without_run_batch_entry_wait)
@@ -147,6 +150,7 @@ def test_an_older_release_without_the_forward_entry_wait_races_at_its_lines(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_same_older_release_unmodified_is_race_free(tmp_path):
     package = _older_release()
     tree = _tree(tmp_path, package, "srt/managers/scheduler.py", lambda text: text)
@@ -188,6 +192,7 @@ def _read_done_after_the_replay(text: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_0517s_read_done_event_before_the_replay_is_a_real_race(tmp_path):
     """SGLang 0.5.17 records the WAR barrier's read-done event before the decode graph's
     replay, while a backend's in-graph metadata prep reads req_to_token during the replay
@@ -207,6 +212,7 @@ def test_0517s_read_done_event_before_the_replay_is_a_real_race(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_0517_with_the_read_done_event_after_the_replay_is_race_free(tmp_path):
     """The fixed twin: the same tree with the event recorded after the replay (what 0.5.18's
     SharedReadEnds gives a backend whose reads end in the replay, or later)."""
@@ -263,6 +269,7 @@ def _plan_side_in_prep(races: list[dict], tree: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_an_older_release_without_the_eagle_plan_wait_races_at_its_lines(tmp_path):
     """0.5.22's EAGLE worker without its plan stream's wait for the forward stream before the
     draft extend's preparation (what 0.5.21 and before lack): exit 1, a race whose plan-stream
@@ -277,6 +284,7 @@ def test_an_older_release_without_the_eagle_plan_wait_races_at_its_lines(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_same_eagle_release_unmodified_is_race_free(tmp_path):
     tree = _tree(tmp_path, _eagle_release(), "srt/speculative/eagle_worker_v2.py",
                  lambda text: text)
@@ -312,6 +320,7 @@ def _no_wait_release() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_release_before_the_plan_wait_races_on_the_plan_stream(tmp_path):
     """0.5.21 as released (the EAGLE variants run with the plan stream on): exit 1, every race
     has a side on the plan stream, one inside the tree's draft-extend preparation."""
@@ -328,6 +337,7 @@ def test_the_release_before_the_plan_wait_races_on_the_plan_stream(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_release_before_the_plan_wait_with_it_added_is_race_free(tmp_path):
     """The fixed twin: the same tree with the plan stream waiting before the draft extend's
     preparation (the wait the next release has) runs race-free."""

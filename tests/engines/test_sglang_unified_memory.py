@@ -100,6 +100,7 @@ def _only_the_pools_pointer_table(unknown: list[str]) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_the_unified_pool_is_race_free_as_released_and_compacts_in_flight(runs):
     """Race-free, every forward recording forward_done on the forward stream, and the SWA
     sub-pool's urgent flush moving pages (the compaction the event guards)."""
@@ -112,6 +113,7 @@ def test_the_unified_pool_is_race_free_as_released_and_compacts_in_flight(runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(REMOVALS))
+@pytest.mark.engine_run
 def test_without_the_event_compaction_races_the_forward_in_flight(runs, key):
     """The compaction's page copy (``copy_pages``) reads, and the hand-out's ``zero_pages``
     writes, on the schedule stream a page the chunk in flight writes and reads on the
@@ -128,6 +130,7 @@ def test_without_the_event_compaction_races_the_forward_in_flight(runs, key):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_under_the_whole_forward_barrier_the_record_is_redundant(runs):
     """With a backend whose reads end after the forward, the WAR barrier after run_batch
     waits on the whole forward stream, so the next iteration's compaction is ordered after
@@ -147,6 +150,7 @@ def _tree_command(tmp_path: Path, without_record: bool) -> tuple[int, str, dict]
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_without_the_record_races_at_its_own_lines(tmp_path):
     status, output, document = _tree_command(tmp_path, without_record=True)
     assert status == 1, output
@@ -162,6 +166,7 @@ def test_tree_without_the_record_races_at_its_own_lines(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.engine_run
 def test_tree_as_released_is_race_free(tmp_path):
     status, output, document = _tree_command(tmp_path, without_record=False)
     assert status == 0, output

@@ -52,6 +52,7 @@ def _run_inner(full: bool) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 @pytest.mark.skipif(INNER, reason="the outer test only")
+@pytest.mark.engine_run
 def test_sglang_kernels_on_the_cpu_in_a_subprocess():
     result = _run_inner(full=False)
     tail = (result.stdout + result.stderr)[-3000:]
@@ -62,6 +63,7 @@ def test_sglang_kernels_on_the_cpu_in_a_subprocess():
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 @pytest.mark.skipif(INNER, reason="the outer test only")
+@pytest.mark.engine_run
 def test_sglang_kernels_on_every_property_case():
     result = _run_inner(full=True)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

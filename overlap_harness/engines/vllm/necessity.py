@@ -23,6 +23,7 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     from overlap_harness.engines.vllm import (
         chunked_prefill,
         drivers,
+        encoder_only,
         engine_core,
         hybrid_spec_decode,
         mrv2_spec_decode,
@@ -38,40 +39,54 @@ def variant_runs() -> dict[str, Callable[[], Any]]:
     runs["v1-hybrid-spec-decode"] = hybrid_spec_decode.hybrid_spec_decode_steps
     runs["v1-hybrid-spec-decode-sync"] = hybrid_spec_decode.without_async_scheduling
     runs["v1-hybrid-spec-decode-async-none"] = hybrid_spec_decode.async_without_align
+    runs["mrv2-encoder-only"] = encoder_only.encoder_only_steps
     return runs
 
 
-def targets() -> list[tuple[Any, str]]:
-    """vLLM's driven functions that hold sync statements."""
-    from vllm.v1.worker.gpu.async_utils import AsyncOutput, AsyncPoolingOutput
-    from vllm.v1.worker.gpu.pp_utils import PPHandler
-    from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
-        AdaptiveVerificationManager,
-    )
-    from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
-    from vllm.v1.worker.gpu_model_runner import (
-        AsyncGPUModelRunnerOutput,
-        AsyncGPUPoolingModelRunnerOutput,
-        GPUModelRunner,
-    )
+#: vLLM's driven functions that hold sync statements, ``module:Class.function``
+TARGETS = (
+    "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.__init__",
+    "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
+    *(f"vllm.v1.worker.gpu_model_runner:GPUModelRunner.{name}" for name in (
+        "synchronize_input_prep", "_copy_valid_sampled_token_count",
+        "_get_valid_sampled_token_count", "_copy_draft_token_ids_to_cpu",
+        "_get_draft_token_ids_cpu", "_prepare_inputs", "_update_states_after_model_execute",
+        "_build_attention_metadata")),
+    "vllm.v1.worker.gpu_model_runner:AsyncGPUPoolingModelRunnerOutput.__init__",
+    "vllm.v1.worker.gpu_model_runner:AsyncGPUPoolingModelRunnerOutput.get_output",
+    "vllm.v1.worker.gpu.async_utils:AsyncOutput.__init__",
+    "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
+    "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.__init__",
+    "vllm.v1.worker.gpu.async_utils:AsyncPoolingOutput.get_output",
+    "vllm.v1.worker.gpu.spec_decode.utils:DraftTokensHandler.set_draft_tokens",
+    "vllm.v1.worker.gpu.spec_decode.utils:DraftTokensHandler.get_draft_tokens",
+    "vllm.v1.worker.gpu.spec_decode.adaptive_verification:"
+    "AdaptiveVerificationManager.record_confidences",
+    "vllm.v1.worker.gpu.pp_utils:PPHandler.get_prev_sampled_outputs",
+    "vllm.v1.worker.gpu.pp_utils:PPHandler.receive",
+    "vllm.v1.worker.gpu.pp_utils:PPHandler.broadcast",
+    "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.input_tensor_semaphore",
+)
 
-    return [(AsyncGPUModelRunnerOutput, "__init__"), (AsyncGPUModelRunnerOutput, "get_output"),
-            (GPUModelRunner, "synchronize_input_prep"),
-            (GPUModelRunner, "_copy_valid_sampled_token_count"),
-            (GPUModelRunner, "_get_valid_sampled_token_count"),
-            (GPUModelRunner, "_copy_draft_token_ids_to_cpu"),
-            (GPUModelRunner, "_get_draft_token_ids_cpu"),
-            (GPUModelRunner, "_prepare_inputs"),
-            (GPUModelRunner, "_update_states_after_model_execute"),
-            (GPUModelRunner, "_build_attention_metadata"),
-            (AsyncGPUPoolingModelRunnerOutput, "__init__"),
-            (AsyncGPUPoolingModelRunnerOutput, "get_output"),
-            (AsyncOutput, "__init__"), (AsyncOutput, "get_output"),
-            (AsyncPoolingOutput, "__init__"), (AsyncPoolingOutput, "get_output"),
-            (DraftTokensHandler, "set_draft_tokens"), (DraftTokensHandler, "get_draft_tokens"),
-            (AdaptiveVerificationManager, "record_confidences"),
-            (PPHandler, "get_prev_sampled_outputs"), (PPHandler, "receive"),
-            (PPHandler, "broadcast")]
+
+def targets() -> list[tuple[Any, str]]:
+    """The driven functions of :data:`TARGETS` the loaded tree has, as ``(owner, name)``
+    (a release without the V1 runner, or without Model Runner V2, has fewer)."""
+    import importlib
+
+    from overlap_harness.engines.vllm.release_features import missing
+
+    found = []
+    for target in TARGETS:
+        if missing(target) is not None:
+            continue
+        module_name, _, dotted = target.partition(":")
+        owner_name, attribute = dotted.rsplit(".", 1)
+        owner: Any = importlib.import_module(module_name)
+        for part in owner_name.split("."):
+            owner = getattr(owner, part)
+        found.append((owner, attribute))
+    return found
 
 
 def sites() -> list[SyncSite]:
@@ -99,4 +114,4 @@ def table(names: Sequence[str], baseline: dict[str, VariantOutcome],
     return necessity_table(sites(), names, baseline, run_outcome, jobs)
 
 
-__all__ = ["MUTABLE_KINDS", "run_outcome", "sites", "table", "targets", "variant_runs"]
+__all__ = ["MUTABLE_KINDS", "TARGETS", "run_outcome", "sites", "table", "targets", "variant_runs"]

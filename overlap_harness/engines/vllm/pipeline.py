@@ -132,7 +132,7 @@ class PipelineWorker:
             prefill_len_np=np.array([self.prompt_len[r] for r in req_ids]),
             num_scheduled_tokens=np.array([scheduler_output.num_scheduled_tokens[r]
                                            for r in req_ids]),
-            max_seq_len_np=None)
+            max_seq_len_np=None, num_draft_tokens=0)
 
     def execute_model(self, scheduler_output: Any) -> Any:
         for req_id in scheduler_output.finished_req_ids:
@@ -157,9 +157,10 @@ class PipelineWorker:
         return None
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.worker.gpu.async_utils import AsyncOutput
         from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+        from overlap_harness.engines.vllm.drivers import runner_output
 
         batch, logits = self.step["batch"], self.step["logits"]
         first, last = self.stages
@@ -171,13 +172,21 @@ class PipelineWorker:
         count = async_tensor_h2d(sampling.astype(np.int32), device=self.device)
         rejected = torch.zeros_like(count)
         last.pp.broadcast(sampled, count, rejected, batch)  # the last rank
-        first.pp.receive(batch)  # the first rank
+        first.pp.receive(batch, **_no_drafts(first.pp))  # the first rank
         sampler_output = SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None,
                                        num_nans=None, num_sampled=count, num_rejected=rejected)
-        output = ModelRunnerOutput(req_ids=list(batch.req_ids),
-                                   req_id_to_index={r: i for i, r in enumerate(batch.req_ids)})
+        output = runner_output(batch.req_ids)
         return AsyncOutput(output, sampler_output, count, torch.cuda.current_stream(),
                            self.copy_stream, check_ep_fault=False, pending_aux_output=None)
+
+
+def _no_drafts(handler: Any) -> dict[str, bool]:
+    """``receive``'s drafts switch where the release has one (``recv_drafts``, 0.33.0 on:
+    it must match whether the last rank broadcasts drafts; no spec decode here)."""
+    import inspect
+
+    return ({"recv_drafts": False}
+            if "recv_drafts" in inspect.signature(handler.receive).parameters else {})
 
 
 def _stage_block_writes(stage: Stage, scheduler_output: Any, rows: dict[str, int]) -> None:

@@ -1,6 +1,6 @@
 """vLLM as the pull-request view's child runs it (engines/core/pr_view/child.py): the tree
 imported, its variants, one variant's run with the recorder's races and watch, and the
-necessity table."""
+necessity table, and which variants the tree lacks the code of."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def side(source: str) -> EngineSide:
 
     info = environment.load(source)
     from overlap_harness.engines.vllm import necessity
+    from overlap_harness.engines.vllm.release_features import not_applicable_reason
 
     runs = necessity.variant_runs()
 
@@ -22,4 +23,5 @@ def side(source: str) -> EngineSide:
         watcher = runs[name]()
         return watcher.races, watcher
 
-    return EngineSide(info.version, list(runs), run, necessity.table, necessity.run_outcome)
+    return EngineSide(info.version, list(runs), run, necessity.table, necessity.run_outcome,
+                      not_applicable_reason)

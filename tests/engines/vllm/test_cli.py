@@ -43,6 +43,7 @@ def _run(tree: Path, *options: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, check=False, timeout=300)
 
 
+@pytest.mark.engine_run
 def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) -> None:
     tree = _mirror(tmp_path)
     intact = _run(tree)

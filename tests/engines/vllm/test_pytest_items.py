@@ -36,11 +36,13 @@ def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
+@pytest.mark.engine_run
 def test_nothing_is_collected_without_the_flag(tmp_path):
     done = _pytest(tmp_path)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout
 
 
+@pytest.mark.engine_run
 def test_one_item_per_variant_and_site_with_its_verdict_across_xdist_workers(tmp_path):
     done = _pytest(tmp_path, "--vllm-async", "--vllm-variant", "v1-input-prep", "-n", "2",
                    "--junitxml", str(tmp_path / "junit.xml"))

