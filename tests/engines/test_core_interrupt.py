@@ -77,7 +77,7 @@ def test_the_forked_map_hands_up_what_finished_and_kills_the_rest(tmp_path: Path
         out, _ = child.communicate(timeout=30)
     finally:
         child.kill()
-    assert time.monotonic() - sent < 5
+    assert time.monotonic() - sent < 15  # the items left sleep 120 s: not waited for
     assert json.loads(out) == {"finished": {"0": 0}}
     assert _gone(first) and _gone(second)
 

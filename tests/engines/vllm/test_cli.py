@@ -67,3 +67,22 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     uris = {loc["physicalLocation"]["artifactLocation"]["uri"]
             for result in sarif["runs"][0]["results"] for loc in result["locations"]}
     assert sarif["runs"][0]["results"] and any(uri.endswith(str(RUNNER)) for uri in uris)
+
+
+def test_a_tree_with_a_syntax_error_exits_2_naming_its_line(tmp_path: Path) -> None:
+    """The mirror's gpu_model_runner.py with a dangling ``+`` after the fence: exit 2, the
+    last line names the file and line relative to the tree root, the JSON holds it. Its fixed
+    twin is the intact mirror of the test above (exit 0)."""
+    tree = _mirror(tmp_path)
+    runner = tree / "vllm" / RUNNER
+    lines = runner.read_text().splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == FENCE)
+    lines[index] = lines[index].rstrip("\n") + " +\n"
+    runner.write_text("".join(lines))
+    done = _run(tree, "--json", str(tmp_path / "out.json"))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("overlap-harness vllm: cannot import vllm.")
+    assert last.endswith(f": vllm/{RUNNER.as_posix()}:{index + 1}: SyntaxError: invalid syntax")
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["errors"] == [last.removeprefix("overlap-harness vllm: ")]
