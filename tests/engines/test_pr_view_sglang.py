@@ -249,6 +249,7 @@ def test_a_removed_plan_stream_wait_names_it_and_the_calls_stand_ins_play(
                              and s["stands_in_for"]["code"] for s in stand_ins)
 
 
+@pytest.mark.engine_run
 def test_the_forward_waits_removal_in_every_variant_is_one_short_verdict(
         tmp_path: Path) -> None:
     """The forward stream's entry wait removed, every variant run (no ``--variant``): exit 1,

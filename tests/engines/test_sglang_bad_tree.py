@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.engines.sglang_trees import ROOT, edited_tree, installed_sglang, unchanged
 
 SCHEDULER = "srt/managers/scheduler.py"
@@ -34,6 +36,7 @@ def _command(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.engine_run
 def test_a_syntax_error_exits_2_naming_the_trees_line_and_writes_the_json(
         tmp_path: Path) -> None:
     installed_sglang()
@@ -50,6 +53,7 @@ def test_a_syntax_error_exits_2_naming_the_trees_line_and_writes_the_json(
     assert document["races"] == []
 
 
+@pytest.mark.engine_run
 def test_a_syntax_error_in_the_pull_requests_tree_exits_2_at_once(tmp_path: Path) -> None:
     installed_sglang()
     head = edited_tree(tmp_path, SCHEDULER, _broken, name="head")

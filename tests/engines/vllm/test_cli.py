@@ -69,6 +69,7 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     assert sarif["runs"][0]["results"] and any(uri.endswith(str(RUNNER)) for uri in uris)
 
 
+@pytest.mark.engine_run
 def test_a_tree_with_a_syntax_error_exits_2_naming_its_line(tmp_path: Path) -> None:
     """The mirror's gpu_model_runner.py with a dangling ``+`` after the fence: exit 2, the
     last line names the file and line relative to the tree root, the JSON holds it. Its fixed
