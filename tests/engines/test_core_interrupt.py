@@ -77,12 +77,11 @@ def test_the_forked_map_hands_up_what_finished_and_kills_the_rest(tmp_path: Path
         out, _ = child.communicate(timeout=30)
     finally:
         child.kill()
-    assert time.monotonic() - sent < 15  # the items left sleep 120 s: not waited for
+    assert time.monotonic() - sent < 15  # issue 43's bound (a loaded 2-core machine: 5.3 s)
     assert json.loads(out) == {"finished": {"0": 0}}
     assert _gone(first) and _gone(second)
 
 
-@pytest.mark.engine_run
 @pytest.mark.slow
 def test_sigint_in_the_necessity_table_writes_the_finished_rows(tmp_path: Path) -> None:
     installed_sglang()
