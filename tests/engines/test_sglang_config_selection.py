@@ -1,45 +1,77 @@
 """``--config KEY=VALUE``: the variants of one SGLang configuration (configurations.py).
 
-The configurations are computed from the variants' fields; these tests check them against
-the fields read directly (not through the code under test), the selection's rule (a key
-that does not apply to a variant does not leave it out), and every bad input's line.
-SGLang itself is not needed: the selection happens before the tree is loaded.
+The configurations are computed from the variants' features (each feature's
+``configuration`` hook); these tests check them against the features' fields read directly
+(not through the code under test) and against the configurations the committed loop report
+recorded before variants were made of features, the selection's rule (a key that does not
+apply to a variant does not leave it out), and every bad input's line. SGLang itself is not
+needed: the selection happens before the tree is loaded.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from overlap_harness.engines.sglang import configurations
-from overlap_harness.engines.sglang.variants import VARIANTS
+from overlap_harness.engines.sglang.features.decode_graph import CudaGraphDecode
+from overlap_harness.engines.sglang.features.dspark import Dspark
+from overlap_harness.engines.sglang.features.eagle import Eagle
+from overlap_harness.engines.sglang.features.eagle_verify_graph import CudaGraphVerify
+from overlap_harness.engines.sglang.features.hip import Hip
+from overlap_harness.engines.sglang.features.radix_cache import RadixCache
+from overlap_harness.engines.sglang.variants import VARIANTS, Variant
+
+LOOP_REPORTS = sorted((Path(__file__).resolve().parents[2] / "reports/conformance")
+                      .glob("sglang-0.5.2*-loop.json"))
 
 
-def test_every_variant_states_its_configuration_from_its_own_fields():
+def test_every_variant_states_its_configuration_from_its_own_features():
     for name, variant in VARIANTS.items():
         config = configurations.configuration(variant)
-        assert config["platform"] == ("hip" if variant.hip else "cuda"), name
-        speculative = ("eagle" if variant.eagle is not None
-                       else "dspark" if variant.dspark is not None else "none")
+        eagle, dspark = variant.feature(Eagle), variant.feature(Dspark)
+        assert config["platform"] == ("hip" if variant.has(Hip) else "cuda"), name
+        speculative = ("eagle" if eagle is not None
+                       else "dspark" if dspark is not None else "none")
         assert config["speculative"] == speculative, name
-        if variant.dspark is not None:
-            assert config["ragged_verify"] == variant.dspark.ragged_verify_mode.value, name
+        if dspark is not None:
+            assert config["ragged_verify"] == dspark.ragged_verify_mode.value, name
             assert config["plan_stream"] == "off" and "eagle_topk" not in config, name
-        elif variant.eagle is None:
+        elif eagle is None:
             assert "plan_stream" not in config and "eagle_topk" not in config, name
             assert "ragged_verify" not in config, name
         else:
-            assert config["plan_stream"] == ("on" if variant.eagle.plan_stream else "off")
-            assert config["eagle_topk"] == str(variant.eagle.topk)
-        assert config["radix_cache"] == ("on" if variant.radix_cache else "off"), name
-        graphs = bool(variant.decode_graph_sizes) or (
-            variant.eagle is not None and bool(variant.eagle.verify_graph_sizes))
+            assert config["plan_stream"] == ("on" if eagle.plan_stream else "off")
+            assert config["eagle_topk"] == str(eagle.topk)
+        assert config["radix_cache"] == ("on" if variant.has(RadixCache) else "off"), name
+        graphs = variant.has(CudaGraphDecode) or variant.has(CudaGraphVerify)
         assert (config["cuda_graph"] != "off") == graphs, name
         for key, value in config.items():
             switch = next(s for s in configurations.SWITCHES if s.key == key)
             assert value in switch.values, (name, key, value)
+
+
+@pytest.mark.parametrize("report", LOOP_REPORTS, ids=lambda path: path.name)
+def test_the_configurations_are_those_the_committed_loop_reports_recorded(report):
+    """Each variant of a committed loop report has the configuration recorded there (the
+    reports were written before variants were composed of features; an older report lacks
+    the keys added since, such as unified_memory)."""
+    recorded = json.loads(report.read_text())["configurations"]
+    assert recorded
+    for name, config in recorded.items():
+        computed = configurations.configuration(VARIANTS[name])
+        assert {key: computed.get(key) for key in config} == config, name
+
+
+def test_two_features_setting_one_key_differently_are_refused():
+    variant = Variant("graph_and_verify", 1, {}, (CudaGraphDecode(), Eagle(),
+                                                 CudaGraphVerify()))
+    with pytest.raises(ValueError, match="cuda_graph"):
+        configurations.configuration(variant)
 
 
 def test_plan_stream_off_keeps_the_variants_without_speculation():
@@ -47,7 +79,7 @@ def test_plan_stream_off_keeps_the_variants_without_speculation():
     chosen, left_out = configurations.select(VARIANTS, names,
                                              configurations.parse(["plan_stream=off"]))
     for name in names:
-        eagle = VARIANTS[name].eagle
+        eagle = VARIANTS[name].feature(Eagle)
         expected_in = eagle is None or not eagle.plan_stream
         assert (name in chosen) == expected_in, name
         if not expected_in:
@@ -59,7 +91,7 @@ def test_plan_stream_off_keeps_the_variants_without_speculation():
 def test_two_keys_leave_out_what_differs_in_either():
     wanted = configurations.parse(["speculative=none", "cuda_graph=decode"])
     chosen, left_out = configurations.select(VARIANTS, list(VARIANTS), wanted)
-    assert chosen and all(VARIANTS[n].eagle is None and VARIANTS[n].decode_graph_sizes
+    assert chosen and all(VARIANTS[n].speculative is None and VARIANTS[n].has(CudaGraphDecode)
                           for n in chosen)
     assert all("--config asks" in reason for reason in left_out.values())
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import UnplannedUseError
 from overlap_harness.engines.sglang.features import dp_attention
-from overlap_harness.engines.sglang.features.dp_attention import PeerStep, ScriptedPeerGroup
+from overlap_harness.engines.sglang.stand_ins.dp_peer import IDLE, PeerStep, ScriptedPeerGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ def test_the_group_refuses_what_it_did_not_plan():
 
 def test_a_second_gather_in_one_iteration_is_unplanned():
     group = _group({}, [1])
-    group.gathered[1] = dp_attention.IDLE  # the first gather of iteration 1 happened
+    group.gathered[1] = IDLE  # the first gather of iteration 1 happened
     local, out = torch.zeros(11, dtype=torch.int64), torch.zeros(22, dtype=torch.int64)
     with pytest.raises(UnplannedUseError, match="one per iteration"):
         group.all_gather_single(out, local, group=group)

@@ -1,5 +1,6 @@
 """``loop_report.short_site``: a site named from the sglang package folder on, wherever the
-tree lies (a GPU run's probe matches the loop report's race sides by that tail)."""
+tree lies (a GPU run's probe matches the loop report's race sides by that tail), and one of
+the harness's own files from the overlap_harness folder on, wherever the checkout lies."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from overlap_harness.engines.sglang.report.loop_report import short_site
     ("/root/.cache/overlap-harness/sglang/0.5.23/sglang/kernels/ops/kvcache/copy_pages.py:61",
      "sglang/kernels/ops/kvcache/copy_pages.py:61"),
     ("/home/me/sglang/python/sglang/srt/utils/common.py:616", "sglang/srt/utils/common.py:616"),
-    # the harness's adapter package is not SGLang's: kept whole
+    # the harness's adapter package is not SGLang's: named from overlap_harness/ on
     ("/work/main/overlap_harness/engines/sglang/stand_ins/model_worker.py:10",
-     "/work/main/overlap_harness/engines/sglang/stand_ins/model_worker.py:10"),
+     "overlap_harness/engines/sglang/stand_ins/model_worker.py:10"),
+    ("/tmp/sglang/overlap_harness/engines/sglang/srt/x.py:4",
+     "overlap_harness/engines/sglang/srt/x.py:4"),
     ("prog.py:3", "prog.py:3"),
 ])
 def test_a_site_is_named_from_the_package_folder_on(site, short):

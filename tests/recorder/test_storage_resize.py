@@ -39,7 +39,9 @@ def _free_then_reuse(free: str, record_stream: bool) -> list[str]:
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
 @pytest.mark.parametrize("free", ["del", "untyped", "storage"])
 def test_a_resize_to_zero_frees_the_block_as_del_does(free: str) -> None:
-    assert _free_then_reuse(free, record_stream=False) == [str(RaceKind.REUSE)] * 2
+    # the new owner's first write races the side stream's read (the allocation itself
+    # writes no value: one race, not two)
+    assert _free_then_reuse(free, record_stream=False) == [str(RaceKind.REUSE)]
     assert _free_then_reuse(free, record_stream=True) == []
 
 

@@ -4,7 +4,8 @@ A verdict holds under a configuration: 0.5.19's EAGLE path races with the plan s
 (``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``, off by default) and is race-free with it off. A team
 that runs a pinned release with its own options wants the verdict of those options alone, so
 every variant states its configuration as SGLang's switches (key = value, below), computed
-from the variant's fields (a new variant is described without being listed here), and
+from its features (each sets its own keys: :mod:`.features.api`; a new variant is described
+without being listed here), and
 ``--config KEY=VALUE`` (repeatable) keeps the variants whose configuration agrees. A variant
 agrees with ``KEY=VALUE`` when it has that value, or when KEY does not apply to it (the plan
 stream is a switch of speculative decoding only: a variant without speculation runs under
@@ -21,11 +22,13 @@ from overlap_harness.engines.sglang.variants import Variant
 
 @dataclass(frozen=True, slots=True)
 class Switch:
-    """One configuration key: what it is in SGLang's terms and the values it takes."""
+    """One configuration key: what it is in SGLang's terms, the values it takes, and its
+    value in a variant whose features do not set it (None: the key does not apply then)."""
 
     key: str
     what: str
     values: tuple[str, ...]
+    default: str | None = None
 
 
 ON_OFF = ("on", "off")
@@ -33,76 +36,52 @@ ON_OFF = ("on", "off")
 #: every key, in the order configurations are printed
 SWITCHES: tuple[Switch, ...] = (
     Switch("platform", "the device the loop's branches are written for (SGLang's _is_hip)",
-           ("cuda", "hip")),
-    Switch("model", "the model kind (is_generation)", ("generation", "embedding")),
+           ("cuda", "hip"), "cuda"),
+    Switch("model", "the model kind (is_generation)", ("generation", "embedding"),
+           "generation"),
     Switch("speculative", "speculative decoding (--speculative-algorithm)",
-           ("none", "eagle", "dspark")),
+           ("none", "eagle", "dspark"), "none"),
     Switch("eagle_topk", "EAGLE's draft candidates per step (--speculative-eagle-topk)",
            ("1", "4")),
     Switch("plan_stream", "the spec-v2 plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by "
            "default)", ON_OFF),
     Switch("cuda_graph", "the forwards CUDA graphs replay (--disable-cuda-graph: off)",
-           ("off", "decode", "verify_and_draft_extend")),
+           ("off", "decode", "verify_and_draft_extend"), "off"),
     Switch("attention_reads_end", "where the attention backend's shared req_to_token reads "
            "end (SharedReadEnds: inside the graph replay, after it, before it)",
            ("in_replay", "post_replay", "pre_replay")),
     Switch("ragged_verify", "DSpark's ragged verify mode (SGLANG_RAGGED_VERIFY_MODE; all but "
            "static relay the draft confidence)", ("static", "cap-accept", "compact")),
     Switch("cpu_seq_lens", "attention backends that need host sequence lengths", ON_OFF),
-    Switch("chunked_prefill", "chunked prefill (--chunked-prefill-size)", ON_OFF),
+    Switch("chunked_prefill", "chunked prefill (--chunked-prefill-size)", ON_OFF, "off"),
     Switch("mixed_chunk", "prefill chunks mixed into decode batches (--enable-mixed-chunk)",
-           ON_OFF),
-    Switch("radix_cache", "the radix prefix cache (--disable-radix-cache: off)", ON_OFF),
-    Switch("grammar", "grammar-constrained requests", ON_OFF),
-    Switch("delay_sample", "delayed sampling (SGLANG_ENABLE_DELAY_SAMPLE)", ON_OFF),
-    Switch("dp_attention", "attention data parallelism (--enable-dp-attention)", ON_OFF),
+           ON_OFF, "off"),
+    Switch("radix_cache", "the radix prefix cache (--disable-radix-cache: off)", ON_OFF, "off"),
+    Switch("grammar", "grammar-constrained requests", ON_OFF, "off"),
+    Switch("delay_sample", "delayed sampling (SGLANG_ENABLE_DELAY_SAMPLE)", ON_OFF, "off"),
+    Switch("dp_attention", "attention data parallelism (--enable-dp-attention)", ON_OFF, "off"),
     Switch("unified_memory", "a hybrid-SWA model's KV in one lazily compacted pool "
-           "(--enable-unified-memory)", ON_OFF),
+           "(--enable-unified-memory)", ON_OFF, "off"),
 )
 _BY_KEY = {switch.key: switch for switch in SWITCHES}
 
 
-def _on(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
 def configuration(variant: Variant) -> dict[str, str]:
-    """``variant``'s SGLang configuration, key -> value (keys that do not apply are absent)."""
-    config = {"platform": "hip" if variant.hip else "cuda",
-              "model": "embedding" if variant.embedding else "generation",
-              "speculative": ("eagle" if variant.eagle is not None
-                              else "dspark" if variant.dspark is not None else "none")}
-    graphs = "off"
-    if variant.decode_graph_sizes:
-        graphs = "decode"
-    if variant.eagle is not None:
-        config["eagle_topk"] = str(variant.eagle.topk)
-        config["plan_stream"] = _on(variant.eagle.plan_stream)
-        config["cpu_seq_lens"] = _on(variant.eagle.needs_cpu_seq_lens)
-        if variant.eagle.verify_graph_sizes or variant.eagle.draft_extend_graph:
-            graphs = "verify_and_draft_extend"
-    if variant.dspark is not None:
-        config["plan_stream"] = "off"  # DFlashDraftInputV2 reads the same switch, unset
-        config["ragged_verify"] = variant.dspark.ragged_verify_mode.value
-        config["cpu_seq_lens"] = _on(variant.dspark.needs_cpu_seq_lens)
-    config["cuda_graph"] = graphs
-    if variant.decode_graph_sizes:
-        config["attention_reads_end"] = ("post_replay" if variant.graph_reads_end_post_replay
-                                         else "pre_replay" if variant.graph_reads_end_pre_replay
-                                         else "in_replay")
-    elif variant.eager_prefill_pre_replay or (
-            variant.unified_memory is not None
-            and variant.unified_memory.prefill_reads_end_pre_replay):
-        config["attention_reads_end"] = "pre_replay"
-    config["chunked_prefill"] = _on(variant.chunked_prefill_size is not None)
-    config["mixed_chunk"] = _on(variant.mixed_chunk)
-    config["radix_cache"] = _on(variant.radix_cache)
-    config["grammar"] = _on(variant.grammar)
-    config["delay_sample"] = _on(variant.delay_sample)
-    config["dp_attention"] = _on(variant.dp_peer is not None)
-    config["unified_memory"] = _on(variant.unified_memory is not None)
-    unknown = set(config) - set(_BY_KEY)
-    assert not unknown, f"configuration keys without a Switch: {sorted(unknown)}"
+    """``variant``'s SGLang configuration, key -> value (keys that do not apply are absent):
+    each switch's default, then what each feature sets. A key two features set to different
+    values, or one a feature does not declare, is an error of the features."""
+    config = {switch.key: switch.default for switch in SWITCHES if switch.default is not None}
+    set_by: dict[str, str] = {}
+    for feature in variant.features:
+        name = type(feature).__name__
+        for key, value in feature.configuration(variant).items():
+            if key not in feature.keys or key not in _BY_KEY:
+                raise ValueError(f"{name} sets {key!r}, not among its keys {feature.keys} "
+                                 "or not a Switch of configurations.SWITCHES")
+            if key in set_by and config[key] != value:
+                raise ValueError(f"variant {variant.name}: {set_by[key]} sets {key}="
+                                 f"{config[key]}, {name} sets {key}={value}")
+            config[key], set_by[key] = value, name
     return {switch.key: config[switch.key] for switch in SWITCHES if switch.key in config}
 
 
@@ -163,8 +142,77 @@ def select(variants: dict[str, Variant], names: list[str],
             left_out[name] = reason
     if not chosen:
         asked = " ".join(f"--config {key}={value}" for key, value in wanted.items())
-        raise ConfigError([f"no variant runs under {asked} (of {', '.join(names)})"])
+        raise ConfigError([f"no variant runs under {asked} (of {', '.join(names)})",
+                           *missing_features([variants[name] for name in names], wanted)])
     return chosen, left_out
+
+
+def _feature_file(cls: type) -> str:
+    """``features/dspark.py``: where a feature class is written, from the package on."""
+    return cls.__module__.removeprefix("overlap_harness.engines.sglang.").replace(".", "/") \
+        + ".py"
+
+
+def _setters(variants: list[Variant], key: str, value: str) -> list[type]:
+    """The feature classes that set ``key`` to ``value`` in some variant of ``variants``."""
+    found: list[type] = []
+    for variant in variants:
+        for feature in variant.features:
+            if (feature.configuration(variant).get(key) == value
+                    and type(feature) not in found):
+                found.append(type(feature))
+    return found
+
+
+def missing_features(variants: list[Variant], wanted: dict[str, str]) -> list[str]:
+    """Why no variant of ``variants`` runs under ``wanted``, as the feature that is missing.
+
+    The nearest variants: fewest keys off, then most of the wanted keys applying to them,
+    then the keys off as far down :data:`SWITCHES` as can be (a variant off in its
+    speculative worker is farther than one off in its backend's host lengths). For each,
+    the keys it runs otherwise and the feature of its own that sets each; then, per such
+    key, what is missing: that feature configured with the wanted value, or, for the key
+    a feature's presence fixes (its first key: ``Dspark`` always sets speculative=dspark),
+    a feature that sets it so in some variant (or every feature that sets the key)."""
+    from overlap_harness.engines.sglang.variants import FEATURE_ORDER
+
+    order = {switch.key: index for index, switch in enumerate(SWITCHES)}
+
+    def off(variant: Variant) -> list[str]:
+        config = configuration(variant)
+        return [key for key, value in wanted.items() if key in config and config[key] != value]
+
+    def rank(variant: Variant) -> tuple[int, int, int]:
+        config = configuration(variant)
+        keys = off(variant)
+        return (len(keys), -sum(key in config for key in wanted),
+                -min((order[key] for key in keys), default=len(order)))
+
+    best = min(rank(variant) for variant in variants)
+    lines, missing = [], {}
+    for variant in [v for v in variants if rank(v) == best][:3]:
+        config = configuration(variant)
+        parts = []
+        for key in off(variant):
+            setter = next((f for f in variant.features
+                           if key in f.configuration(variant)), None)
+            parts.append(f"{key}={config[key]} ("
+                         + (f"set by its {type(setter).__name__})" if setter
+                            else "no feature of it sets it)"))
+            missing.setdefault(key, type(setter) if setter else None)
+        lines.append(f"nearest: {variant.name} runs with {', '.join(parts)}")
+    for key, cls in missing.items():
+        value = wanted[key]
+        if cls is not None and cls.keys[0] != key:
+            lines.append(f"missing: a variant with {cls.__name__} setting {key}={value} "
+                         f"({_feature_file(cls)}; docs/sglang-configurations.md)")
+            continue
+        candidates = (_setters(variants, key, value)
+                      or [c for c in FEATURE_ORDER if key in c.keys])
+        lines.append(f"missing: a variant with a feature setting {key}={value} ("
+                     + (", ".join(f"{c.__name__}: {_feature_file(c)}" for c in candidates)
+                        or "no feature sets it") + "; docs/sglang-configurations.md)")
+    return lines
 
 
 def describe(config: dict[str, str]) -> str:

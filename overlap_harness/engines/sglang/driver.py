@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,25 +18,8 @@ import torch
 
 import overlap_harness.recorder as recorder
 from overlap_harness.engines.sglang import environment, scheduler_build
-from overlap_harness.engines.sglang.features import (
-    decode_graph,
-    delay_sample,
-    dp_attention,
-    draft_extend_graph,
-    dspark,
-    eager_prefill,
-    eagle,
-    eagle_verify_graph,
-    embedding,
-    grammar,
-    unified_memory,
-)
-from overlap_harness.engines.sglang.stand_ins import (
-    eagle_kernels,
-    graph_kernels,
-    loop_kernels,
-    unified_memory_kernels,
-)
+from overlap_harness.engines.sglang.features.hip import Hip
+from overlap_harness.engines.sglang.stand_ins import loop_kernels
 from overlap_harness.engines.sglang.variants import Variant
 from overlap_harness.model.trace import Race
 
@@ -86,7 +69,7 @@ class _Intake:
 
         self.counter += 1
         # spec variants sample greedily (EAGLE's verify takes SGLang's greedy tree walk)
-        greedy = self.variant.eagle is not None or self.variant.dspark is not None
+        greedy = self.variant.speculative is not None
         params = SamplingParams(max_new_tokens=max_new, ignore_eos=True,
                                 temperature=0.0 if greedy else 1.0)
         params.normalize(None)
@@ -94,21 +77,38 @@ class _Intake:
         req = Req(f"r{self.counter}", "", ids, params, vocab_size=1000)
         req.tokenizer = None
         req.logprob_start_len = -1  # what handle_generate_request sets without return_logprob
-        if self.variant.grammar:
-            grammar.constrain(req)
+        for feature in self.variant.features:
+            feature.request(req, self.variant)
         return req
 
 
-def _worker_class(variant: Variant) -> type | None:
-    """The fake worker a variant needs beside the default one (None: the default)."""
-    if variant.dp_peer is not None:
-        return dp_attention.DPRankModelWorker
-    if variant.delay_sample or (variant.grammar and variant.eagle is None):
-        # TpModelWorker defers the sampling of grammar batches (without speculation)
-        return delay_sample.DelaySampleWorker
-    if variant.unified_memory is not None:
-        return unified_memory.UnifiedMemoryWorker
-    return embedding.FakeEmbeddingWorker if variant.embedding else None
+def _one_of(variant: Variant, hook: str) -> Any:
+    """The one answer the variant's features give to ``hook`` (None when none answers);
+    two different answers are a variant whose features cannot be combined."""
+    answers = {type(f).__name__: value for f in variant.features
+               if (value := getattr(f, hook)(variant)) is not None}
+    if len({id(value) for value in answers.values()}) > 1:
+        raise ValueError(f"variant {variant.name}: features {', '.join(answers)} each give "
+                         f"their own {hook}")
+    return next(iter(answers.values()), None)
+
+
+def _declare_kernels(variant: Variant) -> None:
+    """Declare the stand-in kernels of the loop and of the variant's features, each once
+    (before the watch starts: they are patched in when it does)."""
+    declared: list[Any] = [loop_kernels.declare]
+    for feature in variant.features:
+        declared += [d for d in feature.kernels(variant) if d not in declared]
+    for declare in declared:
+        declare()
+
+
+def server_options(variant: Variant) -> dict[str, Any]:
+    """The variant's ``ServerArgs`` keyword arguments: the base ones, then each feature's."""
+    options = scheduler_build.base_server_options()
+    for feature in variant.features:
+        feature.server_options(options, variant)
+    return options
 
 
 def _intake_installed(scheduler: Any, intake: _Intake) -> None:
@@ -131,72 +131,36 @@ def run_variant(variant: Variant, device: Any = None) -> LoopRun:
     CUDA device and ``device`` gives its ``watch()`` (a context yielding what stands for the
     recorder's watch) and ``forcing(scheduler)`` (a context around the loop): see
     :mod:`.gpu.loop`."""
-    loop_kernels.declare()
-    if (variant.decode_graph_sizes or variant.eager_prefill_pre_replay
-            or (variant.eagle and variant.eagle.verify_graph_sizes)):
-        graph_kernels.declare()
-    if variant.eagle is not None or variant.dspark is not None:
-        eagle_kernels.declare()  # the spec-v2 allocation and relay kernels DSpark shares
-    if variant.eager_prefill_pre_replay:
-        eager_prefill.declare()
-    if variant.unified_memory is not None:
-        unified_memory_kernels.declare()
+    _declare_kernels(variant)
     started = time.process_time()
-    if variant.dspark is not None:
-        args = dspark.server_args(variant.dspark,
-                                        chunked_prefill_size=variant.chunked_prefill_size,
-                                        mixed_chunk=variant.mixed_chunk,
-                                        max_running_requests=variant.pools.request_rows)
-    elif variant.eagle is None:
-        args = scheduler_build.server_args(chunked_prefill_size=variant.chunked_prefill_size,
-                                           radix_cache=variant.radix_cache,
-                                           mixed_chunk=variant.mixed_chunk,
-                                           dp_attention=variant.dp_peer is not None,
-                                           unified_memory=variant.unified_memory is not None)
-    else:
-        args = eagle.server_args(variant.eagle,
-                                       chunked_prefill_size=variant.chunked_prefill_size,
-                                       mixed_chunk=variant.mixed_chunk)
+    options = server_options(variant)
+    args = scheduler_build.server_args(options)
     watching = recorder.watch(mode="cpu") if device is None else device.watch()
-    with (watching as watch, environment.cuda_selected(hip=variant.hip),
-          environment.retraction_forced(variant.retract_every),
-          eagle.selected(variant.eagle, hip=variant.hip),
-          dspark.selected(variant.dspark),
-          delay_sample.enabled(variant.delay_sample),
-          eager_prefill.fastpath_enabled(variant.eager_prefill_pre_replay
-                                         or unified_memory.publishes_prefill_read_done(
-                                             variant.unified_memory)),
-          unified_memory.eviction_selected(variant.unified_memory)):
+    with (watching as watch, environment.cuda_selected(hip=variant.has(Hip)),
+          ExitStack() as switches):
+        for feature in variant.features:
+            if (context := feature.switches(variant)) is not None:
+                switches.enter_context(context)
         scheduler = scheduler_build.build_scheduler(
-            args, variant.pools, radix_cache=variant.radix_cache,
-            graph_runner=variant.graph_runner,
-            worker_class=_worker_class(variant), spec_workers=(eagle.workers(variant.eagle)
-                                                  or dspark.workers(variant.dspark)),
-            pools=unified_memory.pools(variant.unified_memory))
-        if variant.embedding:
-            embedding.make_embedding_scheduler(scheduler)
-        if variant.unified_memory is not None:
-            unified_memory.attach(scheduler, variant.unified_memory)
-        if variant.decode_graph_sizes:
-            decode_graph.attach(scheduler, args, variant.decode_graph_sizes,
-                                post_replay=variant.graph_reads_end_post_replay,
-                                pre_replay=variant.graph_reads_end_pre_replay)
-        if variant.eager_prefill_pre_replay:
-            eager_prefill.attach(scheduler, args)
-        if variant.eagle is not None and variant.eagle.verify_graph_sizes:
-            eagle_verify_graph.attach(scheduler, args, variant.eagle.verify_graph_sizes,
-                               variant.eagle.num_draft_tokens, variant.eagle.topk > 1)
-        if variant.eagle is not None and variant.eagle.draft_extend_graph:
-            draft_extend_graph.attach(scheduler, variant.eagle.verify_graph_sizes)
+            args, variant.pools, radix_cache=not options["disable_radix_cache"],
+            graph_runner=all(f.fake_runner for f in variant.features),
+            worker_class=_one_of(variant, "worker_class"),
+            spec_workers=_one_of(variant, "spec_workers"), pools=_one_of(variant, "pools"))
+        for feature in variant.features:
+            feature.attach(scheduler, args, variant)
         intake = _Intake(scheduler, variant, watch)
         _intake_installed(scheduler, intake)
         # startup ends with the device idle (weights loaded, graphs captured), and
         # run_event_loop enters the loop on the schedule stream
         torch.cuda.synchronize()
-        with (dp_attention.peer_installed(variant.dp_peer, variant.iterations - 1,
-                                     lambda: intake.iteration, scheduler),
-              torch.cuda.stream(scheduler.schedule_stream),
-              nullcontext() if device is None else device.forcing(scheduler)):
+        with ExitStack() as around_loop:
+            for feature in variant.features:
+                context = feature.loop(scheduler, variant, lambda: intake.iteration)
+                if context is not None:
+                    around_loop.enter_context(context)
+            around_loop.enter_context(torch.cuda.stream(scheduler.schedule_stream))
+            around_loop.enter_context(
+                nullcontext() if device is None else device.forcing(scheduler))
             scheduler.event_loop_overlap()
         torch.cuda.synchronize()
     return LoopRun(variant.name, watch.races, intake.iteration + 1,

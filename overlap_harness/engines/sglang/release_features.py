@@ -6,8 +6,9 @@ shared reads end; 0.5.18 has no late-bound EAGLE tails for mixed chunked prefill
 variant is not applicable to the release, with the reason: the feature, and the SGLang
 module and name that carry it and that the release lacks. Everything is found by looking
 at the loaded release (a module present, a name defined), never by its version string.
-Which features a variant needs follows from its configuration (EAGLE, decode graphs,
-attention DP, ...), so a new variant is checked without being listed here.
+Which release features a variant needs follows from its features (each names its own:
+:meth:`~.features.api.Feature.release_needs`), so a new variant is checked without being
+listed here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from overlap_harness.engines.sglang.variants import Variant
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.variants import Variant
 
 SCHEDULER = "sglang.srt.managers.scheduler"
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
@@ -97,42 +100,11 @@ RETRACT_HOOK = Feature("the retraction test hook (SGLANG_TEST_RETRACT)", SCHEDUL
 
 
 def required_features(variant: Variant) -> list[Feature]:
-    """The release features ``variant`` drives, from its configuration."""
+    """The release features ``variant`` drives: the overlap loop, then each of its features'
+    (in the variant's feature order, each release feature once)."""
     features = [OVERLAP_LOOP]
-    if variant.hip:
-        features.append(HIP_BRANCHES)
-    if variant.retract_every is not None:
-        features.append(RETRACT_HOOK)
-    if variant.decode_graph_sizes:
-        features.append(DECODE_GRAPHS)
-        if variant.graph_reads_end_post_replay:
-            features.append(POST_REPLAY_READS)
-    if variant.dp_peer is not None:
-        features.append(DP_ATTENTION_SYNC)
-    if variant.eager_prefill_pre_replay:
-        features.append(EAGER_PREFILL_READ_DONE)
-    if variant.delay_sample:
-        features.append(DELAY_SAMPLE)
-    if variant.unified_memory is not None:
-        features += [UNIFIED_MEMORY, UNIFIED_SWA_POOLS, UNIFIED_PAGE_COPY]
-        if variant.unified_memory.prefill_reads_end_pre_replay:
-            features.append(EAGER_PREFILL_READ_DONE)
-    if variant.eagle is not None:
-        features.append(EAGLE_V2)
-        if variant.eagle.needs_cpu_seq_lens:
-            features.append(SEQ_LENS_D2H)
-        if variant.mixed_chunk:
-            features.append(MIXED_SPEC_TAILS)
-        if variant.eagle.verify_graph_sizes:
-            features += [DECODE_GRAPHS, VERIFY_GRAPH_LOAD]
-        if variant.eagle.draft_extend_graph:
-            features.append(DRAFT_EXTEND_GRAPHS)
-    elif variant.dspark is not None:
-        features += [DSPARK_CONFIDENCE_RELAY, DSPARK_VERIFY_BUDGET, DFLASH_DRAFT_INPUT]
-        if variant.dspark.needs_cpu_seq_lens:
-            features.append(SEQ_LENS_D2H)
-    elif variant.grammar or variant.delay_sample:
-        features.append(DELAYED_SAMPLE)
+    for feature in variant.features:
+        features += [need for need in feature.release_needs(variant) if need not in features]
     return features
 
 

@@ -50,24 +50,23 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     """Server plumbing whose only effect is outside the process (logs, sockets, metrics)."""
 
 
-def server_args(*, chunked_prefill_size: int | None, radix_cache: bool,
-                mixed_chunk: bool, dp_attention: bool = False,
-                unified_memory: bool = False) -> Any:
-    """SGLang's ``ServerArgs`` for a variant, published as the scheduler's configuration
-    (``dp_attention``: tensor parallel 2 with attention data parallel 2, rank 0;
-    ``unified_memory``: ``--enable-unified-memory``)."""
+def base_server_options() -> dict[str, Any]:
+    """The ``ServerArgs`` keyword arguments of every variant before its features add theirs:
+    no checkpoint or tokenizer, one-token pages, no chunked prefill, no radix cache."""
+    return {"model_path": "dummy", "page_size": 1, "chunked_prefill_size": None,
+            "disable_radix_cache": True, "enable_mixed_chunk": False,
+            "skip_tokenizer_init": True}
+
+
+def server_args(options: dict[str, Any]) -> Any:
+    """SGLang's ``ServerArgs`` of ``options`` (keyword arguments), published as the
+    scheduler's configuration."""
     from sglang.srt.server_args import ServerArgs
 
-    parallel = _dp_attention_arguments(ServerArgs) if dp_attention else {}
-    args = ServerArgs(model_path="dummy", page_size=1,
-                      chunked_prefill_size=chunked_prefill_size,
-                      disable_radix_cache=not radix_cache, enable_mixed_chunk=mixed_chunk,
-                      skip_tokenizer_init=True, **parallel,
-                      **({"enable_unified_memory": True} if unified_memory else {}))
-    return publish(args)
+    return publish(ServerArgs(**options))
 
 
-def _dp_attention_arguments(server_args_class: type) -> dict[str, Any]:
+def dp_attention_arguments(server_args_class: type) -> dict[str, Any]:
     """Tensor parallel 2 with attention data parallel 2, as the release's ``ServerArgs``
     spells it: an ``attn_dp_size`` field, or (older releases) ``enable_dp_attention`` with
     ``dp_size``."""

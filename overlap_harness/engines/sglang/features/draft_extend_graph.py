@@ -25,10 +25,13 @@ harness's (no draft model is loaded):
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.features.decode_graph import (
     graph_platform,
     graph_server_args,
@@ -41,6 +44,10 @@ from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     copy_row_kv_indices,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 RUNNER_MODULE = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
 
@@ -193,3 +200,23 @@ def attach(scheduler: Any, batch_sizes: tuple[int, ...]) -> DraftExtendGraphs:
     """Give the EAGLE draft worker SGLang's draft-extend graph runner (captured now, at
     startup, as ``EagleDraftWorker._capture_cuda_graphs`` does)."""
     return DraftExtendGraphs(scheduler.draft_worker.draft_worker, batch_sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class CudaGraphDraftExtend(Feature):
+    """The EAGLE draft extend replayed by SGLang's draft-extend graph runner, capturing
+    ``sizes`` at startup."""
+
+    keys: ClassVar[tuple[str, ...]] = ("cuda_graph",)
+    options: ClassVar[tuple[str, ...]] = ("--disable-cuda-graph", "--cuda-graph-bs")
+
+    sizes: tuple[int, ...] = (1, 2)
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"cuda_graph": "verify_and_draft_extend"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.DRAFT_EXTEND_GRAPHS]
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        attach(scheduler, self.sizes)

@@ -22,40 +22,35 @@ SGLang's own code, unmodified: the ``Scheduler`` and its whole overlap loop
 ``confidence_budget_prepare``, ``resolve_verify_token_budget``, ``note_non_decode_step``,
 ``compute_budget``: the host's reader of the relayed confidence).
 
-The harness's (:class:`DsparkWorker`, where SGLang's ``DSparkWorkerV2`` stands): the
-statements of ``DSparkWorkerV2.forward_batch_generation`` on this path, in its order
-(prefill: the target forward, ``on_publish(new_seq_lens)``, the next draft input; decode:
-the draft proposal, the budget, the verify and accept, ``on_publish(new_seq_lens,
-confidence=confidence)``, the next draft input, the result), with the model forwards as
-declared ops: the target prefill (:mod:`.stand_ins.eagle_models`'s), the draft proposal (reads the
-relayed bonus token, writes the draft tokens and a confidence per draft position) and the
-target verify with its greedy accept (reads the verify window's ``req_to_token`` entries and
-the KV they name, writes the window's KV, the output tokens, commit lengths, bonus and new
-lengths). Not driven: the proposer, verify executor and epilogue, CUDA graphs, the KV
-injection into the draft pool, the ragged layout (``schedule_layout``) and the observers.
+The harness's: the worker where SGLang's ``DSparkWorkerV2`` stands, with the model forwards
+as declared ops
+(:class:`~overlap_harness.engines.sglang.stand_ins.dspark_worker.DsparkWorker`). Not
+driven: the proposer, verify executor and epilogue, CUDA graphs, the KV injection into the
+draft pool, the ragged layout (``schedule_layout``) and the observers.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature, on_off
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.stand_ins import eagle_models
-from overlap_harness.engines.sglang.stand_ins.eagle_models import peek
+from overlap_harness.engines.sglang.stand_ins import eagle_kernels, eagle_models
+from overlap_harness.engines.sglang.stand_ins.dspark_worker import DsparkWorker
 from overlap_harness.engines.sglang.stand_ins.model_worker import FakeRunner
-from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
-PLANNER_MODULE = "sglang.srt.speculative.dspark_components.dspark_planner"
-DRAFT_MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
+
 
 #: spec-v2 modules whose import-time platform flags choose branches on the DSpark path
 SPEC_FLAGGED_MODULES = ("sglang.srt.speculative.spec_utils",
@@ -72,8 +67,16 @@ class RaggedVerify(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class DsparkConfig:
-    """The speculative options of a DSpark variant (SGLang's server arguments and switches)."""
+class Dspark(Feature):
+    """SGLang's DSpark spec v2 (``--speculative-algorithm DSPARK``) with its confidence relay,
+    its options as SGLang's server arguments and switches."""
+
+    keys: ClassVar[tuple[str, ...]] = ("speculative", "plan_stream", "ragged_verify",
+                                       "cpu_seq_lens")
+    options: ClassVar[tuple[str, ...]] = (
+        "--speculative-algorithm DSPARK", "--speculative-dspark-block-size",
+        "SGLANG_RAGGED_VERIFY_MODE", "the attention backend's needs_cpu_seq_lens")
+    speculative: ClassVar[bool] = True
 
     gamma: int = 3  # --speculative-dspark-block-size: draft tokens per step
     ragged_verify_mode: RaggedVerify = RaggedVerify.CAP_ACCEPT
@@ -86,230 +89,36 @@ class DsparkConfig:
         """``speculative_num_draft_tokens``: the verify window, the anchor and gamma drafts."""
         return self.gamma + 1
 
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        # plan_stream: DFlashDraftInputV2 reads the same switch, unset
+        return {"speculative": "dspark", "plan_stream": "off",
+                "ragged_verify": self.ragged_verify_mode.value,
+                "cpu_seq_lens": on_off(self.needs_cpu_seq_lens)}
 
-def server_args(config: DsparkConfig, *, chunked_prefill_size: int | None,
-                mixed_chunk: bool, max_running_requests: int) -> Any:
-    """SGLang's ``ServerArgs`` of a DSpark variant, published as the configuration (the
-    fields ``_handle_dspark`` would resolve given explicitly: top-k 1, one step, gamma + 1
-    verify tokens)."""
-    from sglang.srt.server_args import ServerArgs
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        needs = [rf.DSPARK_CONFIDENCE_RELAY, rf.DSPARK_VERIFY_BUDGET, rf.DFLASH_DRAFT_INPUT]
+        return needs + ([rf.SEQ_LENS_D2H] if self.needs_cpu_seq_lens else [])
 
-    from overlap_harness.engines.sglang.scheduler_build import publish
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (eagle_kernels.declare,)  # the spec-v2 allocation and relay kernels it shares
 
-    args = ServerArgs(model_path="dummy", page_size=1, device=DEVICE,
-                      chunked_prefill_size=chunked_prefill_size, disable_radix_cache=True,
-                      enable_mixed_chunk=mixed_chunk, skip_tokenizer_init=True,
-                      disable_cuda_graph=True, speculative_algorithm="DSPARK",
-                      speculative_dspark_block_size=config.gamma,
-                      speculative_num_draft_tokens=config.verify_tokens,
-                      speculative_num_steps=1, speculative_eagle_topk=1,
-                      max_running_requests=max_running_requests)
-    return publish(args)
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        """The fields ``_handle_dspark`` would resolve, given explicitly: top-k 1, one step,
+        gamma + 1 verify tokens."""
+        options.update(device=DEVICE, disable_cuda_graph=True, speculative_algorithm="DSPARK",
+                       speculative_dspark_block_size=self.gamma,
+                       speculative_num_draft_tokens=self.verify_tokens,
+                       speculative_num_steps=1, speculative_eagle_topk=1,
+                       max_running_requests=variant.pools.request_rows)
 
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return selected(self)
 
-# -- the declared forwards -----------------------------------------------------------------
-
-
-def _propose_accesses(out: Any, worker: DsparkWorker, batch: Any) -> list[DeclaredAccess]:
-    draft_tokens, confidence = out
-    acc = reads(batch.spec_info.bonus_tokens) + reads(batch.req_pool_indices)
-    acc += reads(batch.seq_lens)
-    return acc + writes(draft_tokens) + writes(confidence)
+    def spec_workers(self, variant: Variant) -> Callable[[Any, Any], None]:
+        return lambda scheduler, sizes: build_workers(scheduler, sizes, self)
 
 
-@declared(_propose_accesses, name="dspark_draft_propose")
-def _propose(worker: DsparkWorker, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft block (gamma tokens after the bonus) and the confidence head's survival
-    probability of each draft position (in (0, 1), a function of the bonus and position)."""
-    bonus = batch.spec_info.bonus_tokens.to(torch.int64).view(-1, 1)
-    steps = torch.arange(1, worker.config.gamma + 1, dtype=torch.int64,
-                         device=bonus.device).view(1, -1)
-    draft_tokens = (bonus * 7 + steps * 13) % 97 + 1
-    confidence = 0.5 + ((bonus + steps) % 5).to(torch.float32) / 10.0
-    return draft_tokens, confidence
-
-
-def _verify_window(worker: DsparkWorker, batch: Any) -> list[tuple[int, int]]:
-    """(row, committed length) of each request: the verify window is
-    ``req_to_token[row, length : length + verify_tokens]`` (over-allocated by
-    ``DFlashDraftInputV2.prepare_for_decode``)."""
-    return list(zip(peek(batch.req_pool_indices), peek(batch.seq_lens), strict=True))
-
-
-def _verify_accesses(out: Any, worker: DsparkWorker, batch: Any, draft_tokens: torch.Tensor
-                     ) -> list[DeclaredAccess]:
-    req_to_token = worker.req_to_token_pool.req_to_token
-    kv = worker.target.kv_buffer
-    acc = reads(draft_tokens) + reads(batch.spec_info.bonus_tokens)
-    acc += reads(batch.req_pool_indices) + reads(batch.seq_lens)
-    width = worker.config.verify_tokens
-    for row, length in _verify_window(worker, batch):
-        window = req_to_token[row, length:length + width]
-        acc += reads(window) + writes(kv, rows=window)  # set_kv_buffer of the window
-        prefix = req_to_token[row, :length]
-        acc += reads(prefix) + reads(kv, rows=prefix)
-    for tensor in out:
-        acc += writes(tensor)
-    return acc
-
-
-@declared(_verify_accesses, name="dspark_target_verify_accept")
-def _verify_and_accept(worker: DsparkWorker, batch: Any, draft_tokens: torch.Tensor
-                       ) -> tuple[torch.Tensor, ...]:
-    """The target verify of the window and the greedy accept: output tokens (one row of
-    ``verify_tokens`` per request), commit lengths (1 to ``verify_tokens``), bonus tokens and
-    the new committed lengths."""
-    width = worker.config.verify_tokens
-    rows_lengths = _verify_window(worker, batch)
-    req_to_token = worker.req_to_token_pool.req_to_token
-    for row, length in rows_lengths:
-        worker.target.kv_buffer[req_to_token[row, length:length + width].to(torch.int64)] = 1.0
-    bonus_in = batch.spec_info.bonus_tokens.to(torch.int64).view(-1, 1)
-    anchor_and_drafts = torch.cat([bonus_in, draft_tokens], dim=1)
-    out_tokens = (anchor_and_drafts * 3 + 1) % 97 + 1
-    seq_lens = batch.seq_lens.to(torch.int64)
-    commit_lens = ((seq_lens + bonus_in.view(-1)) % width + 1).to(torch.int32)
-    bonus = out_tokens.gather(1, (commit_lens.to(torch.int64) - 1).view(-1, 1)).view(-1)
-    new_seq_lens = seq_lens + commit_lens.to(torch.int64)
-    return out_tokens, commit_lens, bonus, new_seq_lens
-
-
-# -- the worker ----------------------------------------------------------------------------
-
-
-class DsparkWorker:
-    """Stands where SGLang's ``DSparkWorkerV2`` stands (hosting the draft on this rank): its
-    ``forward_batch_generation`` statements on the relay path, SGLang's verify planner, and
-    the fields the scheduler reads."""
-
-    def __init__(self, target: Any, config: DsparkConfig, server_args: Any) -> None:
-        import importlib
-
-        planner = importlib.import_module(PLANNER_MODULE)
-        self.target = target
-        self.config = config
-        self.req_to_token_pool = target.req_to_token_pool
-        self.device = torch.device(DEVICE)
-        self.verify_num_draft_tokens = config.verify_tokens
-        # SGLang's own, as DSparkWorkerV2.__init__ builds it: a draft with a confidence head
-        self._verify_planner = planner.DSparkVerifyPlanner(**_by_signature(
-            planner.DSparkVerifyPlanner,
-            draft_model=StrictStub("draft_model", confidence_head=StrictStub("confidence_head")),
-            gamma=config.gamma, model_runner=target.model_runner, device=self.device,
-            tp_rank=0, verify_num_draft_tokens=config.verify_tokens,
-            tp_sync=StrictStub("tp_sync"), server_args=server_args))
-        self._make_next_draft_input = importlib.import_module(DRAFT_MODULE).make_next_draft_input
-        self.published_confidences: list[torch.Tensor] = []  # what each decode published
-        self.budgets: list[int | None] = []  # each decode's budget from the relayed confidence
-
-    # the fields the scheduler reads of a spec-v2 worker (BaseSpecWorker's and DSpark's)
-    @property
-    def target_worker(self) -> Any:
-        return self.target
-
-    @property
-    def model_runner(self) -> Any:
-        return self.target.model_runner
-
-    @property
-    def last_shared_read_runner(self) -> Any:
-        """BaseSpecWorker's: the target runner (no graphs: it publishes no read-done event)."""
-        return self.target.model_runner
-
-    @property
-    def war_fastpath_runner(self) -> Any:
-        """:attr:`last_shared_read_runner` under the older name 0.5.17's WAR barrier reads."""
-        return self.last_shared_read_runner
-
-    @property
-    def spec_v2_attn_backends(self) -> tuple[Any, ...]:
-        """DSparkWorkerV2's: the target's and the draft's backends (one stand-in each)."""
-        return (self.target.model_runner.attn_backend, self.target.model_runner.attn_backend)
-
-    def on_verify_complete_cpu(self, num_correct_drafts_per_req: list[int],
-                               batch_size: int = 0) -> None:
-        """BaseSpecWorker's no-op (DSpark has no adaptive controller to feed)."""
-
-    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        """DSparkWorkerV2 tells its observers (block-accept estimator, info records), which
-        are not driven: host bookkeeping only."""
-
-    def get_confidence_budget_prepare(self) -> Any:
-        """DSparkWorkerV2's body (a rank hosting the draft): the planner's hook."""
-        return self._verify_planner.confidence_budget_prepare()
-
-    def forward_batch_generation(self, batch: Any, on_publish: Any = None,
-                                 grammar_barrier: Any = None, **kwargs: Any) -> Any:
-        """DSparkWorkerV2's dispatch: a prefill (extend) or a decode step. The scheduler hands
-        DSpark its grammar barrier (grammar overlap); the worker calls it only for a batch with
-        grammars, which no DSpark variant has."""
-        if kwargs or batch.has_grammar:
-            raise TypeError("forward_batch_generation: unplanned arguments or grammar batch "
-                            f"{sorted(kwargs)}")
-        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            self._verify_planner.note_non_decode_step()
-            return self._forward_prefill(batch, on_publish)
-        return self._forward_decode(batch, on_publish)
-
-    def _forward_prefill(self, batch: Any, on_publish: Any) -> Any:
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-
-        output = self.target.forward_batch_generation(
-            batch, capture_hidden_mode=CaptureHiddenMode.FULL)
-        new_seq_lens = batch.seq_lens
-        output.new_seq_lens = new_seq_lens
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        output.logits_output.hidden_states = None  # injected into the draft KV (not driven)
-        output.next_draft_input = self._make_next_draft_input(
-            bonus_tokens=output.next_token_ids, new_seq_lens=new_seq_lens)
-        return output
-
-    def _forward_decode(self, batch: Any, on_publish: Any) -> Any:
-        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-        from sglang.srt.managers.utils import GenerationBatchResult
-
-        draft_input = batch.spec_info
-        batch.seq_lens.record_stream(torch.cuda.current_stream())
-        prefix_lens = batch.seq_lens
-        draft_tokens, confidence = _propose(self, batch)
-        budget = self._verify_planner.resolve_verify_token_budget(
-            draft_input=draft_input, confidence=confidence, prefix_lens=prefix_lens,
-            req_pool_indices=batch.req_pool_indices)
-        self.budgets.append(budget)
-        self.target.forwards += 1
-        out_tokens, commit_lens, bonus, new_seq_lens = _verify_and_accept(
-            self, batch, draft_tokens)
-        if on_publish is not None:
-            on_publish(new_seq_lens, confidence=confidence)
-        self.published_confidences.append(confidence)
-        next_draft_input = self._make_next_draft_input(bonus_tokens=bonus,
-                                                       new_seq_lens=new_seq_lens)
-        return GenerationBatchResult(
-            logits_output=LogitsProcessorOutput(next_token_logits=None),
-            next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
-            can_run_cuda_graph=False, next_draft_input=next_draft_input,
-            speculative_num_draft_tokens=self.config.verify_tokens, new_seq_lens=new_seq_lens)
-
-
-def _by_signature(constructor: Any, **given: Any) -> dict[str, Any]:
-    """The arguments of ``given`` that ``constructor`` takes, by name (releases differ: older
-    planners take the server arguments, later ones the TP sync); a required parameter not in
-    ``given`` is a changed constructor the driver does not know how to call."""
-    import inspect
-
-    taken = {}
-    for name, parameter in inspect.signature(constructor).parameters.items():
-        if name in given:
-            taken[name] = given[name]
-        elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
-                parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
-            raise TypeError(f"{constructor.__qualname__} takes {name!r}, which the driver "
-                            "does not know how to give (a changed constructor of the release)")
-    return taken
-
-
-def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
+def _target(scheduler: Any, sizes: PoolSizes, config: Dspark) -> Any:
     """The target worker: :mod:`.stand_ins.eagle_models`'s prefill forward over a runner whose
     backend declares ``needs_cpu_seq_lens`` as the configuration says."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -325,7 +134,7 @@ def _target(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Any:
     return target
 
 
-def build_workers(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> None:
+def build_workers(scheduler: Any, sizes: PoolSizes, config: Dspark) -> None:
     """Give ``scheduler`` the DSpark worker (its ``spec_algorithm``, ``tp_worker``,
     ``draft_worker``, ``model_worker``), before ``init_overlap`` builds the FutureMap."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -337,20 +146,10 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: DsparkConfig) -> Non
     scheduler.draft_worker = scheduler.model_worker = worker
 
 
-def workers(config: DsparkConfig | None) -> Any:
-    """``build_scheduler``'s ``spec_workers`` for ``config`` (None: no DSpark worker)."""
-    if config is None:
-        return None
-    return lambda scheduler, sizes: build_workers(scheduler, sizes, config)
-
-
 @contextmanager
-def selected(config: DsparkConfig | None) -> Iterator[None]:
-    """For a DSpark variant: the ragged verify mode (``SGLANG_RAGGED_VERIFY_MODE``) and the
-    CUDA branches of the spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
-    if config is None:
-        yield
-        return
+def selected(config: Dspark) -> Iterator[None]:
+    """The ragged verify mode (``SGLANG_RAGGED_VERIFY_MODE``) and the CUDA branches of the
+    spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`)."""
     import importlib
 
     from sglang.srt.environ import envs
@@ -362,4 +161,3 @@ def selected(config: DsparkConfig | None) -> Iterator[None]:
     with attributes_set(flags), envs.SGLANG_RAGGED_VERIFY_MODE.override(
             config.ragged_verify_mode.value):
         yield
-

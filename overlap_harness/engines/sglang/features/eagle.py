@@ -15,21 +15,29 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature, on_off
+from overlap_harness.engines.sglang.features.chunked_prefill import ChunkedPrefill
+from overlap_harness.engines.sglang.features.hip import Hip
 from overlap_harness.engines.sglang.scheduler_build import (
     DEVICE,
     PoolSizes,
     hold_for_run,
     override_for_run,
 )
-from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.stand_ins import eagle_kernels, eagle_models
 from overlap_harness.engines.sglang.stand_ins.model_worker import _ngram_manager
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 MAX_CONTEXT = 64
 TRANSLATOR_MODULE = "sglang.srt.mem_cache.kv_index_translator"
@@ -45,37 +53,54 @@ SPEC_FLAGGED_MODULES = (
 
 
 @dataclass(frozen=True, slots=True)
-class EagleConfig:
-    """The speculative options of an EAGLE variant (SGLang's server arguments)."""
+class Eagle(Feature):
+    """SGLang's single-layer EAGLE v2 worker (``--speculative-algorithm EAGLE``, spec v2
+    under the overlap loop), its options as SGLang's server arguments and switches. Its CUDA
+    graphs are features of their own (:class:`.eagle_verify_graph.VerifyGraph`,
+    :class:`.draft_extend_graph.DraftExtendGraph`)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("speculative", "eagle_topk", "plan_stream",
+                                       "cpu_seq_lens")
+    options: ClassVar[tuple[str, ...]] = (
+        "--speculative-algorithm EAGLE", "--speculative-eagle-topk",
+        "--speculative-num-steps", "--speculative-num-draft-tokens",
+        "SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "the attention backend's needs_cpu_seq_lens")
+    speculative: ClassVar[bool] = True
 
     topk: int = 1
     num_steps: int = 3
     num_draft_tokens: int = 4
     plan_stream: bool = True  # SGLANG_ENABLE_OVERLAP_PLAN_STREAM
     needs_cpu_seq_lens: bool = False  # what the attention backends declare
-    # the target verify replayed by SGLang's CUDA-graph runner, capturing these batch sizes
-    # (features/eagle_verify_graph.py); () : an eager verify
-    verify_graph_sizes: tuple[int, ...] = ()
-    # the draft extend replayed by SGLang's draft-extend graph runner, capturing the same
-    # sizes (features/draft_extend_graph.py); False: an eager draft extend
-    draft_extend_graph: bool = False
 
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"speculative": "eagle", "eagle_topk": str(self.topk),
+                "plan_stream": on_off(self.plan_stream),
+                "cpu_seq_lens": on_off(self.needs_cpu_seq_lens)}
 
-def server_args(config: EagleConfig, *, chunked_prefill_size: int | None,
-                mixed_chunk: bool) -> Any:
-    """SGLang's ``ServerArgs`` of an EAGLE variant, published as the configuration."""
-    from sglang.srt.server_args import ServerArgs
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        needs = [rf.EAGLE_V2]
+        if self.needs_cpu_seq_lens:
+            needs.append(rf.SEQ_LENS_D2H)
+        chunked = variant.feature(ChunkedPrefill)
+        if chunked is not None and chunked.mixed:
+            needs.append(rf.MIXED_SPEC_TAILS)
+        return needs
 
-    from overlap_harness.engines.sglang.scheduler_build import publish
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (eagle_kernels.declare,)
 
-    args = ServerArgs(model_path="dummy", page_size=1, device=DEVICE,
-                      chunked_prefill_size=chunked_prefill_size, disable_radix_cache=True,
-                      enable_mixed_chunk=mixed_chunk, skip_tokenizer_init=True,
-                      disable_cuda_graph=True, speculative_algorithm="EAGLE",
-                      speculative_eagle_topk=config.topk,
-                      speculative_num_steps=config.num_steps,
-                      speculative_num_draft_tokens=config.num_draft_tokens)
-    return publish(args)
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        options.update(device=DEVICE, disable_cuda_graph=True, speculative_algorithm="EAGLE",
+                       speculative_eagle_topk=self.topk,
+                       speculative_num_steps=self.num_steps,
+                       speculative_num_draft_tokens=self.num_draft_tokens)
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return selected(self, hip=variant.has(Hip))
+
+    def spec_workers(self, variant: Variant) -> Callable[[Any, Any], None]:
+        return lambda scheduler, sizes: build_workers(scheduler, sizes, self)
 
 
 def _attn_backend(name: str, pool: Any, needs_cpu_seq_lens: bool, verify_mask: Any = None
@@ -89,7 +114,7 @@ def _attn_backend(name: str, pool: Any, needs_cpu_seq_lens: bool, verify_mask: A
         update_verify_buffers_to_fill_after_draft=_noop, absent=("extend_attention_block_m",))
 
 
-def _verify_mask(sizes: PoolSizes, config: EagleConfig) -> Any:
+def _verify_mask(sizes: PoolSizes, config: Eagle) -> Any:
     """The target backend's verify mask, made by SGLang (read by attention only for trees)."""
     from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
 
@@ -146,7 +171,7 @@ def _translator(req_to_token_pool: Any, allocator: Any, *, is_draft_worker: bool
                              device=DEVICE, **role)}
 
 
-def _target_runner(req_to_token_pool: Any, allocator: Any, config: EagleConfig,
+def _target_runner(req_to_token_pool: Any, allocator: Any, config: Eagle,
                    sizes: PoolSizes) -> StrictStub:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -225,7 +250,7 @@ def _returned_global(getter: Any) -> str | None:
     return None
 
 
-def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None:
+def build_workers(scheduler: Any, sizes: PoolSizes, config: Eagle) -> None:
     """Give ``scheduler`` SGLang's EAGLE v2 worker over the fake target and draft forwards
     (its ``spec_algorithm``, ``tp_worker``, ``draft_worker``, ``model_worker``)."""
     from sglang.srt.speculative import eagle_worker_v2
@@ -297,20 +322,10 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: EagleConfig) -> None
     scheduler.draft_worker = scheduler.model_worker = worker
 
 
-def workers(config: EagleConfig | None) -> Any:
-    """``build_scheduler``'s ``spec_workers`` for ``config`` (None: no speculative worker)."""
-    if config is None:
-        return None
-    return lambda scheduler, sizes: build_workers(scheduler, sizes, config)
-
-
 @contextmanager
-def selected(config: EagleConfig | None, *, hip: bool = False) -> Iterator[None]:
-    """For an EAGLE variant: SGLang's plan stream as configured and the CUDA (or HIP)
-    branches of the spec-v2 helpers (:data:`SPEC_FLAGGED_MODULES`); nothing for None."""
-    if config is None:
-        yield
-        return
+def selected(config: Eagle, *, hip: bool = False) -> Iterator[None]:
+    """SGLang's plan stream as configured and the CUDA (or HIP) branches of the spec-v2
+    helpers (:data:`SPEC_FLAGGED_MODULES`)."""
     from sglang.srt.environ import envs
 
     chosen = "_is_hip" if hip else "_is_cuda"

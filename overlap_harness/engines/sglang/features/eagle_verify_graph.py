@@ -26,24 +26,33 @@ the static tree mask), ``capture`` on the FULL graph backend, ``can_run_graph``,
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.features.decode_graph import (
-    GraphModelRunner,
     build_runner,
     graph_platform,
     graph_server_args,
     publish_decode_graphs,
 )
-from overlap_harness.engines.sglang.stand_ins import eagle_models
+from overlap_harness.engines.sglang.features.eagle import Eagle
+from overlap_harness.engines.sglang.stand_ins import eagle_models, graph_kernels
 from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
     _kernel_values,
     copy_row_kv_indices,
 )
+from overlap_harness.engines.sglang.stand_ins.graph_model import GraphModelRunner
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 
 def _verify_rows(forward_batch: Any, width: int) -> list[tuple[int, int]]:
@@ -197,3 +206,29 @@ def attach(scheduler: Any, server_args: Any, batch_sizes: tuple[int, ...],
     target.model_runner.decode_cuda_graph_runner = graphs.runner
     target.verify_graphs = graphs
     return graphs
+
+
+@dataclass(frozen=True, slots=True)
+class CudaGraphVerify(Feature):
+    """The EAGLE target verify replayed by SGLang's CUDA-graph runner (``load_batch`` stages
+    the verify into its static buffers), capturing ``sizes`` at startup."""
+
+    keys: ClassVar[tuple[str, ...]] = ("cuda_graph",)
+    options: ClassVar[tuple[str, ...]] = ("--disable-cuda-graph", "--cuda-graph-bs")
+
+    sizes: tuple[int, ...] = (1, 2)
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"cuda_graph": "verify_and_draft_extend"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.DECODE_GRAPHS, rf.VERIFY_GRAPH_LOAD]
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (graph_kernels.declare,)
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        eagle = variant.feature(Eagle)
+        if eagle is None:
+            raise ValueError(f"{variant.name}: CudaGraphVerify needs the Eagle feature")
+        attach(scheduler, server_args, self.sizes, eagle.num_draft_tokens, eagle.topk > 1)

@@ -18,11 +18,19 @@ declared device op (reads the mask, rewrites the logits), where xgrammar's Trito
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features.api import Feature
+from overlap_harness.engines.sglang.stand_ins.delay_sample_worker import DelaySampleWorker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
 
 BANNED_TOKEN = 0  # the fake models sample ids 1..97: the constraint never changes a token
 
@@ -104,3 +112,26 @@ def constrain(req: Any) -> None:
     """Give ``req`` a compiled grammar, as SGLang's grammar manager does before it queues the
     request."""
     req.grammar = grammar_object_class()()
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar(Feature):
+    """Every request grammar-constrained (SGLang's grammar path with a compiled grammar per
+    request): with a speculative worker, its verify's grammar barrier; without one, the
+    worker defers sampling (TpModelWorker's grammar branch) to the scheduler."""
+
+    keys: ClassVar[tuple[str, ...]] = ("grammar",)
+    options: ClassVar[tuple[str, ...]] = ("a request's json_schema / regex / ebnf",)
+
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        return {"grammar": "on"}
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [] if variant.speculative is not None else [rf.DELAYED_SAMPLE]
+
+    def worker_class(self, variant: Variant) -> type | None:
+        # TpModelWorker defers the sampling of grammar batches (without speculation)
+        return None if variant.speculative is not None else DelaySampleWorker
+
+    def request(self, request: Any, variant: Variant) -> None:
+        constrain(request)

@@ -260,8 +260,7 @@ def _dspark_config() -> Iterator[None]:
     a plain ``ServerArgs`` published as the scheduler's, its spec bag overridden."""
     from sglang.srt.runtime_context import get_spec  # deferred: optional
 
-    scheduler_build.server_args(chunked_prefill_size=None, radix_cache=False,
-                                mixed_chunk=False)
+    scheduler_build.server_args(scheduler_build.base_server_options())
     with get_spec().override(speculative_algorithm="DSPARK"):
         yield
 

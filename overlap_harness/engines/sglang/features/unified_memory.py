@@ -16,37 +16,56 @@ What runs as SGLang's: the pool, the allocator and its compaction (built by SGLa
 ``init_unified_swa_pools``), the request pool, the ``UnifiedRadixCache`` with its full and SWA
 components (SGLang's own sliding-window eviction frees the SWA pages a request no longer
 reads), the scheduler and its loop. What the harness gives: the model's geometry (two layers,
-one full and one SWA, KV rows of 16 bytes), and the forward (:class:`UnifiedMemoryWorker`):
+one full and one SWA, KV rows of 16 bytes), and the forward
+(:class:`~overlap_harness.engines.sglang.stand_ins.unified_memory_worker.UnifiedMemoryWorker`):
 it translates the batch's virtual ids with SGLang's own translation and reads and writes the
-page envelopes of the shared buffer those ids name. This file is plumbing to the recorder
+page envelopes of the shared buffer those ids name. Both files are plumbing to the recorder
 (``not_user_code``): the forward's op is reported at SGLang's line that called the worker.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from overlap_harness.engines.core.strict import StrictStub
+from overlap_harness.engines.sglang import release_features as rf
+from overlap_harness.engines.sglang.features import eager_prefill
+from overlap_harness.engines.sglang.features.api import Feature
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
-from overlap_harness.engines.sglang.stand_ins.model_worker import VOCAB, FakeModelWorker
-from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
+from overlap_harness.engines.sglang.stand_ins import unified_memory_kernels
+from overlap_harness.engines.sglang.stand_ins.unified_memory_worker import (
+    UnifiedMemoryWorker,
+    _prefill_reads_end,
+)
 from overlap_harness.recorder.sites import not_user_code
 
-not_user_code(__file__)  # a race names SGLang's line that called the worker's forward
+if TYPE_CHECKING:
+    from overlap_harness.engines.sglang.release_features import Feature as ReleaseFeature
+    from overlap_harness.engines.sglang.variants import Variant
+
+not_user_code(__file__)  # a race names SGLang's line that called in here, not this file's
 
 
 @dataclass(frozen=True, slots=True)
-class UnifiedMemoryConfig:
-    """The hybrid-SWA model the unified pool is built for: its sliding window, and the
-    shared buffer's size in page envelopes of one token (each sub-pool's envelope is one
-    layer's K and V rows: 32 bytes), the budget SGLang's profiler hands the pool
+class UnifiedMemory(Feature):
+    """``--enable-unified-memory``: a hybrid-SWA model's full and SWA KV in SGLang's unified
+    pool, lazily compacted behind the ``forward_done`` event ``run_batch`` records. Its
+    configuration is the model the pool is built for: its sliding window, and the shared
+    buffer's size in page envelopes of one token (each sub-pool's envelope is one layer's K
+    and V rows: 32 bytes), the budget SGLang's profiler hands the pool
     (``unified_total_bytes``: neither sub-pool is capped by a static share)."""
+
+    keys: ClassVar[tuple[str, ...]] = ("unified_memory", "attention_reads_end")
+    options: ClassVar[tuple[str, ...]] = ("--enable-unified-memory",
+                                          "SGLANG_SWA_EVICTION_INTERVAL",
+                                          "SGLANG_ENABLE_PREFILL_WAR_READ_DONE")
+    fake_runner: ClassVar[bool] = False
 
     sliding_window: int = 4
     buffer_pages: int = 30
@@ -59,6 +78,34 @@ class UnifiedMemoryConfig:
     # barrier waits on instead of the whole forward, before the KV reads and writes
     prefill_reads_end_pre_replay: bool = False
 
+    def configuration(self, variant: Variant) -> dict[str, str]:
+        config = {"unified_memory": "on"}
+        if self.prefill_reads_end_pre_replay:
+            config["attention_reads_end"] = "pre_replay"
+        return config
+
+    def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
+        return [rf.UNIFIED_MEMORY, rf.UNIFIED_SWA_POOLS, rf.UNIFIED_PAGE_COPY] + (
+            [rf.EAGER_PREFILL_READ_DONE] if self.prefill_reads_end_pre_replay else [])
+
+    def kernels(self, variant: Variant) -> tuple[Callable[[], None], ...]:
+        return (unified_memory_kernels.declare,)
+
+    def server_options(self, options: dict[str, Any], variant: Variant) -> None:
+        options["enable_unified_memory"] = True
+
+    def switches(self, variant: Variant) -> AbstractContextManager[Any]:
+        return _switches(self)
+
+    def worker_class(self, variant: Variant) -> type | None:
+        return UnifiedMemoryWorker
+
+    def pools(self, variant: Variant) -> Any:
+        return UnifiedPools(self)
+
+    def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
+        attach(scheduler, self)
+
     def total_bytes(self) -> int:
         """The shared buffer's bytes."""
         return self.buffer_pages * 2 * HEAD_DIM * torch.finfo(torch.float16).bits // 8
@@ -66,13 +113,15 @@ class UnifiedMemoryConfig:
 
 #: layer 0 is the SWA layer, layer 1 the full-attention layer
 SWA_LAYER, FULL_LAYER = 0, 1
+
+
 HEAD_DIM = 8  # float16: 16-byte K and V rows, the unified pool's alignment
 
 
 class UnifiedPools:
     """``pools`` for :func:`~.scheduler_build.build_scheduler`: SGLang's unified SWA pools."""
 
-    def __init__(self, config: UnifiedMemoryConfig) -> None:
+    def __init__(self, config: UnifiedMemory) -> None:
         self.config = config
         self.bundle: Any = None
 
@@ -116,106 +165,26 @@ class UnifiedPools:
         scheduler.swa_tokens_per_layer = allocator.size_swa
 
 
-def pools(config: UnifiedMemoryConfig | None) -> UnifiedPools | None:
-    """The ``pools`` a variant's scheduler is built with (None: the default pools)."""
-    return None if config is None else UnifiedPools(config)
-
-
-def _forward_accesses(tokens: torch.Tensor, worker: UnifiedMemoryWorker, batch: Any,
-                      writes_at: tuple[torch.Tensor, torch.Tensor],
-                      reads_at: list[tuple[torch.Tensor, torch.Tensor]]
-                      ) -> list[DeclaredAccess]:
-    """The forward's accesses (:class:`UnifiedMemoryWorker`)."""
-    full, swa = worker.envelopes()
-    out: list[DeclaredAccess] = []
-    out += reads(batch.input_ids) + reads(batch.req_pool_indices) + reads(batch.seq_lens)
-    full_write, swa_write = writes_at
-    out += reads(full_write) + reads(swa_write)
-    out += writes(full, rows=full_write) + writes(swa, rows=swa_write)
-    for full_read, swa_read in reads_at:
-        out += reads(full_read) + reads(full, rows=full_read)
-        out += reads(swa_read) + reads(swa, rows=swa_read)
-    out += writes(tokens)
-    return out
-
-
-@declared(_forward_accesses, name="model_forward")
-def _unified_forward(worker: UnifiedMemoryWorker, batch: Any,
-                     writes_at: tuple[torch.Tensor, torch.Tensor],
-                     reads_at: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Values the sampler could have produced: each new slot's page envelopes (full and
-    SWA) hold a function of its token; each request's token is a function of the envelopes
-    its attention reads and its length."""
-    full, swa = worker.envelopes()
-    value = (batch.input_ids % 251 + 1).to(torch.uint8).view(-1, 1)
-    full[writes_at[0]] = value
-    swa[writes_at[1]] = value
-    sums = [full[full_read].to(torch.int64).sum() + swa[swa_read].to(torch.int64).sum()
-            + full_read.numel() for full_read, swa_read in reads_at]
-    if not sums:
-        return torch.zeros(0, dtype=torch.int64, device=batch.seq_lens.device)
-    return torch.stack(sums) % VOCAB
-
-
-class UnifiedMemoryWorker(FakeModelWorker):
-    """The model forward of a hybrid-SWA model over SGLang's unified pool: as SGLang's
-    attention backends do once per forward, the batch's virtual ids are translated with the
-    allocator's own ``translate_write_loc`` (``out_cache_loc``), ``translate_kv_loc`` (the
-    full layer's reads: each request's whole sequence) and
-    ``translate_loc_from_full_to_swa`` (the SWA layer's reads: the last ``window`` tokens);
-    then one op (set_kv_buffer of both layers, attention, sampling) writes the new slots'
-    page envelopes and reads those of the translated ids."""
-
-    window: int
-    prefill_reads_end_pre_replay: bool
-
-    def envelopes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The full and the SWA sub-pool's page envelopes (rows of the shared buffer)."""
-        kv_pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        return (kv_pool.full_kv_pool.get_page_envelope_buffer(),
-                kv_pool.swa_kv_pool.get_page_envelope_buffer())
-
-    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
-        """One forward of ``batch`` on the current stream; SGLang's ``GenerationBatchResult``."""
-        from sglang.srt.managers.utils import GenerationBatchResult
-
-        from overlap_harness.engines.sglang.stand_ins.model_worker import _logits_output
-
-        if kwargs:
-            raise TypeError(f"forward_batch_generation: unplanned arguments {sorted(kwargs)}")
-        self.forwards += 1
-        allocator = self.model_runner.token_to_kv_pool_allocator
-        req_to_token = self.req_to_token_pool.req_to_token
-        writes_at = (allocator.translate_write_loc(batch.out_cache_loc),
-                     allocator.translate_loc_from_full_to_swa(batch.out_cache_loc))
-        reads_at = []
-        for row, seq_len in zip(batch.req_pool_indices_cpu.tolist(),
-                                batch.seq_lens_cpu.tolist(), strict=True):
-            reads_at.append((
-                allocator.translate_kv_loc(req_to_token[row, :seq_len]),
-                allocator.translate_loc_from_full_to_swa(
-                    req_to_token[row, max(0, seq_len - self.window):seq_len])))
-        if self.prefill_reads_end_pre_replay and batch.forward_mode.is_extend():
-            _publish_prefill_read_done(self.model_runner, batch)
-        tokens = _unified_forward(self, batch, writes_at, reads_at)
-        return GenerationBatchResult(logits_output=_logits_output(), next_token_ids=tokens,
-                                     can_run_cuda_graph=False)
+@contextmanager
+def _switches(config: UnifiedMemory) -> Iterator[None]:
+    """SGLang's switch of the prefill read-done fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``,
+    on by default in 0.5.23, opt-in in 0.5.22), set on when the prefills publish their
+    read-done event early, and the eviction interval."""
+    with (eager_prefill.fastpath_enabled(config.prefill_reads_end_pre_replay),
+          eviction_selected(config)):
+        yield
 
 
 @contextmanager
-def eviction_selected(config: UnifiedMemoryConfig | None) -> Iterator[None]:
-    """``SGLANG_SWA_EVICTION_INTERVAL`` set to the variant's for the block (nothing for
-    None)."""
-    if config is None:
-        yield
-        return
+def eviction_selected(config: UnifiedMemory) -> Iterator[None]:
+    """``SGLANG_SWA_EVICTION_INTERVAL`` set to the variant's for the block."""
     from sglang.srt.environ import envs
 
     with envs.SGLANG_SWA_EVICTION_INTERVAL.override(config.eviction_interval):
         yield
 
 
-def attach(scheduler: Any, config: UnifiedMemoryConfig) -> None:
+def attach(scheduler: Any, config: UnifiedMemory) -> None:
     """The model's sliding window, given to the forward that reads it."""
     scheduler.tp_worker.window = config.sliding_window
     scheduler.tp_worker.prefill_reads_end_pre_replay = config.prefill_reads_end_pre_replay
@@ -225,34 +194,3 @@ def attach(scheduler: Any, config: UnifiedMemoryConfig) -> None:
         runner.attn_backend = StrictStub("attn_backend", needs_cpu_seq_lens=True,
                                          shared_read_ends=_prefill_reads_end,
                                          absent=("extend_attention_block_m",))
-
-
-def _prefill_reads_end(forward_mode: Any) -> Any:
-    """The stand-in backend's answer to where a forward's shared reads end: a prefill's in
-    its metadata init (``PRE_REPLAY``, as TRT-LLM MHA declares for EXTEND), anything else's
-    after the forward (None: no early event)."""
-    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
-
-    return SharedReadEnds.PRE_REPLAY if forward_mode.is_extend() else None
-
-
-def _publish_prefill_read_done(model_runner: Any, batch: Any) -> None:
-    """SGLang's own publish of a prefill's read-done event after its metadata reads (the
-    translations above), with the backend's answer: in releases whose publish takes the
-    resolved answer (0.5.23), the answer; in those that ask the backend themselves
-    (``shared_read_ends``, 0.5.22), the batch."""
-    from sglang.srt.model_executor.runner_utils.shared_read_event import (
-        maybe_publish_prefill_shared_read_done,
-    )
-
-    takes_answer = "shared_read_ends" in inspect.signature(
-        maybe_publish_prefill_shared_read_done).parameters
-    maybe_publish_prefill_shared_read_done(
-        model_runner, _prefill_reads_end(batch.forward_mode) if takes_answer else batch,
-        torch.cuda)
-
-def publishes_prefill_read_done(config: UnifiedMemoryConfig | None) -> bool:
-    """Whether the variant's prefills publish their read-done event early: SGLang's switch of
-    that fastpath (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``, on by default in 0.5.23, opt-in
-    in 0.5.22) is then set on for the run."""
-    return config is not None and config.prefill_reads_end_pre_replay

@@ -258,11 +258,16 @@ def short_site(site: str) -> str:
     """``sglang/srt/managers/scheduler.py:4672`` for a site anywhere inside a sglang tree, and
     ``sglang/kernels/ops/kvcache/copy_pages.py:61`` for one of the package outside ``srt``
     (the path from the package folder on, so that a GPU run's probe, whose tree is elsewhere,
-    matches it: the last ``/sglang/`` of a cache path such as ``.../sglang/0.5.23/sglang/``)."""
+    matches it: the last ``/sglang/`` of a cache path such as ``.../sglang/0.5.23/sglang/``);
+    a site in the harness's own files from ``overlap_harness/`` on (a stand-in's race side,
+    the same whichever checkout ran)."""
+    harness = "/overlap_harness/"
+    if harness in site:
+        return "overlap_harness/" + site.split(harness, 1)[1]
     marker = "/sglang/srt/"
     if marker in site:
         return "sglang/srt/" + site.split(marker, 1)[1]
-    if "/sglang/" in site and "/overlap_harness/" not in site:  # the harness's own sglang/
+    if "/sglang/" in site:
         return "sglang/" + site.rsplit("/sglang/", 1)[1]
     return site
 

@@ -120,9 +120,9 @@ class FakeModelWorker:
         # one value per KV slot: what attention reads and set_kv_buffer writes
         self.kv_buffer = torch.zeros((kv_tokens + 1, 1), dtype=torch.float32, device="cuda")
         self.forwards = 0
-        # SGLang's decode CUDA-graph runner (graph_runner.DecodeGraphs), when a variant asks
+        # SGLang's decode CUDA-graph runner (graph_model.GraphForwards), when a variant asks
         self.decode_graphs: Any = None
-        # SGLang's eager runner for every forward (prefill_eager.EagerForwards), when asked
+        # SGLang's eager runner for every forward (eager_model.EagerForwards), when asked
         self.eager_forwards: Any = None
 
     @property
