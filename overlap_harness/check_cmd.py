@@ -41,7 +41,7 @@ from typing import Any, TextIO
 from overlap_harness.model.errors import HarnessError
 from overlap_harness.output_paths import prepare_outputs
 
-EXIT_OK, EXIT_RACES, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_RACES, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: The options of ``check`` itself (each spelling); after the script they are refused.
 OWN_OPTIONS = ("--json", "--out", "--gpu", "--cpu", "--allow-unknown-ops")
 
@@ -172,6 +172,15 @@ def print_report(result: Any, out: TextIO) -> None:
         print(paragraph, file=out)
 
 
+def _write_json(document: dict[str, Any], path: str, to_stdout: bool) -> None:
+    """The JSON document to ``path``, or to stdout alone (``--json -``)."""
+    text = json.dumps(document, indent=1) + "\n"
+    if to_stdout:
+        sys.stdout.write(text)
+    else:
+        Path(path).write_text(text)
+
+
 def crashed_line(script: str, races: list[Any], mode: str, ops: int) -> str:
     """The verdict line of a script that crashed: no verdict (a race count would read as
     one), how far the run got, and whether the races printed above came before the crash."""
@@ -206,17 +215,24 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"overlap-harness check: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print_report(result, text)
+    if result.interrupted:  # Ctrl-C: the races seen so far, the JSON marked partial
+        if args.json:
+            _write_json(dict(result_dict(result), verdict="interrupted", partial=True),
+                        args.json, json_to_stdout)
+        if args.out:
+            for path in write_reports(result, Path(args.out)):
+                print(f"wrote {path}", file=text)
+        print(f"{args.script}: no verdict, interrupted ({result.mode} mode, "
+              f"{len(result.run.timeline)} ops recorded before Ctrl-C)", file=text)
+        print("overlap-harness check: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     unknown_lines = [f"{u.name} on {u.stream} at {u.site or '(no user line)'}, touching "
                      f"{', '.join(u.tensors)}" for u in result.unknown_ops]
     if args.allow_unknown_ops:
         for line in unknown_lines:
             print(f"not seen (--allow-unknown-ops): {line}", file=text)
     if args.json:
-        document = json.dumps(result_dict(result), indent=1) + "\n"
-        if json_to_stdout:
-            sys.stdout.write(document)
-        else:
-            Path(args.json).write_text(document)
+        _write_json(result_dict(result), args.json, json_to_stdout)
     if args.out:
         for path in write_reports(result, Path(args.out)):
             print(f"wrote {path}", file=text)

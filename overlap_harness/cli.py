@@ -216,15 +216,25 @@ def _run_and_report(args: argparse.Namespace, scenarios: Sequence[Any],
     """The runs of ``run``/``report`` and what they print and write (``plots``: the started
     plot workers, None with ``--no-reports``)."""
     # deferred: imports torch; the command line starts (and fails on bad input) without it
+    from overlap_harness.engines.core.interrupted import Interrupted
     from overlap_harness.reports.jsonout import to_json
     from overlap_harness.reports.junit import write_junit
     from overlap_harness.runner import UNUSED_SYNC, failure_report, run_scenarios
 
     progress = _Progress(not args.quiet)
     # without reports nothing reads a timeline (tables, --json, JUnit): runs send none back
-    results = run_scenarios(scenarios, progress=progress, watch=progress.watch,
-                            on_result=None if plots is None else plots.offer,
-                            jobs=_run_jobs(args), timelines=plots is not None)
+    try:
+        results = run_scenarios(scenarios, progress=progress, watch=progress.watch,
+                                on_result=None if plots is None else plots.offer,
+                                jobs=_run_jobs(args), timelines=plots is not None)
+    except Interrupted as stop:  # Ctrl-C: the runs that finished, written marked partial
+        if args.json and args.json != "-":
+            Path(args.json).write_text(to_json(stop.finished, partial=True))
+        elif args.json:
+            sys.stdout.write(to_json(stop.finished, partial=True))
+        print(f"\noverlap-harness: interrupted after {len(stop.finished)} runs"
+              f"{'; --json written with partial: true' if args.json else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(results_table(results), file=human)
     for r in results:
         if not r.ok:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from overlap_harness.engines.core.interrupted import Interrupted
 from overlap_harness.explore import Trial, explore
 from overlap_harness.model.config import Expect, Scenario
 from overlap_harness.model.errors import HarnessError
@@ -364,6 +365,8 @@ def _run_specs(specs: list[RunSpec], first: list[int], unique: list[RunSpec],
             if on_result is not None:
                 on_result(out[-1])
         next(done, None)  # the end: the pool is closed and joined
+    except KeyboardInterrupt:  # Ctrl-C: the runs that finished go up with it
+        raise Interrupted(out) from None
     finally:
         done.close()  # stops the pool at once if runs are left (an error, Ctrl-C)
     if progress is not None:

@@ -339,6 +339,7 @@ class CheckResult:
     error: str | None = None  # the script's traceback when it crashed
     refused: str | None = None  # the one line refusing an API the recorder does not model
     exit_status: int = 0  # the script's own ``sys.exit`` status
+    interrupted: bool = False  # Ctrl-C stopped the script: the races are those seen before
 
     @property
     def complete(self) -> bool:
@@ -376,7 +377,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
 
     The script sees ``sys.argv == [path, *argv]``, its own folder first on ``sys.path`` and
     the caller's environment. A crash (an exception, or a non-zero ``sys.exit``) is kept in
-    the result with the script's traceback; races found before it are kept too.
+    the result with the script's traceback; races found before it are kept too. Ctrl-C
+    stops the script and keeps what was seen before it (``interrupted``).
 
     Raises:
         RecorderError: ``path`` is not a readable file, the mode cannot run here, or the
@@ -403,8 +405,8 @@ def check_script(path: str | Path, argv: Sequence[str] = (), mode: str = "auto")
     except Exception as exc:  # the script's own crash: reported, not raised
         result.error = _script_traceback(exc)
     except KeyboardInterrupt:
-        if not watcher.recording.refused:  # not the interrupt of a refusing thread
-            raise
+        if not watcher.recording.refused:  # Ctrl-C: what was seen so far is the result
+            result.interrupted = True
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path

@@ -98,9 +98,11 @@ def timeline_text(timeline: Sequence[OpRecord], depth: int) -> str:
     return "[" + item_pad + ("," + item_pad).join(entries) + "\n" + " " * depth + "]"
 
 
-def to_json(results: Sequence[CaseResult], with_timeline: bool = False) -> str:
+def to_json(results: Sequence[CaseResult], with_timeline: bool = False,
+            partial: bool = False) -> str:
     """The JSON document for ``results`` (``json.dumps``, indent 1; each timeline written
-    by :func:`timeline_text`, the same text faster)."""
+    by :func:`timeline_text`, the same text faster); ``partial``: Ctrl-C stopped the suite,
+    ``results`` are the runs that finished (the document says ``"partial": true``)."""
     cases = [case_to_dict(r) for r in results]
     marks = {}
     if with_timeline:
@@ -111,7 +113,10 @@ def to_json(results: Sequence[CaseResult], with_timeline: bool = False) -> str:
             marks[json.dumps(mark)] = timeline_text(r.timeline, _CASE_KEY_DEPTH)
     summary = {"cases": len(results), "ok": sum(r.ok for r in results),
                "failed": sum(not r.ok for r in results)}
-    text = json.dumps({"summary": summary, "cases": cases}, indent=1, default=str) + "\n"
+    document: dict[str, Any] = {"summary": summary, "cases": cases}
+    if partial:
+        document["partial"] = True
+    text = json.dumps(document, indent=1, default=str) + "\n"
     if marks:
         text = _MARK.sub(lambda found: marks[found.group(0)], text)
     return text

@@ -103,6 +103,28 @@ def test_ctrl_c_exits_130_with_one_line(
     assert capsys.readouterr().err.strip() == "overlap-harness: interrupted"
 
 
+def test_ctrl_c_during_the_runs_writes_those_that_finished_marked_partial(
+        twin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The twin has two runs: Ctrl-C in the second leaves the first, written with
+    ``partial: true``, and exit 130."""
+    execute, calls = runner.execute, []
+
+    def second_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return execute(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "execute", second_interrupted)
+    out = tmp_path / "partial.json"
+    assert main([*RUN, "-j", "1", str(twin), "--json", str(out)]) == 130
+    document = json.loads(out.read_text())
+    assert document["partial"] is True and document["summary"]["cases"] == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "overlap-harness: interrupted after 1 runs; --json written with partial: true")
+
+
 # --- item 4: checked before anything runs ---------------------------------------------------
 
 @pytest.mark.parametrize(("flags", "line"), [
@@ -285,5 +307,5 @@ def test_ctrl_c_in_a_long_run_exits_130_with_one_line(tmp_path: Path) -> None:
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert err.rstrip().endswith("overlap-harness: interrupted")
+    assert err.rstrip().endswith("overlap-harness: interrupted after 0 runs")
     assert "Traceback" not in err and out == ""

@@ -82,6 +82,7 @@ def test_the_forked_map_hands_up_what_finished_and_kills_the_rest(tmp_path: Path
     assert _gone(first) and _gone(second)
 
 
+@pytest.mark.engine_run
 @pytest.mark.slow
 @pytest.mark.engine_run
 def test_sigint_in_the_necessity_table_writes_the_finished_rows(tmp_path: Path) -> None:

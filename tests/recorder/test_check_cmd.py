@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -83,6 +85,35 @@ def test_a_crashed_script_claims_no_race_count(tmp_path, capsys):
     assert verdict.endswith("; the races above happened before the crash)")
     assert "RAW race on staged" in out and not re.search(r"\d+ races?\b", verdict)
     assert err.rstrip().endswith(f"overlap-harness check: {path} crashed")
+
+
+def test_ctrl_c_keeps_the_races_seen_and_writes_them_marked_partial(tmp_path):
+    """A real SIGINT to ``overlap-harness check`` (a child) while its script sleeps after
+    racing: exit 130 at once, the race printed, the JSON written with ``partial: true`` and no
+    race-free or racy verdict claimed."""
+    path = tmp_path / "races_then_sleeps.py"
+    path.write_text(PROGRAM + "print('raced', flush=True)\nimport time\ntime.sleep(300)\n")
+    out = tmp_path / "races.json"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "overlap_harness", "check", "--cpu", "--json", str(out),
+         str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert child.stdout.readline().startswith("env ")  # the script's own print
+        assert child.stdout.readline() == "raced\n"
+        child.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert time.monotonic() - sent < 15 and child.returncode == 130, stderr
+    assert "RAW race on staged" in stdout
+    assert stdout.rstrip().splitlines()[-1].startswith(f"{path}: no verdict, interrupted")
+    assert stderr.rstrip().splitlines()[-1] == "overlap-harness check: interrupted"
+    document = json.loads(out.read_text())
+    assert (document["partial"], document["verdict"], len(document["races"])) == (
+        True, "interrupted", 1)
 
 
 def test_script_exit_status_is_a_crash(tmp_path, capsys):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -243,8 +244,12 @@ def _fork_all(function: Callable[[Any], T], pending: list[tuple[int, Any]],
             index, item = pending.pop(0)
             _STATE["done"] = len(results)  # what a child's progress line counts as done
             read_end, write_end = os.pipe()
+            # Ctrl-C held back from the fork until the child is in ``running``: one that came
+            # between them left a child nobody stopped (holding the command's stdout open)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             pid = os.fork()
             if pid == 0:  # the child: run, answer, exit without cleanup of the parent's state
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(read_end)
                 status = 0
                 try:
@@ -257,6 +262,7 @@ def _fork_all(function: Callable[[Any], T], pending: list[tuple[int, Any]],
                     os._exit(status)
             os.close(write_end)
             running[pid] = (index, read_end)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back: now
         pid = next(iter(running))
         index, read_end = running[pid]
         with os.fdopen(read_end, "rb", closefd=False) as pipe:

@@ -77,6 +77,7 @@ def _run_variants(tree: Path, out: Path, *variants: str) -> subprocess.Completed
                           text=True, env=env, check=False, timeout=300)
 
 
+@pytest.mark.engine_run
 def test_a_tree_without_the_v1_runner_runs_the_rest(tmp_path: Path) -> None:
     """As 0.34.0 ships: no vllm/v1/worker/gpu_model_runner.py. Its variants are not
     applicable, with what the tree lacks; Model Runner V2's run (exit 0)."""
@@ -92,6 +93,7 @@ def test_a_tree_without_the_v1_runner_runs_the_rest(tmp_path: Path) -> None:
     assert "v1-async-output: not applicable" in done.stdout
 
 
+@pytest.mark.engine_run
 def test_a_variant_that_cannot_be_driven_exits_2_with_the_others_written(
         tmp_path: Path) -> None:
     """A changed AsyncPoolingOutput (its constructor raises): exit 2 naming the variant and
@@ -111,3 +113,23 @@ def test_a_variant_that_cannot_be_driven_exits_2_with_the_others_written(
     document = json.loads((tmp_path / "vllm.json").read_text())
     assert document["variants"] == ["mrv2-uva-ring"] and document["races"] == []
     assert len(document["errors"]) == 1 and "mrv2-pooling" in document["errors"][0]
+
+
+@pytest.mark.engine_run
+def test_a_tree_with_a_syntax_error_exits_2_naming_its_line(tmp_path: Path) -> None:
+    """The mirror's gpu_model_runner.py with a dangling ``+`` after the fence: exit 2, the
+    last line names the file and line relative to the tree root, the JSON holds it. Its fixed
+    twin is the intact mirror of the test above (exit 0)."""
+    tree = _mirror(tmp_path)
+    runner = tree / "vllm" / RUNNER
+    lines = runner.read_text().splitlines(keepends=True)
+    index = next(i for i, line in enumerate(lines) if line.strip() == FENCE)
+    lines[index] = lines[index].rstrip("\n") + " +\n"
+    runner.write_text("".join(lines))
+    done = _run(tree, "--json", str(tmp_path / "out.json"))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("overlap-harness vllm: cannot import vllm.")
+    assert last.endswith(f": vllm/{RUNNER.as_posix()}:{index + 1}: SyntaxError: invalid syntax")
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["errors"] == [last.removeprefix("overlap-harness vllm: ")]

@@ -137,7 +137,8 @@ def verdict_lines(document: dict[str, Any]) -> list[str]:
             variants = _in_order((v for r in races for v in r["variants"]), document)
             verdict = f"{count_phrase(races)} {variants_phrase(variants)}"
         elif change["reached_by"]:
-            verdict = f"no new race (run {variants_phrase(change['reached_by'])})"
+            ran = _in_order(change["reached_by"], document)
+            verdict = f"no new race (run {variants_phrase(ran)})"
         elif change["executable"]:
             verdict = "NOT RUN by any variant"
         else:

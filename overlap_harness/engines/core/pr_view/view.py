@@ -10,9 +10,11 @@ accepts the last two); else 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -62,8 +64,11 @@ def _run_children(commands: list[list[str]], logs: list[Path], parallel: bool) -
             while waiting and (parallel or not running):
                 index = waiting.pop(0)
                 with logs[index].open("w") as out:
+                    # a session of its own: stopping it stops its forked necessity
+                    # children too (its process group), and Ctrl-C is this process's to handle
                     running[index] = subprocess.Popen(commands[index], stdout=out,
-                                                      stderr=subprocess.STDOUT)
+                                                      stderr=subprocess.STDOUT,
+                                                      start_new_session=True)
             time.sleep(0.1)
             finished = [i for i, process in running.items() if process.poll() is not None]
             for index in finished:
@@ -79,17 +84,25 @@ def _run_children(commands: list[list[str]], logs: list[Path], parallel: bool) -
 
 
 def _stop(processes: Any) -> None:
-    """End ``processes``: SIGTERM, then SIGKILL for any still running after two seconds."""
+    """End ``processes`` and their process groups (each child's forked children):
+    SIGTERM, then SIGKILL for any still running after two seconds."""
     processes = list(processes)
     for process in processes:
-        process.terminate()
+        _signal_group(process, signal.SIGTERM)
     deadline = time.perf_counter() + 2.0
     for process in processes:
         try:
             process.wait(max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:
-            process.kill()
+            _signal_group(process, signal.SIGKILL)
             process.wait()
+        _signal_group(process, signal.SIGKILL)  # forked children left behind, if any
+
+
+def _signal_group(process: subprocess.Popen, number: int) -> None:
+    """Send ``number`` to the process group ``process`` leads (gone already: nothing)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, number)
 
 
 def _progress(log: Path) -> list[str]:

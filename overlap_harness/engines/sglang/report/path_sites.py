@@ -3,8 +3,8 @@ the engine-neutral core wants it."""
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
 
 from overlap_harness.engines.core.helper_sites import scan_files
 from overlap_harness.engines.core.necessity import MUTABLE_KINDS, format_error
@@ -31,13 +31,16 @@ PATH_MODULES = (
 
 
 def path_files() -> list[str]:
-    """The files of :data:`PATH_MODULES` as imported (SGLang must be loaded)."""
+    """The files of :data:`PATH_MODULES` as imported (SGLang must be loaded): absolute, links
+    kept, as the modules' code names them (a tree of links to another tree's files, as a
+    mirror for a pull request's view is, is edited and named as itself, not as the files
+    its links point to)."""
     import importlib
 
     files = []
     for name in PATH_MODULES:
         module = sys.modules.get(name) or importlib.import_module(name)
-        files.append(str(Path(module.__file__).resolve()))
+        files.append(os.path.abspath(module.__file__))
     return files
 
 
