@@ -83,6 +83,12 @@ def _stub_vllm(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(vllm_environment, "load", work_reached)
 
 
+def _stub_tokenspeed(mp: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.tokenspeed import environment as tokenspeed_environment
+
+    mp.setattr(tokenspeed_environment, "load", work_reached)
+
+
 def _stub_sglang_gpu(mp: pytest.MonkeyPatch) -> None:
     from overlap_harness.engines.sglang import gpu_command
 
@@ -141,6 +147,10 @@ CASES = [
          _stub_pr_view),
     Case("vllm", "--out", ("vllm", "--out", "{path}"), "folder", _stub_vllm),
     Case("vllm", "--json", ("vllm", "--json", "{path}"), "file", _stub_vllm),
+    Case("tokenspeed", "--sarif", ("tokenspeed", "--base", "{tmp}", "--sarif", "{path}"),
+         "file", _stub_pr_view),
+    Case("tokenspeed", "--out", ("tokenspeed", "--out", "{path}"), "folder", _stub_tokenspeed),
+    Case("tokenspeed", "--json", ("tokenspeed", "--json", "{path}"), "file", _stub_tokenspeed),
 ]
 # options with a FILE metavar that name what a command reads
 INPUT_OPTIONS = {"--profile", "--loop-json", "--gpu-resume"}
