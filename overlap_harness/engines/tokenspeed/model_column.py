@@ -37,15 +37,10 @@ FUNCTION_LABELS: dict[tuple[str, str], str] = {
         "exec.cache_lengths_wait",
 }
 
-#: (variant, model label) -> why that variant's scenario cannot judge the removal
-VARIANT_GAPS: dict[tuple[str, str], str] = {
-    ("cuda_graph_decode", "exec.forward_wait"): (
-        "not modelled: the driven stand-in's graph replay declares no KV-page access "
-        "(stand_ins/forward.py drops the block table and pages for a replay: a captured "
-        "kernel's page list would be the capture's), so the real run's decode rounds touch no "
-        "page the default stream zeroes; the model runs a replay as the eager forward, which "
-        "reads and writes its pages (TokenSpeed's graphs do), and finds the race"),
-}
+#: (variant, model label) -> why that variant's scenario cannot judge the removal (a row
+#: ``not_modelled`` with this reason, never a verdict the model is not built to give); none
+#: for TokenSpeed 0.1.1
+VARIANT_GAPS: dict[tuple[str, str], str] = {}
 
 
 def label_for(file_name: str, code: str, function: str | None) -> str | None:

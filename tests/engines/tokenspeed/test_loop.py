@@ -91,3 +91,22 @@ def test_a_tree_without_the_forward_thread_is_refused(tokenspeed_tree: Path,
     status, document = run_command(tree, tmp_path / "out.json", "plain_decode")
     assert status == 2
     assert "forward_thread" in document["stderr"].strip().splitlines()[-1]
+
+
+def test_a_graph_replay_touches_the_pages_it_is_handed(tokenspeed_tree: Path,
+                                                       tmp_path: Path) -> None:
+    """The decode graph's attention reads the pages a static page list names at each replay:
+    without the execution stream's wait on the default stream, a decode round's page zeroing
+    races the replay (as it races the eager forward in plain_decode)."""
+    tree = tree_copy(tokenspeed_tree, tmp_path / "tree", {EXECUTOR: [(
+        """            self.execution_stream.wait_stream(self.default_stream)
+        with self.device_module.stream(self.execution_stream):
+            bs = len(forward_op.request_ids)""",
+        """            pass
+        with self.device_module.stream(self.execution_stream):
+            bs = len(forward_op.request_ids)""")]})
+    status, document = run_command(tree, tmp_path / "out.json", "cuda_graph_decode")
+    assert status == 1, document["stderr"]
+    replayed = [race for race in document["races"] if "replay" in race["second"]["op"]]
+    assert replayed and all(race["tensor"].startswith("executor.token_to_kv_pool")
+                            for race in replayed)

@@ -12,7 +12,8 @@ request's next token is a function of its last input token (``(id * 7 + 3) % voc
 committed token sequence shows which input each step read.
 
 With ``graphs``, decode batches replay a CUDA graph captured once per padded batch size over
-the same buffers (the recorder's graph model), as TokenSpeed's decode graphs do.
+the same buffers (the recorder's graph model), as TokenSpeed's decode graphs do; the pages a
+replay's attention touches come from a static device page list filled before each replay.
 With ``draft_width`` k > 0, each decode verifies 1 + k tokens and the drafter writes the next
 round's 1 + k input ids into ``runtime_states.future_input_map`` (TokenSpeed's drafter branch
 of ``_forward_step``, which replaces ``_update_runtime_state``'s write of that table).
@@ -29,6 +30,8 @@ from overlap_harness.recorder import declared, reads, writes
 from overlap_harness.recorder.sites import not_user_code
 
 not_user_code(__file__)
+
+MAX_GRAPH_PAGES = 16  # a graph's static page list (padded with its last page)
 
 
 def _next_token(token: int, vocab: int) -> int:
@@ -97,6 +100,7 @@ class ForwardCut:
         self.draft_width = draft_width
         self.replays = 0
         self._graphs: dict[int, Any] = {}
+        self._static_pages: dict[int, torch.Tensor] = {}  # per graph: the pages it touches
 
     def _run(self, bs: int, ends: list[int], width: int, draft: bool) -> None:
         executor = self.executor
@@ -124,8 +128,8 @@ class ForwardCut:
         self._kv = getattr(self.executor.token_to_kv_pool, "kv", None)
         self._pages = None if table_cpu is None else torch.tensor(
             sorted({p for p in table_cpu.flatten().tolist() if p > 0}))
-        if self.graphs and ctx.num_extends == 0:  # a replayed graph reads persistent buffers
-            self._block_table, self._kv, self._pages = None, None, None
+        if self.graphs and ctx.num_extends == 0:  # a replayed graph reads persistent buffers:
+            self._block_table = None  # its pages come from the static page list (_replay)
         lengths = ctx.output_layout
         decode = ctx.num_extends == 0
         width = lengths.decode_width if decode else 1
@@ -149,6 +153,22 @@ class ForwardCut:
                 None, None)
 
     def _replay(self, bs: int, ends: list[int], width: int, draft: bool) -> None:
+        """Replay the batch size's graph; its attention reads and writes the pages a static
+        device page list names at the replay (filled first on the current stream, from a
+        fresh pinned block, as a graph runner copies its inputs into its static buffers), so
+        the recorder re-reads the list at each replay rather than keeping the capture's."""
+        pages = self._static_pages.get(bs)
+        if pages is None:
+            pages = self._static_pages[bs] = torch.zeros(MAX_GRAPH_PAGES, dtype=torch.int64,
+                                                         device="cuda")
+        wanted = [] if self._pages is None else self._pages.tolist()
+        if len(wanted) > MAX_GRAPH_PAGES:
+            raise RuntimeError(f"a graph batch holds {len(wanted)} pages, the static page "
+                               f"list {MAX_GRAPH_PAGES}")
+        padded = (wanted + wanted[-1:] * MAX_GRAPH_PAGES)[:MAX_GRAPH_PAGES] or [0]
+        staged = torch.tensor(padded, dtype=torch.int64, pin_memory=True)
+        pages.copy_(staged, non_blocking=True)
+        self._pages = pages
         graph = self._graphs.get(bs)
         if graph is None:
             graph = torch.cuda.CUDAGraph()

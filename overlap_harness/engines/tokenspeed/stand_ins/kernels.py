@@ -34,9 +34,9 @@ not_user_code(__file__)  # a race names TokenSpeed's line that launched the kern
 
 def host_values(t: torch.Tensor) -> list:
     """A declared kernel's own read of device values, as a list: copied with ``.to("cpu")``,
-    which inside the declared call is quiet (``tolist()`` or ``int()`` of a device tensor
-    would be recorded as the program's blocking read, a host synchronization the kernel
-    does not make)."""
+    which inside the declared call is quiet (no host synchronization the kernel does not
+    make; the recorder keeps ``tolist()``, ``int()`` and ``torch.tensor(..., device=...)``
+    quiet there too, tests/recorder/test_declared_kernel_host_reads.py)."""
     return t.to("cpu").tolist()
 
 
