@@ -61,6 +61,28 @@ def test_differences_name_the_row_and_the_field() -> None:
         "('radix_cache', 'sglang/srt/managers/scheduler.py:2021'): missing"]
 
 
+def test_an_allocator_reuse_race_and_the_race_count_are_not_compared() -> None:
+    """Which freed buffer an allocation reuses first varies between runs of the same code
+    (row_compare's docstring); every other race example and field still is compared."""
+    reuse = ("reuse prefix_lens_device@allocation.py:401: _to_copy on self.schedule_stream at "
+             "sglang/srt/mem_cache/allocation.py:401 / k on plan_stream at sglang/a.py:1")
+    row = {"variant": "v", "site": "s", "real": "race", "races": 2,
+           "race_examples": [reuse, _example()]}
+    other_reuse = dict(row, races=3, race_examples=[
+        reuse.replace("prefix_lens_device@allocation.py:401", "extend_lens_device@allocation."
+                      "py:402"), _example()])
+    assert row_compare.differences({"rows": [row]}, {"rows": [other_reuse]}) == []
+    other_race = dict(row, race_examples=[reuse, _example(sglang_line=415)])
+    assert row_compare.differences({"rows": [row]}, {"rows": [other_race]}) != []
+
+
+def test_a_graph_captured_ops_harness_file_is_not_compared() -> None:
+    captured = ("WAR x@memory_pool.py:406: graph.replay: attn_metadata_prep_in_graph (captured at "
+                "{}) on self.forward_stream at sglang/srt/a.py:232 / copy_ on s at sglang/b.py:1")
+    assert (row_compare.normalised(captured.format("graph_runner.py:178"))
+            == row_compare.normalised(captured.format("graph_model.py:147")))
+
+
 @pytest.mark.parametrize("version", sorted(COMMITTED))
 def test_every_harness_side_of_a_committed_report_is_a_stand_in_file(version: str) -> None:
     """A race side in harness code names a file of stand_ins/ as the package is now (what
