@@ -48,10 +48,12 @@ NOT_DRIVEN: tuple[NotDriven, ...] = (
               "another event loop; no feature drives it"),
     NotDriven("MLX (`use_mlx()`)", "`event_loop_overlap_mlx` "
               "(hardware_backend/mlx/scheduler_mixin.py)", "another platform's event loop"),
-    NotDriven("`--speculative-algorithm EAGLE` with `enable_multi_layer_eagle` (MTP models)",
-              "`MultiLayerEagleWorkerV2` (speculative/multi_layer_eagle_worker_v2.py)",
-              "its own draft extend and plan-stream code; no feature builds this worker yet "
-              "(issue 41)"),
+    NotDriven("`enable_multi_layer_eagle` (MTP models) under CUDA graphs, with the "
+              "boundary-KV window, or topk > 1",
+              "`MultiLayerEagleWorkerV2`'s draft-extend graph runners and its boundary-KV "
+              "event (speculative/multi_layer_eagle_worker_v2.py)",
+              "the MultiLayerEagle feature drives the worker eager, topk 1, without the "
+              "window; its graph runners and the window are not built yet"),
     NotDriven("`--speculative-algorithm STANDALONE`", "`StandaloneWorkerV2` "
               "(speculative/standalone_worker_v2.py)", "no feature builds this worker"),
     NotDriven("`--speculative-algorithm NGRAM`", "`NGRAMWorker` (speculative/ngram_worker.py)",

@@ -8,7 +8,7 @@ variant) delay each stream the loop holds in turn. Each trial's values are compa
 serial answer of the unmodified loop.
 
 Each site runs in its own child process (the removal is never undone; CUDA does not survive a
-fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu_table SPEC OUT``.
+fork), ``jobs`` at a time: ``python -m overlap_harness.engines.sglang.gpu.table SPEC OUT``.
 """
 
 from __future__ import annotations
