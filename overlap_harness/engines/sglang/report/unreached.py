@@ -52,6 +52,15 @@ CONDITIONS: tuple[Condition, ...] = (
               "(sglang.srt.mem_cache.allocator.unified_sub_pool) and its page-copy kernel "
               "(sglang.kernels.ops.kvcache.copy_pages), and is not applicable to a release "
               "without them (release_features.py)"),
+    Condition("multi_layer_eagle_worker_v2.py", "_draft_extend_for_decode", "record",
+              "_draft_extend_for_decode", "boundary_kv_locs is not None", "not_driven",
+              "the multi-layer worker records its boundary-KV event only when the draft "
+              "extend widens its KV locations (the boundary-KV window); the multi_layer_eagle "
+              "variants run without the window (docs/sglang-configurations.md)"),
+    Condition("multi_layer_eagle_worker_v2.py", "_draft_extend_for_decode", "wait_event",
+              "_draft_extend_for_decode", "boundary_kv_ready_event is not None", "not_driven",
+              "the plan stream waits on the boundary-KV event only when it was recorded (the "
+              "boundary-KV window); the multi_layer_eagle variants run without the window"),
     Condition("shared_read_event.py", "maybe_publish_prefill_shared_read_done", "record",
               "maybe_publish_prefill_shared_read_done",
               "shared_read_ends is not SharedReadEnds.PRE_REPLAY", "harness",
