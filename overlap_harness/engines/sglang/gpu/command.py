@@ -116,11 +116,13 @@ def relative_command(argv: list[str]) -> str:
 
 def parse_forcing(label: str) -> tuple[str, bool, int]:
     """``'forward_stream@earlier+8388608cy'`` -> (``'forward_stream'``, targeted, cycles)."""
-    stream, _, rest = label.partition("+")
-    if not rest.endswith("cy") or not rest[:-2].isdigit() or not stream:
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+
+    parsed = parse_label(label)
+    if parsed is None:
         raise ValueError(f"--repro-forcing {label!r}: expected STREAM[@earlier]+Ncy, as a "
                          "GPU report's forced_delay labels it")
-    return stream.removesuffix("@earlier"), stream.endswith("@earlier"), int(rest[:-2])
+    return parsed
 
 
 def _repro(args: argparse.Namespace, loop_document: dict) -> int:

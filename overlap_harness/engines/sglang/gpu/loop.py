@@ -181,6 +181,16 @@ class Forcing:
             + f"+{self.cycles}cy"
 
 
+def parse_label(label: str) -> tuple[str, bool, int] | None:
+    """:meth:`Forcing.label` read back: ``'forward_stream@earlier+8388608cy+probe'`` ->
+    (``'forward_stream'``, targeted, cycles); None for a label without a delay (``none``,
+    ``serial``)."""
+    stream, _, rest = label.removesuffix("+probe").partition("+")
+    if not stream or not rest.endswith("cy") or not rest[:-2].isdigit():
+        return None
+    return stream.removesuffix("@earlier"), stream.endswith("@earlier"), int(rest[:-2])
+
+
 @dataclass
 class DeviceRun:
     """The ``device`` argument of :func:`.driver.run_variant` for one trial under ``plan``."""

@@ -46,6 +46,7 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
     hand-written): not run; a trial that made the race crashed; else the probes' finding
     (gpu_probe.why_equal) of each probed trial: ``overwritten`` if any made the race, else
     ``timing`` (the finding of the trial with the largest delay)."""
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
     from overlap_harness.engines.sglang.gpu.probe import why_equal
 
     if not row["trials"]:
@@ -55,8 +56,8 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
                            f"made the race and crashed instead of finishing with a wrong value "
                            f"({row.get('example_crash')}); the others equal the serial answer")
     sides = {p["stream"]: p for p in row.get("probes", [])}
-    found = [why_equal(t["probe"], sides.get(t["forcing"].split("+")[0].split("@")[0],
-                                             {"stream": "?", "earlier": [], "later": []}))
+    unknown = {"stream": "?", "earlier": [], "later": []}
+    found = [why_equal(t["probe"], sides.get((parse_label(t["forcing"]) or ("?",))[0], unknown))
              for t in row.get("trial_details", []) if t.get("probe") and "earlier_issued"
              in t["probe"]]
     if not found:

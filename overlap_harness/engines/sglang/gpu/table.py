@@ -236,6 +236,8 @@ def settled(row: dict[str, Any]) -> bool:
     race was made and showed a wrong value or crashed in a made trial; a redundant row with
     a trial that held work back; the unmodified loop held at every delay of
     :data:`CONTROL_CYCLES` on each stream that held any. Every other row runs again."""
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+
     if not row.get("trials") or row.get("error"):
         return False
     if row["cpu_verdict"] == "race":
@@ -247,9 +249,9 @@ def settled(row: dict[str, Any]) -> bool:
         return True
     held: dict[str, set[int]] = {}
     for trial in row.get("trial_details", []):
-        stream, _, cycles = trial["forcing"].partition("+")
-        if trial.get("sleeps") and cycles.endswith("cy"):
-            held.setdefault(stream, set()).add(int(cycles[:-2]))
+        parsed = parse_label(trial["forcing"])
+        if trial.get("sleeps") and parsed is not None:
+            held.setdefault(parsed[0], set()).add(parsed[2])
     return all(set(CONTROL_CYCLES) <= cycles for cycles in held.values())
 
 
