@@ -65,6 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-resume", type=Path, metavar="FILE", default=None,
                         help="with --gpu: an earlier GPU report (json) of the same tree and "
                         "device; its rows with trials are kept, only the others run")
+    parser.add_argument("--gpu-rerun", choices=("unsettled", "unrun"), default="unsettled",
+                        help="with --gpu-resume: which of its rows run again: 'unsettled' "
+                        "(default: every row not yet evidence, docs/sglang-loop.md) or "
+                        "'unrun' (only rows whose trials did not run: an error or the "
+                        "deadline), so a device call finishes the table before retrying")
     parser.add_argument("--repro", nargs=2, metavar=("VARIANT", "SITE"), default=None,
                         help="with --gpu: one row of the GPU table as a maintainer's repro: "
                         "the serial answer, then VARIANT with SITE (file:line, or - for none) "

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         args.gpu_report.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
-    kept, earlier = _resumed(args.gpu_resume, tree.version)
+    kept, earlier = _resumed(args.gpu_resume, tree.version, args.gpu_rerun)
     if isinstance(kept, str):
         return fail(PROG, kept)
     skip = frozenset((r["variant"], r["site"]) for r in kept)
@@ -174,10 +174,13 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
-def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | None]:
+def _resumed(path: Path | None, version: str,
+             rerun: str = "unsettled") -> tuple[list[dict] | str, dict | None]:
     """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
     trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
-    that report; an error text when it is of another tree. Its other rows run again."""
+    that report; an error text when it is of another tree. Its other rows run again. With
+    ``rerun="unrun"`` every row whose trials ran is kept (only errors and rows the deadline
+    left run again)."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -188,4 +191,9 @@ def _resumed(path: Path | None, version: str) -> tuple[list[dict] | str, dict | 
                 f"{version}"), None
     rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
             for r in earlier["rows"]]
-    return [r for r in rows if settled(r)], earlier
+    def keep(row: dict) -> bool:
+        if rerun == "unrun":
+            return bool(row.get("trials")) and not row.get("error")
+        return settled(row)
+
+    return [r for r in rows if keep(r)], earlier
