@@ -163,3 +163,38 @@ def test_resume_keeps_the_settled_rows_and_plans_only_the_others(tmp_path: Path)
     assert gpu_table.settled(gpu_table.recounted(row(None, None, control)))
     refused, _ = _resumed(path, "0.5.22")
     assert isinstance(refused, str) and "0.5.23" in refused
+
+
+def test_rerun_unrun_keeps_every_row_whose_trials_ran(tmp_path: Path) -> None:
+    """``--gpu-rerun unrun``: rows with trials stay (settled or not); the deadline's rows and
+    a failed child's run again."""
+    from overlap_harness.engines.sglang.gpu.command import _resumed
+
+    ran = {"variant": "a", "site": "s.py:1", "code": "x", "cpu_verdict": "race", "trials": 1,
+           "wrong_trials": 0, "trial_details": [
+               {"forcing": "copy_stream@earlier+2097152cy", "wrong": None, "error": None,
+                "seconds": 0.1, "sleeps": 1, "probe": None}], "probes": []}
+    deadline = {"variant": "a", "site": "s.py:2", "code": "x", "cpu_verdict": "race",
+                "trials": 0, "error": "not run: the run's deadline"}
+    earlier = {"sglang_version": "0.5.23", "device": "d", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "t", "rows": [ran, deadline]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    assert [r["site"] for r in _resumed(path, "0.5.23", "unrun")[0]] == ["s.py:1"]
+    assert _resumed(path, "0.5.23")[0] == []  # unsettled: made no race, runs again
+
+
+def test_reports_name_no_machine_path() -> None:
+    """A crash's frames and an older run's command keep no machine's prefix."""
+    from overlap_harness.engines.sglang.gpu.command import without_local_paths
+    from overlap_harness.engines.sglang.gpu.probe import without_machine_paths
+
+    crash = ("IndexError: list index out of range at /tmp/sg/sglang/srt/managers/"
+             "schedule_batch.py:1572 in f; wait at /opt/v/lib/python3.12/site-packages/torch/"
+             "cuda/streams.py:63; at /home/u/repo/overlap_harness/engines/x.py:4")
+    assert without_machine_paths(crash) == (
+        "IndexError: list index out of range at sglang/srt/managers/schedule_batch.py:1572 "
+        "in f; wait at torch/cuda/streams.py:63; at overlap_harness/engines/x.py:4")
+    command = "overlap-harness sglang --gpu-report /root/out --gpu-resume /w/m/.gpu/h/prev.json"
+    assert without_local_paths(command) == (
+        "overlap-harness sglang --gpu-report <out> --gpu-resume <prev.json>")

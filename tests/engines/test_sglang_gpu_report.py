@@ -215,3 +215,45 @@ def test_sglang_path_imports_with_cuda_selected_on_the_stand_ins() -> None:
                           text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "stand-in"
+
+
+def test_the_committed_report_names_no_machine_path(reports: tuple[dict, dict]) -> None:
+    """Issue 45, item 6: the report's commands and texts name files relative to the repository
+    or the tree (or ``<name>`` for a machine's folder), never a local absolute path."""
+    import re
+
+    text = GPU.read_text() + GPU.with_suffix(".md").read_text()
+    assert not re.findall(r"(?<![\w.<])/(?:root|tmp|work|home|opt|usr)/", text)
+
+
+def test_the_committed_repros_say_what_their_output_shows(reports: tuple[dict, dict]) -> None:
+    """reports/device/sglang-0.5.23-gpu-repros.json (a GPU run): each repro's exit is 1 exactly
+    when its output shows a wrong value or a crash, names a wrong row of the GPU report, and
+    carries the device and torch it ran on."""
+    gpu, _ = reports
+    document = json.loads((ROOT / "reports" / "device" /
+                           "sglang-0.5.23-gpu-repros.json").read_text())
+    assert document["device"] and document["torch"] and document["date"]
+    wrong_rows = {(r["variant"], r["site"]) for r in gpu["rows"]
+                  if r["wrong_trials"] or r.get("made_crashed_trials")}
+    for repro in document["repros"]:
+        shown = any(line.startswith(("wrong: ", "crashed: ")) for line in repro["output"])
+        assert repro["exit"] == int(shown), repro
+        assert f"--repro {repro['variant']} {repro['site']}" in repro["command"]
+        assert (repro["variant"], repro["site"]) in wrong_rows
+
+
+def test_the_pageable_copy_measurement_is_consistent() -> None:
+    """reports/device/pageable-copy-sync.json (a GPU run): ``host_waited`` is what its times
+    say (the host held for most of the sleep), every direction and memory kind was measured,
+    and pinned copies never held the host."""
+    document = json.loads((ROOT / "reports" / "device" / "pageable-copy-sync.json").read_text())
+    assert document["device"] and document["torch"] and document["sleep_seconds"] > 0
+    cases = document["cases"]
+    assert {(c["direction"], c["host_memory"]) for c in cases} == {
+        (d, m) for d in ("H2D", "D2H") for m in ("pageable", "pinned")}
+    for case in cases:
+        held = case["host_seconds_in_copy"] > document["sleep_seconds"] / 2
+        assert case["host_waited"] == held, case
+        if case["host_memory"] == "pinned":
+            assert not case["host_waited"], case

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from overlap_harness.cli_options import seconds
+from overlap_harness.cli_options import count, seconds
 from overlap_harness.engines.core.command import (
     add_engine_options,
     apply_output_options,
@@ -79,6 +79,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="with --repro: the delay, as the GPU report labels it (e.g. "
                         "forward_stream@earlier+8388608cy: the race's earlier side on that "
                         "stream held 2^23 cycles before each of its ops)")
+    parser.add_argument("--repro-trials", type=count(1), metavar="N", default=3,
+                        help="with --repro: forced trials until one shows a wrong value or a "
+                        "crash (default 3; a made race need not corrupt a value every time)")
     parser.add_argument("--config", action="append", metavar="KEY=VALUE", default=[],
                         help="run only the variants of this SGLang configuration "
                         "(repeatable, e.g. plan_stream=off; the keys: docs/sglang-loop.md, "

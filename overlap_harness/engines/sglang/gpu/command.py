@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shlex
 import sys
 import time
@@ -79,13 +80,16 @@ def run(args: argparse.Namespace) -> int:
         device=", ".join(sorted({r["device"] for r in kept + rows})) or device,
         torch_version=", ".join(sorted({r["torch"] for r in kept + rows})) or torch.__version__,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        command=f"{earlier['command']}; then {command}" if earlier else command,
+        command=(f"{without_local_paths(earlier['command'])}; then {command}" if earlier
+                 else command),
         failures=[f for f in (earlier or {}).get("child_failures", [])
                   if not f.endswith("stopped at the deadline")] + failures,
         seconds=time.perf_counter() - started + (earlier or {}).get("seconds", 0.0))
     if earlier:
-        before = earlier.get("runs") or [{"date": earlier["date"], "command": earlier["command"],
-                                          "seconds": earlier["seconds"]}]
+        before = [{**run, "command": without_local_paths(run["command"])} for run in
+                  earlier.get("runs") or [{"date": earlier["date"],
+                                           "command": earlier["command"],
+                                           "seconds": earlier["seconds"]}]]
         now = {"date": report["date"], "command": command,
                "seconds": round(time.perf_counter() - started, 1)}
         report["runs"] = [*before, now]
@@ -112,6 +116,17 @@ def relative_command(argv: list[str]) -> str:
                 word = f"<{path.name}>"
         words.append(word)
     return "overlap-harness " + shlex.join(words)
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.<])/(?:[\w.+-]+/)*([\w.+-]+)")
+
+
+def without_local_paths(command: str) -> str:
+    """An earlier run's command with each absolute path (a machine's output folder, staged
+    resume file) named by its last part, ``<prev.json>``, as :func:`relative_command` names
+    paths outside the repository: a resumed report's chain of commands carries no machine's
+    local path even where an older run wrote one."""
+    return _ABSOLUTE_PATH.sub(lambda match: f"<{match.group(1)}>", command)
 
 
 def parse_forcing(label: str) -> tuple[str, bool, int]:
@@ -157,16 +172,23 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
         return fail(PROG, f"the serial run of {variant} failed: {serial_trial.error}")
     if site is not None:
         remove_site(gpu_table._find_site(site), Coverage())
-    probe = probes(examples, stream)
-    trial = run_trial(variant, Forcing((stream,), cycles, targeted=targeted), serial, probe)[0]
-    held = ", ".join(probe.earlier) or "every op of the stream"
+    held = ", ".join(probes(examples, stream).earlier) or "every op of the stream"
     print(f"{variant} without {site or 'no site (the unmodified loop)'}; "
           f"torch.cuda._sleep({cycles}) on {stream} before "
           f"{'the earlier side: ' + held if targeted else 'each of its ops'}")
-    print(f"held {trial.sleeps} ops; race made: {trial.race_made} (probe {trial.probe})")
-    if trial.error:
-        print(f"crashed: {trial.error}")
-    print(f"wrong: {trial.wrong}" if trial.wrong else "every value equals the serial answer")
+    for attempt in range(1, args.repro_trials + 1):  # a made race need not corrupt each time
+        trial = run_trial(variant, Forcing((stream,), cycles, targeted=targeted), serial,
+                          probes(examples, stream))[0]
+        print(f"trial {attempt}: held {trial.sleeps} ops; race made: {trial.race_made} "
+              f"(probe {trial.probe})")
+        if trial.error:
+            print(f"crashed: {trial.error}")
+        elif trial.wrong:
+            print(f"wrong: {trial.wrong}")
+        else:
+            print("every value equals the serial answer")
+        if trial.wrong or trial.error:
+            break
     if site is not None and targeted:
         print(f"by hand: delete {site}; before {held} (on {stream}) insert "
               f"`torch.cuda._sleep({cycles})`; run the variant and compare with the serial "

@@ -290,6 +290,7 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
     held."""
     from overlap_harness.engines.core.necessity import format_error
     from overlap_harness.engines.sglang.driver import run_variant
+    from overlap_harness.engines.sglang.gpu.probe import without_machine_paths
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     run = DeviceRun(forcing, probe)
@@ -299,7 +300,7 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
         values = observe(loop_run)
     except Exception as exc:  # a crash is the trial's result, never raised
         torch.cuda.synchronize()
-        return Trial(forcing.label(), error=format_error(exc),
+        return Trial(forcing.label(), error=without_machine_paths(format_error(exc)),
                      seconds=time.perf_counter() - started, sleeps=run.sleeps,
                      probe=probe.counts() if probe is not None else None
                      ), None, run.streams_seen

@@ -14,6 +14,7 @@ earlier side can reorder them.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -25,15 +26,32 @@ from typing import Any
 import torch
 
 
+def short_path(path: str) -> str:
+    """A file as every machine names it: ``overlap_harness/...``, SGLang's ``sglang/...``
+    tail, or an installed package's path below ``site-packages/`` (``torch/cuda/...``); the
+    checkout's or the venv's prefix differs from machine to machine."""
+    path = path.replace("\\", "/")
+    if "site-packages/" in path:
+        return path[path.rindex("site-packages/") + len("site-packages/"):]
+    for anchor in ("overlap_harness/", "sglang/"):
+        if anchor in path:
+            return path[path.index(anchor):]
+    return path
+
+
+_ABSOLUTE_SOURCE = re.compile(r"(?<![\w.])/[^\s:'\"()]+\.py\b")
+
+
+def without_machine_paths(text: str) -> str:
+    """``text`` (a crash's message) with each absolute ``.py`` path in its short form."""
+    return _ABSOLUTE_SOURCE.sub(lambda match: short_path(match.group()), text)
+
+
 def _key(location: str) -> tuple[str, int]:
     """``'.../overlap_harness/engines/sglang/w.py:313'`` -> (``'overlap_harness/.../w.py'``,
     313); a SGLang path keeps its ``sglang/...`` tail (the checkout's prefix differs)."""
     path, _, line = location.rpartition(":")
-    for anchor in ("overlap_harness/", "sglang/"):
-        if anchor in path:
-            path = path[path.index(anchor):]
-            break
-    return path, int(line)
+    return short_path(path), int(line)
 
 
 def _matches(frame: FrameType, keys: Sequence[tuple[str, int]]) -> bool:

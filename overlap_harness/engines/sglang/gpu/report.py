@@ -33,6 +33,8 @@ def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_ver
         row.pop("race_examples", None)
         row.setdefault("trials", 0)
         row.setdefault("wrong_trials", 0)
+        row.setdefault("slept_trials", 0)  # a row whose trials did not run held nothing
+        row.setdefault("race_made_trials", 0)
         row.setdefault("example_wrong", None)
         if row["cpu_verdict"] == "race" and not row["wrong_trials"]:
             row["why_reason"], row["why"] = _why_no_wrong(row)
