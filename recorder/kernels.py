@@ -65,7 +65,9 @@ class KernelDeclaration:
 
 
 class KernelSink(Protocol):
-    """What a running watch offers a declared call."""
+    """What a running watch offers a declared call. A sink may also define
+    ``implementation(declaration, original) -> callable``, which then picks what runs in
+    place of ``cpu_mode``'s rule (a device run: the kernel itself where it can run)."""
 
     cpu_mode: bool
 
@@ -92,7 +94,11 @@ def _call(decl: KernelDeclaration, original: Callable[..., Any], *args: Any,
     if not _SINKS:
         return original(*args, **kwargs)
     sink = _SINKS[-1]
-    impl = decl.cpu_impl if (sink.cpu_mode and decl.cpu_impl is not None) else original
+    choose = getattr(sink, "implementation", None)  # optional: a sink that picks per kernel
+    if choose is not None:
+        impl = choose(decl, original)
+    else:
+        impl = decl.cpu_impl if (sink.cpu_mode and decl.cpu_impl is not None) else original
     with sink.quiet():
         result = impl(*args, **kwargs)
     sink.record_declared(decl.name, functools.partial(decl.accesses, result, *args, **kwargs),

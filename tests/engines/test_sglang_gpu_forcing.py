@@ -194,3 +194,59 @@ def test_the_targeted_forcing_holds_exactly_the_earlier_sides_ops(
         assert probe.told == [earlier]
     # a host op (no CUDA tensor) is never held
     assert mode.launch(lambda x: x, (0,), {}, False) == 0 and mode.sleeps == int(held)
+
+
+def test_a_device_run_takes_sglangs_kernel_and_stands_in_only_where_it_cannot_run() -> None:
+    """The device sink: SGLang's own kernel runs (no host reads of index values); one that
+    reaches a missing compiled op (the strict stand-in raises) gets the harness's torch
+    implementation, for the rest of the run, and is named; ``stand_in`` takes the torch
+    implementations throughout; a harness stand-in without one runs itself."""
+    from overlap_harness.engines.core.strict import UnplannedUseError
+    from overlap_harness.engines.sglang.gpu.loop import _StandInSink
+    from recorder.kernels import KernelDeclaration
+
+    calls: list[str] = []
+
+    def triton_kernel(x: int) -> int:
+        calls.append("sglang")
+        return x + 1
+
+    def compiled_kernel(x: int) -> int:
+        calls.append("sglang-compiled")
+        raise UnplannedUseError("sgl_kernel.tree_speculative_sampling: not on this host")
+
+    def torch_implementation(x: int) -> int:
+        calls.append("stand-in")
+        return x + 1
+
+    runs = KernelDeclaration("runs", lambda *a: [], torch_implementation)
+    missing = KernelDeclaration("missing", lambda *a: [], torch_implementation)
+    harness_only = KernelDeclaration("harness", lambda *a: [], None)
+    sink = _StandInSink()
+    assert sink.implementation(runs, triton_kernel)(1) == 2
+    assert sink.implementation(missing, compiled_kernel)(1) == 2
+    assert sink.implementation(missing, compiled_kernel)(1) == 2  # no second try
+    assert sink.implementation(harness_only, triton_kernel)(1) == 2
+    assert calls == ["sglang", "sglang-compiled", "stand-in", "stand-in", "sglang"]
+    assert sink.stood_in == {"missing"}
+    calls.clear()
+    assert _StandInSink("stand_in").implementation(runs, triton_kernel)(1) == 2
+    assert calls == ["stand-in"]
+
+
+def test_stand_in_writes_keep_the_cpu_modes_ops_off_a_real_device() -> None:
+    """On CPU tensors (the CPU mode's device memory) the stand-ins' writes are the ops they
+    always were (the loop reports' race sides unchanged); the device path is for CUDA."""
+    import torch
+
+    from overlap_harness.engines.sglang.stand_ins.eagle_models import (
+        device_tensor,
+        fill_slots,
+        on_real_device,
+    )
+
+    kv = torch.zeros((5, 1))
+    assert not on_real_device(kv)
+    fill_slots(kv, torch.tensor([1, 3]), 1.0)
+    assert kv.view(-1).tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
+    assert device_tensor([4, 5], torch.zeros(1, dtype=torch.int32)).tolist() == [4, 5]

@@ -65,6 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--gpu-resume", type=Path, metavar="FILE", default=None,
                         help="with --gpu: an earlier GPU report (json) of the same tree and "
                         "device; its rows with trials are kept, only the others run")
+    parser.add_argument("--gpu-kernels", choices=("sglang", "stand_in"), default="sglang",
+                        help="with --gpu: SGLang's own kernels on the device (default; the "
+                        "harness's torch implementation only where a compiled sgl_kernel op "
+                        "is missing, named in each trial) or 'stand_in': the harness's torch "
+                        "implementations throughout (they read index values on the host)")
     parser.add_argument("--gpu-rerun", choices=("unsettled", "unrun"), default="unsettled",
                         help="with --gpu-resume: which of its rows run again: 'unsettled' "
                         "(default: every row not yet evidence, docs/sglang-loop.md) or "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import shlex
 import sys
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, f"{loop_path}: no loop report (write one with --necessity "
                     "--loop-report DIR, or pass --loop-json FILE)")
     loop_document = json.loads(loop_path.read_text())
+    from overlap_harness.engines.sglang.gpu.loop import KERNELS_VARIABLE
+
+    os.environ[KERNELS_VARIABLE] = args.gpu_kernels  # read by each trial, forked or not
     if args.repro:
         return _repro(args, loop_document)
     names = args.variant or loop_document["variants"]
@@ -55,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, f"sglang {tree.version} imported, the loop report is of "
                     f"{loop_document['sglang_version']}")
     if args.sglang_src:
-        import os
-
         os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
     device = torch.cuda.get_device_name()
     print(f"sglang {tree.version} from {tree.package_dir} on {device}; "

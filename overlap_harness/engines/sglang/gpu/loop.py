@@ -18,6 +18,7 @@ in SGLang's own buffers differs from it: each request's ``output_ids`` and the f
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -43,11 +44,43 @@ class _DeviceWatch:
         """The driver marks each iteration; a device run keeps no timeline."""
 
 
+#: the environment variable ``--gpu-kernels`` sets for the children (``sglang``/``stand_in``)
+KERNELS_VARIABLE = "OVERLAP_HARNESS_GPU_KERNELS"
+
+
 class _StandInSink:
-    """A kernel sink that runs each declared stand-in's torch implementation and records
-    nothing (``cpu_mode`` True selects ``cpu_impl``; it runs on the tensors' device)."""
+    """A kernel sink of a device run; it records nothing. Which implementation runs for a
+    declared SGLang kernel (``kernels``): ``"sglang"`` (default), SGLang's own kernel (its
+    Triton kernel compiled for the device: no host synchronisation the real server does not
+    make), except where it reaches a compiled ``sgl_kernel`` op this host lacks (the strict
+    stand-in raises :class:`UnplannedUseError` at the call, before anything is launched):
+    then, for that kernel and the rest of the run, the harness's torch implementation
+    (``cpu_impl``), named in :attr:`stood_in`; ``"stand_in"``: the torch implementations
+    throughout (the mode before 2026-12-07: their Python loops read index values on the
+    host, each read a host synchronisation SGLang's kernel does not make, which can order
+    the very sides a trial means to race)."""
 
     cpu_mode = True
+
+    def __init__(self, kernels: str = "sglang") -> None:
+        self.kernels = kernels
+        self.stood_in: set[str] = set()
+
+    def implementation(self, declaration: Any, original: Any) -> Any:
+        """What runs for ``declaration`` (see the class)."""
+        stand_in = declaration.cpu_impl
+        if stand_in is None or self.kernels == "stand_in" or declaration.name in self.stood_in:
+            return stand_in or original
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            from overlap_harness.engines.core.strict import UnplannedUseError
+
+            try:
+                return original(*args, **kwargs)
+            except UnplannedUseError:  # a compiled sgl_kernel op this host does not have
+                self.stood_in.add(declaration.name)
+                return stand_in(*args, **kwargs)
+        return run
 
     def quiet(self) -> Any:
         """Nothing is recorded anyway."""
@@ -199,12 +232,18 @@ class DeviceRun:
     probe: Any = None  # a gpu_probe.SideProbe on the delayed stream, or None
     streams_seen: list[str] = field(default_factory=list)
     sleeps: int = 0
+    kernels: str = field(default_factory=lambda: os.environ.get(KERNELS_VARIABLE, "sglang"))
+    stand_in_kernels: list[str] = field(default_factory=list)
 
     @contextmanager
     def watch(self) -> Iterator[_DeviceWatch]:
-        """The declared stand-ins routed to their torch implementations."""
-        with installed(_StandInSink()):
-            yield _DeviceWatch()
+        """The declared kernels routed as :class:`_StandInSink` says (``kernels``)."""
+        sink = _StandInSink(self.kernels)
+        try:
+            with installed(sink):
+                yield _DeviceWatch()
+        finally:
+            self.stand_in_kernels = sorted(sink.stood_in)
 
     @contextmanager
     def forcing(self, scheduler: Any) -> Iterator[None]:
@@ -270,6 +309,8 @@ class Trial:
     seconds: float = 0.0
     sleeps: int = 0
     probe: dict[str, Any] | None = None  # what a gpu_probe.SideProbe counted
+    #: SGLang kernels the run took the harness's torch implementation for (_StandInSink)
+    stand_in_kernels: list[str] = field(default_factory=list)
 
     @property
     def slept(self) -> bool:
@@ -302,12 +343,13 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
         torch.cuda.synchronize()
         return Trial(forcing.label(), error=without_machine_paths(format_error(exc)),
                      seconds=time.perf_counter() - started, sleeps=run.sleeps,
-                     probe=probe.counts() if probe is not None else None
-                     ), None, run.streams_seen
+                     probe=probe.counts() if probe is not None else None,
+                     stand_in_kernels=run.stand_in_kernels), None, run.streams_seen
     trial = Trial(forcing.label() + ("+probe" if probe is not None and not forcing.targeted
                                      else ""),
                   seconds=time.perf_counter() - started, sleeps=run.sleeps,
-                  probe=probe.counts() if probe is not None else None)
+                  probe=probe.counts() if probe is not None else None,
+                  stand_in_kernels=run.stand_in_kernels)
     if serial is not None:
         trial.wrong = first_difference(values, serial)
     return trial, values, run.streams_seen

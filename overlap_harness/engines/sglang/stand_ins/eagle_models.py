@@ -44,15 +44,39 @@ def peek(tensor: torch.Tensor) -> list[Any]:
         return tensor.tolist()
 
 
+def on_real_device(tensor: torch.Tensor) -> bool:
+    """The tensor is in a real GPU's memory (a device run), not a CPU tensor the CPU mode
+    shows as CUDA: what torch itself says, below the CPU mode's function mode."""
+    with torch._C.DisableTorchFunction():
+        return tensor.is_cuda
+
+
 def device_tensor(values: list[Any], like: torch.Tensor,
                   dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh device tensor holding ``values``, written as the kernel's output (no host
-    copy is recorded: the kernel computes them on the device)."""
+    copy is recorded: the kernel computes them on the device). On a real device the values
+    travel from pinned memory without blocking: a blocking copy from pageable memory would
+    make the host wait for the stream's earlier work, a synchronisation SGLang's kernel
+    does not make (the pinned block stays alive until the copy is done: torch's host
+    allocator records the copy's stream)."""
     with torch._C.DisableTorchFunction():
         host = torch.tensor(values, dtype=dtype or like.dtype)
     out = torch.empty(host.shape, dtype=host.dtype, device=like.device)
-    out.copy_(host)
+    if on_real_device(like):
+        out.copy_(host.pin_memory(), non_blocking=True)
+    else:
+        out.copy_(host)
     return out
+
+
+def fill_slots(buffer: torch.Tensor, slots: torch.Tensor, value: float) -> None:
+    """``buffer[slots] = value``, the KV write of a forward stand-in. On a real device as an
+    ``index_fill_`` on the device: the assignment would move the Python scalar from the host
+    first, a blocking copy that waits for the stream (and that a CUDA graph capture refuses)."""
+    if on_real_device(buffer):
+        buffer.index_fill_(0, slots.to(torch.int64), value)
+    else:
+        buffer[slots] = value
 
 
 def draft_windows(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
@@ -164,7 +188,7 @@ def _verify_accesses(out: Any, worker: FakeTargetWorker, forward_batch: Any
 def _target_verify(worker: FakeTargetWorker, forward_batch: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and hidden states of every draft token of the tree."""
-    worker.kv_buffer[forward_batch.out_cache_loc] = 1.0
+    fill_slots(worker.kv_buffer, forward_batch.out_cache_loc, 1.0)
     logits = _logits_of(forward_batch.positions, 0)
     hidden = forward_batch.input_ids.to(torch.float32).view(-1, 1).expand(-1, HIDDEN)
     return logits, hidden.contiguous()
@@ -277,7 +301,7 @@ def _draft_accesses(out: Any, runner: FakeDraftRunner, forward_batch: Any
 @declared(_draft_accesses, name="draft_forward")
 def _draft_forward(runner: FakeDraftRunner, forward_batch: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    runner.kv_buffer[forward_batch.out_cache_loc.reshape(-1)] = 1.0
+    fill_slots(runner.kv_buffer, forward_batch.out_cache_loc.reshape(-1), 1.0)
     logits = _logits_of(forward_batch.positions + 1, 1)
     hidden = forward_batch.input_ids.to(torch.float32).view(-1, 1).expand(-1, HIDDEN)
     if forward_batch.forward_mode.is_extend():
