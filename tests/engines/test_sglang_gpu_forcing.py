@@ -28,8 +28,12 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, outcomes: list[dict]) -> list[For
     asked for are returned in order."""
     asked: list[Forcing] = []
 
-    def fake(variant: str, forcing: Forcing, serial: dict, probe: object = None) -> tuple:
+    def fake(variant: str, forcing: Forcing, serial: dict, probe: object = None,
+             access_locations: tuple = ()) -> tuple:
         asked.append(forcing)
+        # each trial keeps the values of both race sides' ops (access_values)
+        assert set(access_locations) == {"/m/overlap_harness/engines/sglang/worker.py:158",
+                                         "sglang/srt/alloc.py:452"}
         return Trial(forcing.label(), **outcomes[len(asked) - 1]), {}, []
 
     monkeypatch.setattr(gpu_loop, "run_trial", fake)

@@ -105,9 +105,10 @@ class _Forced(TorchDispatchMode):
     graph capture (a synchronize is illegal there, and a sleep would be replayed)."""
 
     def __init__(self, delayed: set[int], cycles: int, serial: bool, probe: Any = None,
-                 targeted: bool = False) -> None:
+                 targeted: bool = False, capture: Any = None) -> None:
         super().__init__()
         self.probe = probe  # a gpu_probe.SideProbe told of each delayed op, or None
+        self.capture = capture  # an access_values.AccessCapture of the sides' ops, or None
         self.delayed = delayed
         self.cycles = cycles
         self.serial = serial
@@ -138,6 +139,10 @@ class _Forced(TorchDispatchMode):
         out = func(*args, **kwargs)
         if watched:
             self.probe.after_op(earlier)
+        if device and self.capture is not None:
+            location = self.capture.location()
+            if location is not None:
+                self.capture.capture(location, out)
         if device and self.serial:
             torch.cuda.synchronize()
         return out
@@ -234,6 +239,7 @@ class DeviceRun:
     sleeps: int = 0
     kernels: str = field(default_factory=lambda: os.environ.get(KERNELS_VARIABLE, "sglang"))
     stand_in_kernels: list[str] = field(default_factory=list)
+    capture: Any = None  # an access_values.AccessCapture, or None
 
     @contextmanager
     def watch(self) -> Iterator[_DeviceWatch]:
@@ -259,7 +265,7 @@ class DeviceRun:
         if "host" in self.plan.streams and self.probe is not None:
             self.probe.host_cycles = self.plan.cycles  # the host held at its earlier side
         mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe,
-                       self.plan.targeted)
+                       self.plan.targeted, self.capture)
         try:
             with mode, mode.replays(), \
                     (self.probe.watching() if self.probe is not None else nullcontext()):
@@ -311,6 +317,9 @@ class Trial:
     probe: dict[str, Any] | None = None  # what a gpu_probe.SideProbe counted
     #: SGLang kernels the run took the harness's torch implementation for (_StandInSink)
     stand_in_kernels: list[str] = field(default_factory=list)
+    #: the first value at a race side's own op that differs from the serial run's
+    #: (access_values), where output_ids and req_to_token may not show it
+    access_wrong: str | None = None
 
     @property
     def slept(self) -> bool:
@@ -325,20 +334,29 @@ class Trial:
 
 
 def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
-              probe: Any = None) -> tuple[Trial, dict[str, Any] | None, list[str]]:
+              probe: Any = None, access_locations: Sequence[str] = ()
+              ) -> tuple[Trial, dict[str, Any] | None, list[str]]:
     """One run of the variant under ``forcing`` (``probe``: a gpu_probe.SideProbe watching
     the race's sides); its values compared with ``serial``; the names of the streams the loop
-    held."""
+    held. With ``access_locations``, what the ops at those lines left is kept too (under
+    ``"access"``) and compared with the serial run's (``Trial.access_wrong``)."""
     from overlap_harness.engines.core.necessity import format_error
     from overlap_harness.engines.sglang.driver import run_variant
+    from overlap_harness.engines.sglang.gpu.access_values import (
+        AccessCapture,
+        first_access_difference,
+    )
     from overlap_harness.engines.sglang.gpu.probe import without_machine_paths
     from overlap_harness.engines.sglang.variants import VARIANTS
 
-    run = DeviceRun(forcing, probe)
+    run = DeviceRun(forcing, probe,
+                    capture=AccessCapture(access_locations) if access_locations else None)
     started = time.perf_counter()
     try:
         loop_run = run_variant(VARIANTS[variant_name], run)
         values = observe(loop_run)
+        if run.capture is not None:
+            values["access"] = run.capture.values()
     except Exception as exc:  # a crash is the trial's result, never raised
         torch.cuda.synchronize()
         return Trial(forcing.label(), error=without_machine_paths(format_error(exc)),
@@ -351,7 +369,11 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
                   probe=probe.counts() if probe is not None else None,
                   stand_in_kernels=run.stand_in_kernels)
     if serial is not None:
-        trial.wrong = first_difference(values, serial)
+        trial.wrong = first_difference({k: v for k, v in values.items() if k != "access"},
+                                       {k: v for k, v in serial.items() if k != "access"})
+        if run.capture is not None and "access" in serial:
+            trial.access_wrong = first_access_difference(values["access"], serial["access"],
+                                                         access_locations)
     return trial, values, run.streams_seen
 
 

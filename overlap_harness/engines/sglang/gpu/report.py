@@ -15,6 +15,9 @@ from typing import Any
 
 #: a necessary row without a wrong value says why in ``why`` (its key in ``why_reason``)
 NO_WRONG_REASONS = {
+    "wrong_at_access": "the race was made (probe) and the value at its own access differs "
+                       "from the serial run's (access_values); it is overwritten or not read "
+                       "before it reaches the compared buffers",
     "overwritten": "the race was made (probe), but the corrupted value is overwritten or not "
                    "read before it reaches the compared buffers",
     "timing": "the race needs a timing the delay of its earlier side cannot make (probe)",
@@ -45,7 +48,8 @@ def document(rows: list[dict[str, Any]], *, version: str, device: str, torch_ver
 
 def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
     """Why a necessary row shows no wrong value, computed from what its trials did (never
-    hand-written): not run; a trial that made the race crashed; else the probes' finding
+    hand-written): not run; a trial that made the race crashed; one that made it and left a
+    wrong value at the race's own access (``wrong_at_access``); else the probes' finding
     (gpu_probe.why_equal) of each probed trial: ``overwritten`` if any made the race, else
     ``timing`` (the finding of the trial with the largest delay)."""
     from overlap_harness.engines.sglang.gpu.loop import parse_label
@@ -57,6 +61,12 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
         return "crashed", (f"{row['made_crashed_trials']} of {row['trials']} forced trials "
                            f"made the race and crashed instead of finishing with a wrong value "
                            f"({row.get('example_crash')}); the others equal the serial answer")
+    if row.get("made_access_wrong_trials"):
+        return "wrong_at_access", (
+            f"{row['made_access_wrong_trials']} of {row['trials']} forced trials made the race "
+            f"and left a value at its own access different from the serial run's "
+            f"({row.get('example_access_wrong')}); output_ids and req_to_token equal the "
+            f"serial answer: the corrupted value is overwritten or not read before them")
     sides = {p["stream"]: p for p in row.get("probes", [])}
     unknown = {"stream": "?", "earlier": [], "later": []}
     found = [why_equal(t["probe"], sides.get((parse_label(t["forcing"]) or ("?",))[0], unknown))
@@ -94,6 +104,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "unmodified_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] is None and r.get("not_exercised")),
             "errors": sum(1 for r in rows if r.get("error")),
+            # the access oracle's control: trials that did not make the race yet differ there
+            "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
+                                              for r in rows),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
 

@@ -99,14 +99,23 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     then each row's trials (see the module docstring)."""
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu.access_values import side_locations
     from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
 
     environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
     serial: dict[str, Any] = {}
     streams: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
+    sides: dict[str, list[str]] = {}  # each variant's race sides (their ops' values kept)
     for row in rows:
-        trial, values, seen = run_trial(row["variant"], Forcing(serial=True), None)
+        for location in side_locations(row.get("race_examples", [])):
+            if location not in sides.setdefault(row["variant"], []):
+                sides[row["variant"]].append(location)
+    for row in rows:
+        if row["variant"] in serial or row["variant"] in failed:
+            continue
+        trial, values, seen = run_trial(row["variant"], Forcing(serial=True), None,
+                                        access_locations=sides.get(row["variant"], ()))
         if values is None:
             failed[row["variant"]] = f"serial run failed: {trial.error}"
         serial[row["variant"]], streams[row["variant"]] = values, seen
@@ -145,6 +154,7 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
     (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
     launcher's), the whole stream is delayed instead."""
+    from overlap_harness.engines.sglang.gpu.access_values import side_locations
     from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
     from overlap_harness.engines.sglang.gpu.probe import probes
 
@@ -158,7 +168,8 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
                 label = forcing.label()
                 probe.on_made = lambda label=label: _journal({"row": index, "made": label})
                 _journal({"row": index, "starting": label})
-                trial = run_trial(row["variant"], forcing, serial, probe)[0]
+                trial = run_trial(row["variant"], forcing, serial, probe,
+                                  side_locations(row["race_examples"]))[0]
                 _journal({"row": index, "trial": asdict(trial)})
                 trials.append(trial)
                 if trial.slept or not targeted or stream == "host":
@@ -198,8 +209,13 @@ def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[st
         "wrong_trials": len(wrong), "crashed_trials": len(crashed),
         "made_wrong_trials": sum(1 for t in made if t.wrong is not None),
         "made_crashed_trials": sum(1 for t in made if t.error is not None),
+        "made_access_wrong_trials": sum(1 for t in made if t.access_wrong is not None),
+        "access_wrong_unmade_trials": sum(1 for t in trials
+                                          if t.access_wrong is not None and not t.race_made),
         "example_wrong": f"{wrong[0].forcing}: {wrong[0].wrong}" if wrong else None,
         "example_crash": f"{crashed[0].forcing}: {crashed[0].error}" if crashed else None,
+        "example_access_wrong": next((f"{t.forcing}: {t.access_wrong}" for t in made
+                                      if t.access_wrong is not None), None),
         "reached_per_trial": reached,
         "seconds": round(sum(t.seconds for t in trials), 2),
         "trial_details": [asdict(t) for t in trials],

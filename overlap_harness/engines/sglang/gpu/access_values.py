@@ -1,0 +1,97 @@
+"""The values at a race's own accesses, on the device: what each op at a race side's line
+produced, copied off the device in stream order, compared with the serial run's.
+
+A necessary row whose race the probe saw made can still end with ``output_ids`` and
+``req_to_token`` equal to the serial answer: the value the race corrupted is overwritten, or
+not read, before it reaches them (``overwritten``). The corruption itself is then visible only
+where the race happened. So each op issued from a race side's line (either side: a RAW's later
+read takes a stale value, a WAR's earlier read sees the later write) has its outputs copied
+into pinned memory with ``non_blocking`` copies queued right after it on its own stream: the
+copy runs when the op has, so it holds exactly what the op left, and the host does not wait
+(no ordering is added between the race's sides). After the run, each line's values, in the
+order its ops were issued, are compared with the serial run's.
+
+Control: a trial whose probe did not see the race made must show no difference here (the
+report counts those that do, ``access_wrong_unmade_trials``): values that differ from run to
+run for another reason would show there first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from overlap_harness.engines.sglang.gpu.probe import _key, _matches
+
+
+def side_locations(race_examples: Sequence[str]) -> tuple[str, ...]:
+    """Both sides' ``file:line`` of the loop report's ``race_examples``
+    (``'RAW x: op on self.S at a.py:1 / op on host at b.py:2'``), in first-seen order."""
+    out: list[str] = []
+    for example in race_examples:
+        _, _, sides = example.partition(": ")
+        for side in sides.split(" / "):
+            where = side.rpartition(" at ")[2].strip()
+            if where and where not in out:
+                out.append(where)
+    return tuple(out)
+
+
+class AccessCapture:
+    """Snapshots of what the ops at ``locations`` left, in issue order per location."""
+
+    def __init__(self, locations: Sequence[str]) -> None:
+        self.locations = tuple(locations)
+        self._keys = [(_key(location), location) for location in self.locations]
+        self._snapshots: dict[str, list[torch.Tensor]] = {}
+
+    def location(self, depth: int = 3) -> str | None:
+        """The side line the op being issued comes from (``depth`` frames up, then outward),
+        or None."""
+        frame = sys._getframe(depth)
+        while frame is not None:
+            for key, location in self._keys:
+                if _matches(frame, [key]):
+                    return location
+            frame = frame.f_back
+        return None
+
+    def capture(self, location: str, out: Any) -> None:
+        """Queue a copy of each device tensor of ``out`` into pinned memory, on the current
+        stream, right after the op that made it."""
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                snapshot = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                snapshot.copy_(tensor, non_blocking=True)
+                self._snapshots.setdefault(location, []).append(snapshot)
+
+    def values(self) -> dict[str, list[Any]]:
+        """Every snapshot's values, after the device finished (call once the run is over)."""
+        torch.cuda.synchronize()
+        return {location: [snapshot.tolist() for snapshot in snapshots]
+                for location, snapshots in self._snapshots.items()}
+
+
+def first_access_difference(observed: dict[str, list[Any]], serial: dict[str, list[Any]],
+                            locations: Sequence[str]) -> str | None:
+    """The first value at one of ``locations`` that differs from the serial run's, as text
+    (``'sglang/x.py:12, its op 3: [4, 0] (serial [4, 5])'``); None when every one is equal.
+    A line reached a different number of times says so (the run took another path)."""
+    for location in locations:
+        got, want = observed.get(location, []), serial.get(location, [])
+        for index, (value, expected) in enumerate(zip(got, want, strict=False)):
+            if value != expected:
+                return (f"{location}, its op {index + 1}: {_short(value)} "
+                        f"(serial {_short(expected)})")
+        if len(got) != len(want):
+            return f"{location}: {len(got)} ops (serial {len(want)})"
+    return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
