@@ -28,6 +28,12 @@
 # race sides' harness lines the probe matches are this code's), then the table against it,
 # VARIANTS="--gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json" (its settled rows kept).
 # Call: run(command="H=.gpu/s40 STEP=loop,table bash tools/sglang_gpu_run.sh", carry=[".gpu/s40"]).
+# Ran so on an H100 (LOOP_S=200 TABLE_S=330 DEADLINE=290), then twice with the loop report it
+# made copied to $H/loop.json and the last report to $H/prevN.json:
+# VARIANTS="--loop-json $H/loop.json --gpu-resume $H/prevN.json --gpu-rerun unrun".
+# Next (SGLang's own kernels on the device and the access values, both new since that run):
+# STEP=loop,table with VARIANTS="--gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json"
+# (its unsettled rows run again), then --gpu-rerun unrun calls until no row is left.
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
 # the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
