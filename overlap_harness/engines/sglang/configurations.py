@@ -49,6 +49,9 @@ SWITCHES: tuple[Switch, ...] = (
            "default)", ON_OFF),
     Switch("cuda_graph", "the forwards CUDA graphs replay (--disable-cuda-graph: off)",
            ("off", "decode", "verify_and_draft_extend"), "off"),
+    Switch("single_cg_draft", "the multi-layer EAGLE draft extend's steps in one CUDA graph "
+           "(SGLANG_ENABLE_SINGLE_CG_DRAFT, on by default) or one graph per step",
+           ON_OFF),
     Switch("attention_reads_end", "where the attention backend's shared req_to_token reads "
            "end (SharedReadEnds: inside the graph replay, after it, before it)",
            ("in_replay", "post_replay", "pre_replay")),

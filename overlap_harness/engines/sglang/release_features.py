@@ -68,6 +68,14 @@ VERIFY_GRAPH_LOAD = Feature("the EAGLE target verify staged into the decode CUDA
 DRAFT_EXTEND_GRAPHS = Feature("the EAGLE draft-extend CUDA-graph runner",
                               "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
                               "EAGLEDraftExtendCudaGraphRunner")
+MULTI_LAYER_DRAFT_EXTEND_GRAPHS = Feature(
+    "the multi-layer EAGLE draft-extend CUDA-graph runner (one graph per draft step)",
+    "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner",
+    "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner")
+MULTI_LAYER_ONE_GRAPH_DRAFT = Feature(
+    "the multi-layer EAGLE draft extend's steps in one CUDA graph (SGLANG_ENABLE_SINGLE_CG_DRAFT)",
+    "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner",
+    "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner")
 DELAYED_SAMPLE = Feature("the scheduler's delayed sampling (grammar batches without "
                          "speculation, SGLANG_ENABLE_DELAY_SAMPLE)", "sglang.srt.managers.utils",
                          "GenerationBatchResult.delay_sample_func")

@@ -26,6 +26,9 @@ from overlap_harness.engines.sglang.features.eagle_verify_graph import CudaGraph
 from overlap_harness.engines.sglang.features.embedding import Embedding
 from overlap_harness.engines.sglang.features.grammar import Grammar
 from overlap_harness.engines.sglang.features.hip import Hip
+from overlap_harness.engines.sglang.features.multi_layer_draft_extend_graph import (
+    CudaGraphMultiLayerDraftExtend,
+)
 from overlap_harness.engines.sglang.features.multi_layer_eagle import MultiLayerEagle
 from overlap_harness.engines.sglang.features.radix_cache import RadixCache
 from overlap_harness.engines.sglang.features.retraction import Retraction
@@ -38,7 +41,7 @@ from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 FEATURE_ORDER: tuple[type[Feature], ...] = (
     Hip, Retraction, ChunkedPrefill, RadixCache, Embedding, DpAttention, CudaGraphDecode,
     EagerPrefillReadDone, DelaySample, UnifiedMemory, Eagle, MultiLayerEagle, CudaGraphVerify,
-    CudaGraphDraftExtend, Dspark, Grammar)
+    CudaGraphDraftExtend, CudaGraphMultiLayerDraftExtend, Dspark, Grammar)
 
 F = TypeVar("F", bound=Feature)
 
@@ -237,6 +240,24 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # stream
     Variant("multi_layer_eagle_plan_off", 12, EAGLE_ARRIVALS,
             (MultiLayerEagle(plan_stream=False),), TWO_ROWS),
+    # multi_layer_eagle under CUDA graphs (SGLang's default): the target verify under its
+    # graph runner, the draft extend under the runner SGLang's _capture_cuda_graphs picks,
+    # every step in one graph (SGLANG_ENABLE_SINGLE_CG_DRAFT, on by default), batch sizes 1
+    # and 2 captured; plan stream on and off
+    Variant("multi_layer_eagle_graph", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2))), TWO_ROWS),
+    Variant("multi_layer_eagle_graph_plan_off", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(plan_stream=False), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2))), TWO_ROWS),
+    # the same with one draft-extend graph per step (SGLANG_ENABLE_SINGLE_CG_DRAFT=0): the
+    # worker rotates the shared input_ids between the steps' replays
+    Variant("multi_layer_eagle_step_graphs", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2), single_graph=False)), TWO_ROWS),
+    Variant("multi_layer_eagle_step_graphs_plan_off", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(plan_stream=False), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2), single_graph=False)), TWO_ROWS),
     # --enable-unified-memory: a hybrid-SWA model (window 4) whose full and SWA KV share one
     # 56-page buffer; a 40-token prompt prefilled in chunks of 10 by a backend whose prefill
     # reads end in its metadata init (PRE_REPLAY, as TRT-LLM MHA's), so the WAR barrier waits

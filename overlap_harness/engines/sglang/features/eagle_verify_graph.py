@@ -228,7 +228,7 @@ class CudaGraphVerify(Feature):
         return (graph_kernels.declare,)
 
     def attach(self, scheduler: Any, server_args: Any, variant: Variant) -> None:
-        eagle = variant.feature(Eagle)
-        if eagle is None:
+        eagle = variant.speculative  # Eagle or its multi-layer worker (a subclass)
+        if not isinstance(eagle, Eagle):
             raise ValueError(f"{variant.name}: CudaGraphVerify needs the Eagle feature")
         attach(scheduler, server_args, self.sizes, eagle.num_draft_tokens, eagle.topk > 1)

@@ -62,7 +62,7 @@ class FakeStepRunner(FakeDraftRunner):
         return output
 
 
-def _rotated(input_ids: torch.Tensor, extend_start_loc: torch.Tensor,
+def rotated(input_ids: torch.Tensor, extend_start_loc: torch.Tensor,
              extend_seq_lens: torch.Tensor, topk_index: torch.Tensor,
              select_index: torch.Tensor | None = None) -> torch.Tensor:
     """``rotate_input_ids``' values: each window shifted left by one, the request's top-1
@@ -81,7 +81,7 @@ def _rotated(input_ids: torch.Tensor, extend_start_loc: torch.Tensor,
     return input_ids
 
 
-def _rotate_accesses(out: Any, input_ids: torch.Tensor, extend_start_loc: torch.Tensor,
+def rotate_accesses(out: Any, input_ids: torch.Tensor, extend_start_loc: torch.Tensor,
                      extend_seq_lens: torch.Tensor, topk_index: torch.Tensor,
                      select_index: torch.Tensor | None = None) -> list[DeclaredAccess]:
     acc = reads(input_ids) + reads(extend_start_loc) + reads(extend_seq_lens)
@@ -93,5 +93,5 @@ def _rotate_accesses(out: Any, input_ids: torch.Tensor, extend_start_loc: torch.
 
 def declare() -> None:
     """Register the declarations (idempotent)."""
-    recorder.declare_kernel(f"{WORKER_MODULE}:rotate_input_ids", _rotate_accesses,
-                            cpu_impl=_rotated, name="rotate_input_ids_kernel")
+    recorder.declare_kernel(f"{WORKER_MODULE}:rotate_input_ids", rotate_accesses,
+                            cpu_impl=rotated, name="rotate_input_ids_kernel")
