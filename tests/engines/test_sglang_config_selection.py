@@ -144,7 +144,7 @@ def test_the_command_prints_every_bad_config_on_its_own_line_and_exits_2():
     # SGLang's multi-layer worker (the key applies to its variants only)
     (["speculative=eagle", "multi_layer_eagle=on"],
      {name for name, v in VARIANTS.items() if v.feature(Eagle) is not None}
-     | {"multi_layer_eagle", "multi_layer_eagle_plan_off"}),
+     | {name for name, v in VARIANTS.items() if v.feature(MultiLayerEagle) is not None}),
 ])
 def test_the_configurations_users_run_select_their_variants(items, expected):
     """Each selects exactly the variants whose features say so (read here directly)."""

@@ -27,6 +27,12 @@ from tests.engines.sglang_trees import (
     unchanged,
 )
 
+
+def _plan_stream_side(race: dict) -> bool:
+    """A race of the multi-layer worker's finding: one side on the plan stream."""
+    return "plan_stream" in (race["first"]["stream"], race["second"]["stream"])
+
+
 VARIANTS = tuple(ALL_VARIANTS)
 #: the default variants SGLang 0.5.23 races on as released, each a finding of
 #: docs/findings.md, with what each of its races must show (computed by the detector; the
@@ -34,8 +40,10 @@ VARIANTS = tuple(ALL_VARIANTS)
 RACING_AS_RELEASED = {
     # the multi-layer worker's draft-extend preparation on the plan stream, not waiting for
     # the forward stream: every race has a side on the plan stream
-    "multi_layer_eagle": lambda race: "plan_stream" in (race["first"]["stream"],
-                                                        race["second"]["stream"]),
+    "multi_layer_eagle": _plan_stream_side,
+    # the same finding under the multi-layer draft-extend CUDA graphs (one graph, per step)
+    "multi_layer_eagle_graph": _plan_stream_side,
+    "multi_layer_eagle_step_graphs": _plan_stream_side,
     # DSpark's confidence relay without host lengths: the ring copy (D2H stream) against the
     # next decode's scatter into confidence_buf, both in overlap_utils.py
     "dspark_no_host_lengths": lambda race: (

@@ -16,6 +16,12 @@ import pytest
 
 from overlap_harness.engines.sglang import releases
 
+
+def _plan_stream_side(race: dict) -> bool:
+    """A race of the multi-layer worker's finding: one side on the plan stream."""
+    return "plan_stream" in (race["first"]["stream"], race["second"]["stream"])
+
+
 #: run by CI beside the default tests: one mid-range release and the newest
 CI_RELEASES = ("0.5.20", "0.5.23")
 MIN_VARIANTS = 10
@@ -56,8 +62,10 @@ KNOWN_DEFAULT_CONFIG_GAPS = {"0.5.17": _RADIX_0517}
 FINDINGS = {
     # the multi-layer worker's draft-extend preparation on the plan stream without a wait
     # for the forward stream: every race has a side on the plan stream
-    "multi_layer_eagle": lambda race: "plan_stream" in (race["first"]["stream"],
-                                                        race["second"]["stream"]),
+    "multi_layer_eagle": _plan_stream_side,
+    # the same finding under the multi-layer draft-extend CUDA graphs (one graph, per step)
+    "multi_layer_eagle_graph": _plan_stream_side,
+    "multi_layer_eagle_step_graphs": _plan_stream_side,
     # DSpark's relay without host lengths: ring copy against the next scatter (WAR on
     # confidence_buf), both sides in overlap_utils.py
     "dspark_no_host_lengths": lambda race: (

@@ -166,6 +166,14 @@ VARIANTS_NOT_MODELLED: dict[str, str] = {
         "not modelled: the multi-layer EAGLE worker races as released (its draft extend's "
         "preparation on the plan stream waits for nothing: docs/findings.md), and the model "
         "column judges a run, not the races a removal adds to a racing base"),
+    "multi_layer_eagle_graph": (
+        "not modelled: the multi-layer EAGLE worker under its one-graph draft-extend runner "
+        "races as released (the same plan-stream block as eager: docs/findings.md), and the "
+        "model column judges a run, not the races a removal adds to a racing base"),
+    "multi_layer_eagle_step_graphs": (
+        "not modelled: the multi-layer EAGLE worker under its per-step draft-extend graphs "
+        "races as released (the same plan-stream block as eager: docs/findings.md), and the "
+        "model column judges a run, not the races a removal adds to a racing base"),
     "dspark_no_host_lengths": (
         "not modelled: DSpark's relay without host lengths races as released (the ring copy "
         "against the next scatter: docs/findings.md), and the model column judges a run, not "

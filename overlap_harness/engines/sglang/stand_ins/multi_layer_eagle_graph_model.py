@@ -16,7 +16,9 @@ buffers. What stands in here:
   (``draft_extend_metadata_captured_in_graph`` True, as FlashAttention-3's and FlashMLA's
   do), so SGLang's worker may capture every step in one graph and the replay plans nothing
   out of the graph; it stages nothing before the verify
-  (``supports_draft_extend_metadata_staging`` False).
+  (``supports_draft_extend_metadata_staging`` False: FlashAttention-3 answers True for topk
+  1, but SGLang stages only for backends that do not capture the metadata in the graph, so
+  its path is the same).
 * :class:`StepGraphModel`: ``model_runner_list[step].model`` for the capture: the step's draft
   layer inside the graph, one declared op: reads the static tokens, positions, carried hidden
   states, write slots, ``select_index``, the private KV indices and the step's draft KV they
