@@ -58,6 +58,8 @@ def _prepare_step_runner(runner: Any, server_args: Any, config: Any, max_tokens:
                          ) -> graph_model.StepGraphBackend:
     """Step runner ``runner``'s backend and model for the graphs, and the fields SGLang's
     graph runner reads of a model runner (the fake runner refuses others)."""
+    from sglang.srt.runtime_context import get_parallel
+
     backend = graph_model.StepGraphBackend(runner.attn_backend,
                                            runner.req_to_token_pool.req_to_token)
     runner.attn_backend = backend  # SGLang's init_attention_backend: the runner's own
@@ -66,6 +68,7 @@ def _prepare_step_runner(runner: Any, server_args: Any, config: Any, max_tokens:
     runner.device_timer = None
     runner.hisparse_coordinator = None
     runner.gpu_id = 0
+    runner.tp_size = get_parallel().tp_size  # the one-rank groups (read by 0.5.21's runner)
     runner.server_args = graph_server_args(server_args, config)
     runner._kernel_warmed_up = True  # no kernels to autotune
     # flashinfer's draft autotune: done (no flashinfer kernels here)
