@@ -93,9 +93,7 @@ def attach(scheduler: Any, batch_sizes: tuple[int, ...]) -> Any:
         for runner in draft.draft_runner_list]
     module = importlib.import_module(WORKER_MODULE)
     runner_module = importlib.import_module(graph_model.RUNNER_MODULE)
-    capture_stream = torch.cuda.Stream()
-    capture_stream.name = "graph_capture_stream"
-    pool.set_global_graph_memory_pool(None)
+    pool.set_global_graph_memory_pool(None)  # this run's graph pool, made in its watch
     one_rank = StrictStub("tp_group", barrier=lambda: None, world_size=1, rank_in_group=0)
     # the worker's platform flags: a CUDA rank (the CPU mode's platform says CPU)
     flags = [(module, name, False) for name in ("_is_cpu", "_is_npu") if hasattr(module, name)]
