@@ -168,8 +168,8 @@ PROVENANCE: dict[str, Provenance] = {
                       "KV group, no spec decode, no extensible KV cache)",
                       "the worker (engine_core.FakeWorker): execute_model stages the "
                       "requests' block-table rows and runs the forward; sample_tokens "
-                      "samples and returns AsyncOutput (the reuse race's second side is its "
-                      "sampler's allocation)",
+                      "samples and returns AsyncOutput (its sampler's allocation: the race's "
+                      "second side of the reuse races)",
                       "_apply_write_kernel (declared: reads the ring, writes the rows)",
                       "two warmup calls back to back (a ring of 2 slots)")),
 }
