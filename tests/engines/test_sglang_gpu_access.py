@@ -64,3 +64,36 @@ def test_a_made_race_wrong_at_its_access_says_so_and_counts() -> None:
     again = gpu_report.document([row], version="0.5.23", device="d", torch_version="t",
                                 date="d", command="c", failures=[], seconds=1.0)
     assert again["rows"][0]["why_reason"] == "overwritten"
+
+
+def test_a_variant_that_races_as_released_is_forced_on_its_unmodified_loop() -> None:
+    """The loop report's ``released_races`` (the unmodified loop's races, from the necessity
+    document) make that variant's unmodified row a race row, forced from its earlier sides;
+    a variant without them keeps the control row; the report's check holds both."""
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+    from overlap_harness.engines.sglang.report.loop_report import released_races
+
+    race = {"kind": "WAR", "tensor": "confidence_buf@overlap_utils.py:90", "variant": "d",
+            "iteration": 2,
+            "first": {"file": "/t/sglang/srt/managers/overlap_utils.py", "line": 243,
+                      "op": "copy_", "stream": "self.fwd_prepare_d2h_stream"},
+            "second": {"file": "/t/sglang/srt/managers/overlap_utils.py", "line": 235,
+                       "op": "index_put_", "stream": "self.forward_stream"}}
+    released = released_races([race, dict(race, iteration=3)])
+    assert released == {"d": [
+        "WAR confidence_buf@overlap_utils.py:90: copy_ on self.fwd_prepare_d2h_stream at "
+        "sglang/srt/managers/overlap_utils.py:243 / index_put_ on self.forward_stream at "
+        "sglang/srt/managers/overlap_utils.py:235"]}
+    loop = {"sglang_version": "0.5.23", "variants": ["d", "e"], "rows": [],
+            "released_races": released}
+    unmodified = {r["variant"]: r for r in gpu_table.plan(loop)[None]}
+    assert unmodified["d"]["cpu_verdict"] == "race"
+    assert unmodified["d"]["delay"] == ["fwd_prepare_d2h_stream"]
+    assert unmodified["e"]["cpu_verdict"] is None and unmodified["e"]["delay"] == []
+    rows = [{"variant": "d", "site": None, "code": None, "cpu_verdict": "race", "trials": 0,
+             "wrong_trials": 0, "example_wrong": None, "why": "w", "why_reason": "not_run"},
+            {"variant": "e", "site": None, "code": None, "cpu_verdict": "race", "trials": 0,
+             "wrong_trials": 0, "example_wrong": None, "why": "w", "why_reason": "not_run"}]
+    found = gpu_report.problems({"sglang_version": "0.5.23", "rows": rows}, loop)
+    assert found == ["e None: the unmodified loop's cpu_verdict race but the loop report "
+                     "lists 0 released races"]

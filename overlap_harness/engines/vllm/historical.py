@@ -51,7 +51,7 @@ import torch
 
 from overlap_harness.engines.core.mutation import function_from_file
 from overlap_harness.engines.core.strict import StrictStub
-from overlap_harness.engines.vllm import released_races
+from overlap_harness.engines.vllm import mrv2_warmup, released_races
 from overlap_harness.engines.vllm.accepted_tokens import accepted_tokens_steps
 from overlap_harness.engines.vllm.environment import VllmUnavailable, cuda_selected, import_vllm
 from overlap_harness.engines.vllm.fence_scope import (
@@ -323,6 +323,8 @@ INSTALLED = "installed"
 _MRV2_PP = "vllm.v1.worker.gpu.pp_utils:PPHandler.broadcast_drafts"
 _MRV2_OUTPUT = "vllm.v1.worker.gpu.async_utils:AsyncOutput"
 _MRV2_RING = "vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor"
+#: what 0.34.0's warmup.py imports that older trees lack (its post-fix side runs only there)
+_MRV2_WARMUP_IMPORTS = "vllm.v1.worker.extensible_kv_cache:num_committable_kv_blocks"
 SINGLE_BUFFER_GATHER = "0.13.0"  # the last release whose gather writes one is_mm_embed buffer
 
 
@@ -411,6 +413,14 @@ HISTORICAL = (
                    post_member=released_races.MM_ENCODER_RUNNER_FILE,
                    needs=("vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner",
                           _MRV2_RING)),
+    HistoricalRace("mrv2-warmup (0.34.0)", "a warmup runs its steps back to back and "
+                   "discards their outputs, so no host wait bounds the steps in flight: a "
+                   "UvaBufferPool slot is rewritten two writes later while an earlier step's "
+                   "write kernel may still read it, and a discarded output's D2H copy still "
+                   "reads a block the next step's sampler reuses (MRV2 mixed prefill+decode "
+                   "warmup)", mrv2_warmup.WARMUP_FILE, "0.33.0", "0.34.0",
+                   mrv2_warmup.warmup_steps, distribution="vllm",
+                   needs=(_MRV2_WARMUP_IMPORTS, _MRV2_RING, _MRV2_OUTPUT)),
 )
 
 

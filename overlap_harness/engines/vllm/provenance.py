@@ -22,6 +22,7 @@ BLOCK_TABLE = "vllm/v1/worker/block_table.py"
 PP_UTILS = "vllm/v1/worker/gpu/pp_utils.py"
 ATTENTION_UTILS = "vllm/v1/attention/backends/utils.py"
 BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"
+WARMUP = "vllm/v1/worker/gpu/warmup.py"
 RELEASED_CODE = "the release's code"
 HARNESS_LOOP = "the harness's loop"
 
@@ -154,4 +155,21 @@ PROVENANCE: dict[str, Provenance] = {
         difference="the release's code on the post-fix side (0.29.0's semaphore); the "
                    "pre-fix side is the harness's loop running the same writes unguarded, "
                    "as 0.28.0's execute_model is read"),
+    "mrv2-warmup (0.34.0)": Provenance(
+        released_code=(f"{WARMUP}:run_mixed_prefill_decode_warmup",
+                       f"{WARMUP}: every function the file defines (the block counter; "
+                       "0.34.0's _run_step, whose synchronize is the fix), compiled with the "
+                       "file's own imports",),
+        installed_code=(f"{BUFFER_UTILS}:StagedWriteTensor (stage_write, apply_write)",
+                        f"{BUFFER_UTILS}:UvaBufferPool", _MRV2_ASYNC_OUTPUT,
+                        "vllm/v1/core/sched/output.py:SchedulerOutput, NewRequestData, "
+                        "CachedRequestData", "vllm/v1/kv_cache_interface.py:FullAttentionSpec"),
+        harness_code=("the runner's fields the warmup reads (strict stub: one full-attention "
+                      "KV group, no spec decode, no extensible KV cache)",
+                      "the worker (engine_core.FakeWorker): execute_model stages the "
+                      "requests' block-table rows and runs the forward; sample_tokens "
+                      "samples and returns AsyncOutput (its sampler's allocation: the race's "
+                      "second side of the reuse races)",
+                      "_apply_write_kernel (declared: reads the ring, writes the rows)",
+                      "two warmup calls back to back (a ring of 2 slots)")),
 }

@@ -119,6 +119,10 @@ def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
         out.append(f"version {report['sglang_version']} != {loop_report['sglang_version']}")
     for row in report["rows"]:
         where = f"{row['variant']} {row['site']}"
+        released = loop_report.get("released_races", {}).get(row["variant"])
+        if row["site"] is None and (row["cpu_verdict"] == "race") != bool(released):
+            out.append(f"{where}: the unmodified loop's cpu_verdict {row['cpu_verdict']} but "
+                       f"the loop report lists {len(released or [])} released races")
         if row["site"] is not None and real.get((row["variant"], row["site"])) \
                 != row["cpu_verdict"]:
             out.append(f"{where}: cpu_verdict {row['cpu_verdict']} but the loop report says "

@@ -56,12 +56,17 @@ def earlier_streams(race_examples: Sequence[str]) -> list[str]:
 def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
          skip: frozenset[tuple[str, str | None]] = frozenset()
          ) -> dict[str | None, list[dict[str, Any]]]:
-    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant), less
-    the (variant, site) pairs in ``skip`` (rows an earlier run already has)."""
+    """Site -> its rows to run (None -> the unmodified loop's rows, one per variant: a race
+    row where the loop report lists the variant's ``released_races``), less the (variant,
+    site) pairs in ``skip`` (rows an earlier run already has)."""
     chosen = list(variants or loop_document["variants"])
-    by_site: dict[str | None, list[dict[str, Any]]] = {
-        None: [{"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
-               for v in chosen if (v, None) not in skip]}
+    released = loop_document.get("released_races", {})  # absent in reports before 2026-12-07
+    by_site: dict[str | None, list[dict[str, Any]]] = {None: [
+        {"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
+        if not released.get(v) else  # the tree as released races: forced as a race row
+        {"variant": v, "site": None, "code": None, "cpu_verdict": "race",
+         "delay": earlier_streams(released[v]), "race_examples": released[v]}
+        for v in chosen if (v, None) not in skip]}
     for row in loop_document["rows"]:
         if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
                 or (row["variant"], row["site"]) in skip:

@@ -279,6 +279,20 @@ def build_rows(necessity: Iterable[dict[str, Any]], protocol: Protocol = ()
     return rows
 
 
+def released_races(races: Iterable[dict[str, Any]], per_variant: int = 8
+                   ) -> dict[str, list[str]]:
+    """Each variant whose unmodified loop races (the tree as released): its distinct race
+    texts, as a row's ``race_examples`` (up to ``per_variant``): the GPU table forces them
+    on the unmodified loop as it forces a removed site's."""
+    out: dict[str, list[str]] = {}
+    for race in races:
+        examples = out.setdefault(race["variant"], [])
+        text = _race_text(race)
+        if text not in examples and len(examples) < per_variant:
+            examples.append(text)
+    return out
+
+
 def short_site(site: str) -> str:
     """``sglang/srt/managers/scheduler.py:4672`` for a site anywhere inside a sglang tree, and
     ``sglang/kernels/ops/kvcache/copy_pages.py:61`` for one of the package outside ``srt``
@@ -336,6 +350,7 @@ def write(document: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
               "summary": summarize(rows), "sites": sites,
               "unreached_sites": site_configs.unreached_sites(sites,
                                                               Path(document["source"])),
+              "released_races": released_races(document.get("races", [])),
               "rows": rows}
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"sglang-{version}-loop.json"
