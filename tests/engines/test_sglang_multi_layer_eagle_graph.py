@@ -160,6 +160,8 @@ def test_tree_as_released_races_and_with_the_wait_is_race_free(tmp_path):
     the one-line wait they are race-free (exit 0 on 0.5.20 on)."""
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
+    for name in ("released", "fixed"):
+        (tmp_path / name).mkdir()
     _check_released(*_command(tmp_path / "released", None, False, tuple(RUNNERS)))
     _check_fixed(*_command(tmp_path / "fixed", None, True, PLAN_ON))
 
