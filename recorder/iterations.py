@@ -26,13 +26,20 @@ import ast
 import functools
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-from overlap_harness.recorder.sites import SourceBusy, display_path, is_user_file, source_tree
+from overlap_harness.recorder.sites import (
+    SourceBusy,
+    display_path,
+    is_user_file,
+    plumbing_version,
+    source_tree,
+)
 
 _TOGGLES = sys.version_info < (3, 12)  # from 3.12 an idle tracer costs only its calls, and
 # switching it off and on re-instruments every code object: worth it only on 3.11
@@ -176,12 +183,44 @@ class _FrameLoops:
         return found
 
 
+class _SeenCodes:
+    """The loops of every code object any watch has looked at (:meth:`_GlobalTracer.
+    code_loops`), kept from one watch to the next: a code object's file and lines never
+    change, and working them out (the file's loops, the code's lines) for each of the
+    thousands of functions an engine's loop calls cost every run as much again (SGLang's
+    necessity table: 9% of its CPU). Weak, so code that is dropped (a script ``check`` ran)
+    is not kept; forgotten when a file is declared plumbing since (:func:`recorder.sites.
+    not_user_code`), which changes whose code a frame is."""
+
+    def __init__(self) -> None:
+        # by code, with its file: equal code objects of two files (the same function at the
+        # same line) compare equal, and each file has its own loops
+        self._loops: weakref.WeakKeyDictionary[CodeType, tuple[str, _CodeLoops | None]] = \
+            weakref.WeakKeyDictionary()
+        self._version = plumbing_version()
+
+    def get(self, code: CodeType) -> _CodeLoops | bool | None:
+        """The loops known for ``code`` (None: it has none), or False when not known."""
+        if self._version != plumbing_version():
+            self._loops.clear()
+            self._version = plumbing_version()
+        file, loops = self._loops.get(code, ("", False))
+        return loops if file == code.co_filename else False
+
+    def put(self, code: CodeType, loops: _CodeLoops | None) -> None:
+        """Remember ``code``'s loops (None: none)."""
+        self._loops[code] = (code.co_filename, loops)
+
+
+_SEEN_CODES = _SeenCodes()
+
+
 class _GlobalTracer:
     """The thread's trace function: a :class:`_FrameLoops` for the user's looping frames,
     pushed on the thread's stack of running looping frames."""
 
     def __init__(self) -> None:
-        self._codes: dict[CodeType, _CodeLoops | None] = {}
+        self._codes: dict[CodeType, _CodeLoops | None] = {}  # this watch's (a dict: fastest)
         self._threads = threading.local()
 
     def running(self) -> list[_FrameLoops]:
@@ -198,6 +237,10 @@ class _GlobalTracer:
             return self._codes[code]
         except KeyError:
             pass
+        known = _SEEN_CODES.get(code)
+        if known is not False:
+            self._codes[code] = known  # type: ignore[assignment]
+            return known  # type: ignore[return-value]
         found = None
         if is_user_file(code.co_filename):
             try:
@@ -212,6 +255,7 @@ class _GlobalTracer:
                                    {loop.body_first: loop for loop, endless in mine
                                     if endless and loop.body_first != loop.header})
         self._codes[code] = found
+        _SEEN_CODES.put(code, found)
         return found
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> _FrameLoops | None:

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.recorder.iterations import LoopCounter, LoopPass, untraced
+from overlap_harness.recorder.iterations import (
+    LoopCounter,
+    LoopPass,
+    untraced,
+)
 from overlap_harness.recorder.sites import display_path
 
 HERE = display_path(__file__)
@@ -202,6 +206,40 @@ def test_a_parse_asked_for_inside_another_is_refused_and_not_cached(tmp_path: Pa
     finally:
         sites._parsing[0] = False
     assert isinstance(sites.source_tree(str(path)).body[0], ast.For)
+
+
+def test_a_later_watch_reuses_the_loops_found_for_a_code_and_counts_the_same(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What a code object's loops are is worked out once per process, not once per watch;
+    declaring a file plumbing since makes it worked out again."""
+    from overlap_harness.recorder import iterations, sites
+
+    def program(counter: LoopCounter, seen: list) -> None:
+        for _ in range(2):  # the loop
+            seen.append(counter.passes())
+
+    first: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, first)
+    looked_up = []
+    real = iterations._file_loops
+    monkeypatch.setattr(iterations, "_file_loops",
+                        lambda name: looked_up.append(name) or real(name))
+    second: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, second)
+    loop = line_of(program, "# the loop")
+    assert counts(first) == counts(second) == [((loop, 0),), ((loop, 1),)]
+    assert __file__ not in looked_up  # known from the first watch
+    sites.not_user_code(str(tmp_path / "stand_in.py"))  # another file is plumbing now
+    third: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, third)
+    assert counts(third) == counts(first)
+    assert __file__ in looked_up  # worked out again
 
 
 def test_untraced_work_runs_with_the_tracer_off_and_restores_it() -> None:
