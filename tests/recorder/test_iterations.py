@@ -14,6 +14,7 @@ import pytest
 from overlap_harness.recorder.iterations import (
     LoopCounter,
     LoopPass,
+    loops_not_counted,
     untraced,
 )
 from overlap_harness.recorder.sites import display_path
@@ -189,6 +190,26 @@ def test_another_tracer_is_left_alone_and_nothing_is_counted() -> None:
     finally:
         sys.settrace(previous)
     assert calls  # it went on tracing
+
+
+def test_inside_loops_not_counted_a_watch_counts_nothing_and_sets_no_tracer() -> None:
+    counter = LoopCounter()
+    seen: list = []
+    tracers = []
+
+    def program() -> None:
+        tracers.append(sys.gettrace())
+        for _ in range(2):  # the loop
+            seen.append(counter.passes())
+
+    with loops_not_counted(), counter.counting():
+        program()
+    assert seen == [(), ()]
+    assert tracers[0] is None or type(tracers[0]).__name__ != "_GlobalTracer"
+    with counter.counting():  # counted again after the block
+        program()
+    loop = line_of(program, "# the loop")
+    assert counts(seen[2:]) == [((loop, 0),), ((loop, 1),)]
 
 
 def test_a_parse_asked_for_inside_another_is_refused_and_not_cached(tmp_path: Path) -> None:

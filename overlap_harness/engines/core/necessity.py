@@ -72,11 +72,21 @@ def _one_site(planned: tuple[int, SyncSite, list[str]]
                       (runs_done + number) / sum(planned_runs),
                       major=number == 0)
         before = coverage.reached.get(site.key, 0)
-        with captured(f"{variant} run", summary=False):  # the engine's own log lines
-            outcome = run(variant)
+        with captured(f"{variant} run", summary=False), _verdicts_only():
+            outcome = run(variant)  # (captured: the engine's own log lines)
         coverage.reached[f"{variant}:{site.key}"] = coverage.reached.get(site.key, 0) - before
         outcomes.append(outcome)
     return outcomes, dict(coverage.reached), None
+
+
+def _verdicts_only() -> Any:
+    """Around a child's run: the recorder counts no loop passes (a line tracer that costs
+    every frame), since only the run's races are read, each with the iteration the engine's
+    driver names; never the counted marks. Imported here: it imports torch, which the
+    table's importers (pytest plugins) do not load before an engine does."""
+    from overlap_harness.recorder.iterations import loops_not_counted
+
+    return loops_not_counted()
 
 
 def _short(key: str) -> str:
@@ -87,8 +97,8 @@ def _short(key: str) -> str:
 def _reach(variants: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     progress: Progress = _STATE["progress"]  # type: ignore[assignment]
     progress.step(f"which sites the intact runs reach ({', '.join(variants)})", 0.0)
-    with captured("probed runs", summary=False):  # the engine's own log lines
-        return reached_by_variant(_STATE["sites"], variants,
+    with captured("probed runs", summary=False), _verdicts_only():  # (captured: the
+        return reached_by_variant(_STATE["sites"], variants,  # engine's own log lines)
                                   _STATE["run"])  # type: ignore[arg-type]
 
 
