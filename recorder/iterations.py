@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import linecache
+import re
 import sys
 import threading
 import weakref
@@ -103,7 +105,7 @@ class _CodeLoops:
     endless_tops: dict[int, _Loop]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)  # small values; a file's tree is source_tree's
 def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
     """Every loop statement of a source file, with whether its test is a constant.
 
@@ -120,6 +122,21 @@ def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
             endless = isinstance(node, ast.While) and isinstance(node.test, ast.Constant)
             loops.append((_Loop(node.lineno, node.body[0].lineno, last), endless))
     return tuple(loops)
+
+
+#: a physical line that may be a loop's header: a ``for`` or ``while`` statement always
+#: begins its line (no compound statement may follow ``;`` or another's ``:``)
+_HEADER_START = re.compile(r"[ \t\f]*(?:async[ \t]+)?(?:for|while)\b")
+
+
+def _may_head_a_loop(filename: str, lines: set[int]) -> bool:
+    """Whether one of ``lines`` of ``filename`` may be a loop's header, from the text of
+    those lines alone (true also for a line that only looks like one: a comprehension's
+    ``for`` on a line of its own). Most code an engine's loop calls has no loop: its file
+    need not be parsed (SGLang's loop: 878 files parsed, 15 CPU s, before this test)."""
+    text = linecache.getlines(filename)
+    return any(0 < line <= len(text) and _HEADER_START.match(text[line - 1])
+               for line in lines)
 
 
 class _FrameLoops:
@@ -242,12 +259,12 @@ class _GlobalTracer:
             self._codes[code] = known  # type: ignore[assignment]
             return known  # type: ignore[return-value]
         found = None
-        if is_user_file(code.co_filename):
+        lines = {line for _start, _end, line in code.co_lines() if line is not None}
+        if is_user_file(code.co_filename) and _may_head_a_loop(code.co_filename, lines):
             try:
                 loops = _file_loops(code.co_filename)
             except SourceBusy:  # called back inside a parse: this frame goes uncounted
                 return None
-            lines = {line for _start, _end, line in code.co_lines() if line is not None}
             mine = [(loop, endless) for loop, endless in loops if loop.header in lines]
             if mine:
                 found = _CodeLoops(display_path(code.co_filename),

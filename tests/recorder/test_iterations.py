@@ -7,6 +7,7 @@ import ast
 import contextlib
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,72 @@ def test_a_later_watch_reuses_the_loops_found_for_a_code_and_counts_the_same(
         program(counter, third)
     assert counts(third) == counts(first)
     assert __file__ in looked_up  # worked out again
+
+
+TRICKY_LOOPS = textwrap.dedent("""\
+    def comprehension_line(items):
+        return [x
+                for x in items]  # a comprehension's for on a line of its own
+
+
+    def no_space(total):
+        while(total):
+            total.pop()
+
+
+    def tab(items):
+        for\tx in items: pass
+
+
+    def exits_at_once():
+        while True:
+            return 1
+
+
+    async def asynchronous(stream):
+        async for item in stream:
+            yield item
+
+
+    def in_a_string(items):
+        text = \"\"\"
+    for this line is in a string
+    \"\"\"
+        return text, {k: v for k, v in items}
+    """)
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    found = [code]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found += _code_objects(constant)
+    return found
+
+
+def test_the_loops_found_for_each_code_object_are_its_loop_statements(tmp_path: Path) -> None:
+    """Oracle: the file's for/while statements (its syntax tree) whose header line is one of
+    the code object's lines. The tracer finds the same, though it parses only the files
+    whose code may hold a loop."""
+    import json.decoder
+    import threading as threading_module
+
+    from overlap_harness.recorder.iterations import _GlobalTracer
+
+    tricky = tmp_path / "tricky_loops.py"
+    tricky.write_text(TRICKY_LOOPS)
+    files = [str(tricky), json.decoder.__file__, threading_module.__file__, __file__]
+    checked = 0
+    for file in files:
+        source = Path(file).read_text()
+        headers = {node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.For | ast.AsyncFor | ast.While)}
+        for code in _code_objects(compile(source, file, "exec")):
+            lines = {line for _, _, line in code.co_lines() if line is not None}
+            found = _GlobalTracer().code_loops(code)
+            assert (set(found.headers) if found else set()) == headers & lines, code
+            checked += 1
+    assert checked > 100
 
 
 def test_untraced_work_runs_with_the_tracer_off_and_restores_it() -> None:
