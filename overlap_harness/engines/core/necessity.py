@@ -20,6 +20,7 @@ engine's own log lines in the children are held back (shown with ``--verbose``,
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -243,6 +244,8 @@ def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) ->
         for _index, read_end in running.values():
             os.close(read_end)
         raise Interrupted(dict(results)) from None
+    finally:
+        gc.unfreeze()  # the parent's objects collectable again (see _fork_all)
     return [results[i] for i in range(len(items))]
 
 
@@ -257,6 +260,10 @@ def _fork_all(function: Callable[[Any], T], pending: list[tuple[int, Any]],
             # Ctrl-C held back from the fork until the child is in ``running``: one that came
             # between them left a child nobody stopped (holding the command's stdout open)
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # the parent's objects out of the child's garbage collections: a full one walks
+            # every object the engine's import made (SGLang: 2 million, 0.9 CPU s) and writes
+            # to each, copying the parent's memory page by page into the child
+            gc.freeze()
             pid = os.fork()
             if pid == 0:  # the child: run, answer, exit without cleanup of the parent's state
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
