@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.interrupted import Interrupted, stop_children
-from overlap_harness.engines.core.mutation import Coverage, remove_site
+from overlap_harness.engines.core.mutation import Coverage, parsed, remove_site
 from overlap_harness.engines.core.progress import Progress
 from overlap_harness.engines.core.reach import probe_key, reached_by_variant
 from overlap_harness.engines.core.results import (
@@ -127,6 +127,7 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
     """One row per mutable site and variant (see the module docstring); with
     ``skip_unreached`` False every site runs every variant (no probed pass)."""
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
+    _parse_before_forking(mutable)
     progress = Progress("necessity")
     _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
     try:
@@ -149,6 +150,17 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
                   f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "
                   "variant runs; the others never reached)")
     return _rows(mutable, variants, plans, baseline, ran)
+
+
+def _parse_before_forking(sites: Sequence[SyncSite]) -> None:
+    """Parse the sites' files here, once: every child finds them parsed
+    (:func:`~overlap_harness.engines.core.mutation.parsed`). A file that cannot be read or
+    parsed is left for its children to fail on, as before."""
+    for file in sorted({site.file for site in sites}):
+        try:
+            parsed(file)
+        except (OSError, SyntaxError):
+            continue
 
 
 def _rows(mutable: Sequence[SyncSite], variants: Sequence[str], plans: list[list[str]],
