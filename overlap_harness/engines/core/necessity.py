@@ -39,6 +39,7 @@ from overlap_harness.engines.core.results import (
     VariantOutcome,
     Verdict,
     race_signature,
+    shown_file,
 )
 from overlap_harness.engines.core.sites import SiteKind, SyncSite
 
@@ -186,7 +187,7 @@ def _rows(mutable: Sequence[SyncSite], variants: Sequence[str], plans: list[list
 
 def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOutcome | None,
          reached: int, error: str | None) -> NecessityRow:
-    where = f"{os.path.abspath(site.file)}:{site.line}"
+    where = f"{shown_file(site.file)}:{site.line}"
     row = NecessityRow(where, site.code, str(site.kind), variant, Verdict.ERROR,
                        reached=reached, error=error, function=site.function)
     if mutated is None:
