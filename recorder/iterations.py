@@ -24,15 +24,24 @@ from __future__ import annotations
 
 import ast
 import functools
+import linecache
+import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-from overlap_harness.recorder.sites import SourceBusy, display_path, is_user_file, source_tree
+from overlap_harness.recorder.sites import (
+    SourceBusy,
+    display_path,
+    is_user_file,
+    plumbing_version,
+    source_tree,
+)
 
 _TOGGLES = sys.version_info < (3, 12)  # from 3.12 an idle tracer costs only its calls, and
 # switching it off and on re-instruments every code object: worth it only on 3.11
@@ -96,7 +105,7 @@ class _CodeLoops:
     endless_tops: dict[int, _Loop]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)  # small values; a file's tree is source_tree's
 def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
     """Every loop statement of a source file, with whether its test is a constant.
 
@@ -113,6 +122,21 @@ def _file_loops(filename: str) -> tuple[tuple[_Loop, bool], ...]:
             endless = isinstance(node, ast.While) and isinstance(node.test, ast.Constant)
             loops.append((_Loop(node.lineno, node.body[0].lineno, last), endless))
     return tuple(loops)
+
+
+#: a physical line that may be a loop's header: a ``for`` or ``while`` statement always
+#: begins its line (no compound statement may follow ``;`` or another's ``:``)
+_HEADER_START = re.compile(r"[ \t\f]*(?:async[ \t]+)?(?:for|while)\b")
+
+
+def _may_head_a_loop(filename: str, lines: set[int]) -> bool:
+    """Whether one of ``lines`` of ``filename`` may be a loop's header, from the text of
+    those lines alone (true also for a line that only looks like one: a comprehension's
+    ``for`` on a line of its own). Most code an engine's loop calls has no loop: its file
+    need not be parsed (SGLang's loop: 878 files parsed, 15 CPU s, before this test)."""
+    text = linecache.getlines(filename)
+    return any(0 < line <= len(text) and _HEADER_START.match(text[line - 1])
+               for line in lines)
 
 
 class _FrameLoops:
@@ -176,12 +200,44 @@ class _FrameLoops:
         return found
 
 
+class _SeenCodes:
+    """The loops of every code object any watch has looked at (:meth:`_GlobalTracer.
+    code_loops`), kept from one watch to the next: a code object's file and lines never
+    change, and working them out (the file's loops, the code's lines) for each of the
+    thousands of functions an engine's loop calls cost every run as much again (SGLang's
+    necessity table: 9% of its CPU). Weak, so code that is dropped (a script ``check`` ran)
+    is not kept; forgotten when a file is declared plumbing since (:func:`recorder.sites.
+    not_user_code`), which changes whose code a frame is."""
+
+    def __init__(self) -> None:
+        # by code, with its file: equal code objects of two files (the same function at the
+        # same line) compare equal, and each file has its own loops
+        self._loops: weakref.WeakKeyDictionary[CodeType, tuple[str, _CodeLoops | None]] = \
+            weakref.WeakKeyDictionary()
+        self._version = plumbing_version()
+
+    def get(self, code: CodeType) -> _CodeLoops | bool | None:
+        """The loops known for ``code`` (None: it has none), or False when not known."""
+        if self._version != plumbing_version():
+            self._loops.clear()
+            self._version = plumbing_version()
+        file, loops = self._loops.get(code, ("", False))
+        return loops if file == code.co_filename else False
+
+    def put(self, code: CodeType, loops: _CodeLoops | None) -> None:
+        """Remember ``code``'s loops (None: none)."""
+        self._loops[code] = (code.co_filename, loops)
+
+
+_SEEN_CODES = _SeenCodes()
+
+
 class _GlobalTracer:
     """The thread's trace function: a :class:`_FrameLoops` for the user's looping frames,
     pushed on the thread's stack of running looping frames."""
 
     def __init__(self) -> None:
-        self._codes: dict[CodeType, _CodeLoops | None] = {}
+        self._codes: dict[CodeType, _CodeLoops | None] = {}  # this watch's (a dict: fastest)
         self._threads = threading.local()
 
     def running(self) -> list[_FrameLoops]:
@@ -198,13 +254,17 @@ class _GlobalTracer:
             return self._codes[code]
         except KeyError:
             pass
+        known = _SEEN_CODES.get(code)
+        if known is not False:
+            self._codes[code] = known  # type: ignore[assignment]
+            return known  # type: ignore[return-value]
         found = None
-        if is_user_file(code.co_filename):
+        lines = {line for _start, _end, line in code.co_lines() if line is not None}
+        if is_user_file(code.co_filename) and _may_head_a_loop(code.co_filename, lines):
             try:
                 loops = _file_loops(code.co_filename)
             except SourceBusy:  # called back inside a parse: this frame goes uncounted
                 return None
-            lines = {line for _start, _end, line in code.co_lines() if line is not None}
             mine = [(loop, endless) for loop, endless in loops if loop.header in lines]
             if mine:
                 found = _CodeLoops(display_path(code.co_filename),
@@ -212,6 +272,7 @@ class _GlobalTracer:
                                    {loop.body_first: loop for loop, endless in mine
                                     if endless and loop.body_first != loop.header})
         self._codes[code] = found
+        _SEEN_CODES.put(code, found)
         return found
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> _FrameLoops | None:
@@ -230,6 +291,23 @@ class _GlobalTracer:
         return local
 
 
+_counting_off = [0]  # > 0 inside loops_not_counted()
+
+
+@contextmanager
+def loops_not_counted() -> Iterator[None]:
+    """Inside, a watch counts no loop passes: its ops carry only the iterations the program
+    names (``iteration(i)``). For runs whose races alone are read, never their marks (the
+    necessity table's runs of a mutated engine, whose race records hold the named iteration
+    only): the line tracer costs every frame on Python 3.11 (SGLang's necessity table: 12%
+    of its CPU in the tracer's calls)."""
+    _counting_off[0] += 1
+    try:
+        yield
+    finally:
+        _counting_off[0] -= 1
+
+
 class LoopCounter:
     """Counts the user's loop passes while entered (see the module docstring)."""
 
@@ -240,8 +318,9 @@ class LoopCounter:
     @contextmanager
     def counting(self) -> Iterator[LoopCounter]:
         """Trace the user's looping frames inside (this thread, and threads started inside);
-        nothing when another trace function is installed."""
-        if sys.gettrace() is not None:
+        nothing when another trace function is installed, or inside
+        :func:`loops_not_counted`."""
+        if sys.gettrace() is not None or _counting_off[0]:
             yield self
             return
         previous_threads = threading.gettrace()

@@ -25,7 +25,10 @@ class PerThread:
         self.name = name
 
     def _local(self, obj: Any) -> threading.local:
-        return obj.__dict__.setdefault("_per_thread", threading.local())
+        try:  # made once per object: ``setdefault``'s argument was a new one per access
+            return obj.__dict__["_per_thread"]  # type: ignore[no-any-return]
+        except KeyError:
+            return obj.__dict__.setdefault("_per_thread", threading.local())
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:

@@ -35,6 +35,7 @@ _HARNESS_FILES = ("overlap_harness" + os.sep + "check_cmd.py",
 
 
 _PLUMBING_FILES: set[str] = set()  # stand-ins of other code (engine adapters' kernels)
+_plumbing_changes = [0]  # how many times not_user_code added a file
 
 
 def not_user_code(filename: str) -> None:
@@ -42,6 +43,13 @@ def not_user_code(filename: str) -> None:
     for a kernel launch reports the engine line that launched the kernel)."""
     _PLUMBING_FILES.add(str(Path(filename).resolve()))
     is_user_file.cache_clear()
+    _plumbing_changes[0] += 1
+
+
+def plumbing_version() -> int:
+    """Changes each time :func:`not_user_code` declares a file: what a cache of
+    :func:`is_user_file`'s answers compares to know it is stale."""
+    return _plumbing_changes[0]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -35,7 +35,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from overlap_harness.model.detector import HOST_AGENT
 from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
-from overlap_harness.recorder.dispatch import tensor_label
+from overlap_harness.recorder.dispatch import alive_test, tensor_label
 from overlap_harness.recorder.names import targets_here
 from overlap_harness.recorder.patching import Patch
 from overlap_harness.recorder.sites import user_site
@@ -141,11 +141,10 @@ class StorageResizes:
 
     def _allocate(self, storage: torch.UntypedStorage, name: str, itemsize: int, dtype: Any,
                   pinned: bool) -> StorageInfo:
-        weak = StorageWeakRef(storage)
         numel = storage.nbytes() // itemsize
         agent = HOST_AGENT if pinned else self.memory.current_agent()
         return self.recording.allocate(storage.data_ptr(), numel, itemsize, dtype, (numel,),
-                                       pinned, agent, lambda: not weak.expired(), name)
+                                       pinned, agent, alive_test(storage), name)
 
     def _move(self, storage: torch.UntypedStorage, old: StorageInfo,
               copied: int) -> StorageInfo:

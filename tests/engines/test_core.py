@@ -206,3 +206,26 @@ def test_a_wrapped_crash_names_where_the_first_exception_was_raised():
         capture()
     except RuntimeError as exc:
         assert "raised while handling" not in format_error(exc)
+
+
+def _mutated_with_parse_counted(path: str) -> int:
+    """In a forked child: the wait removed; how many files that parsed."""
+    from overlap_harness.engines.core import mutation
+
+    before = mutation._parsed.cache_info().misses
+    remove_site(scan(path)[0], Coverage())
+    return mutation._parsed.cache_info().misses - before
+
+
+def test_a_file_parsed_before_forking_is_not_parsed_again_and_stays_as_on_disk(program):
+    import ast
+
+    from overlap_harness.engines.core.mutation import parsed
+
+    tree = parsed(str(program))
+    unchanged = ast.dump(tree)
+    assert forked_map(_mutated_with_parse_counted, [str(program)], jobs=1) == [0]
+    remove_site(scan(program)[0], Coverage())  # here too: edits a copy of its function
+    assert parsed(str(program)) is tree and ast.dump(tree) == unchanged
+    program.write_text(PROGRAM.replace("total = data.sum()", "total = data.sum() + 1"))
+    assert "+ 1" in ast.unparse(parsed(str(program)))  # changed on disk: parsed again

@@ -168,10 +168,9 @@ def _tree_command(tmp_path: Path, moved: bool) -> tuple[int, str, dict]:
 def test_tree_with_the_metadata_read_after_the_event_races_in_its_own_file(tmp_path):
     status, output, document = _tree_command(tmp_path, moved=True)
     assert status == 1, output
-    tree = str(tmp_path / "tree/sglang/srt")
     war = [r for r in document["races"] if r["kind"] == "WAR"
            and r["first"]["op"] == "attn_metadata_prep (eager)"]
-    assert war and war[0]["first"]["file"].startswith(tree), output
+    assert war and war[0]["first"]["file"].startswith("sglang/srt/"), output  # the tree's
 
 
 @pytest.mark.slow

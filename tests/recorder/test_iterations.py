@@ -7,11 +7,17 @@ import ast
 import contextlib
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 
-from overlap_harness.recorder.iterations import LoopCounter, LoopPass, untraced
+from overlap_harness.recorder.iterations import (
+    LoopCounter,
+    LoopPass,
+    loops_not_counted,
+    untraced,
+)
 from overlap_harness.recorder.sites import display_path
 
 HERE = display_path(__file__)
@@ -187,6 +193,26 @@ def test_another_tracer_is_left_alone_and_nothing_is_counted() -> None:
     assert calls  # it went on tracing
 
 
+def test_inside_loops_not_counted_a_watch_counts_nothing_and_sets_no_tracer() -> None:
+    counter = LoopCounter()
+    seen: list = []
+    tracers = []
+
+    def program() -> None:
+        tracers.append(sys.gettrace())
+        for _ in range(2):  # the loop
+            seen.append(counter.passes())
+
+    with loops_not_counted(), counter.counting():
+        program()
+    assert seen == [(), ()]
+    assert tracers[0] is None or type(tracers[0]).__name__ != "_GlobalTracer"
+    with counter.counting():  # counted again after the block
+        program()
+    loop = line_of(program, "# the loop")
+    assert counts(seen[2:]) == [((loop, 0),), ((loop, 1),)]
+
+
 def test_a_parse_asked_for_inside_another_is_refused_and_not_cached(tmp_path: Path) -> None:
     """Python 3.11 breaks a parse that another parse interrupts (a finalizer or trace
     callback inside ``ast.parse``: 'AST constructor recursion depth mismatch'), so the
@@ -202,6 +228,106 @@ def test_a_parse_asked_for_inside_another_is_refused_and_not_cached(tmp_path: Pa
     finally:
         sites._parsing[0] = False
     assert isinstance(sites.source_tree(str(path)).body[0], ast.For)
+
+
+def test_a_later_watch_reuses_the_loops_found_for_a_code_and_counts_the_same(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What a code object's loops are is worked out once per process, not once per watch;
+    declaring a file plumbing since makes it worked out again."""
+    from overlap_harness.recorder import iterations, sites
+
+    def program(counter: LoopCounter, seen: list) -> None:
+        for _ in range(2):  # the loop
+            seen.append(counter.passes())
+
+    first: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, first)
+    looked_up = []
+    real = iterations._file_loops
+    monkeypatch.setattr(iterations, "_file_loops",
+                        lambda name: looked_up.append(name) or real(name))
+    second: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, second)
+    loop = line_of(program, "# the loop")
+    assert counts(first) == counts(second) == [((loop, 0),), ((loop, 1),)]
+    assert __file__ not in looked_up  # known from the first watch
+    sites.not_user_code(str(tmp_path / "stand_in.py"))  # another file is plumbing now
+    third: list = []
+    counter = LoopCounter()
+    with counter.counting():
+        program(counter, third)
+    assert counts(third) == counts(first)
+    assert __file__ in looked_up  # worked out again
+
+
+TRICKY_LOOPS = textwrap.dedent("""\
+    def comprehension_line(items):
+        return [x
+                for x in items]  # a comprehension's for on a line of its own
+
+
+    def no_space(total):
+        while(total):
+            total.pop()
+
+
+    def tab(items):
+        for\tx in items: pass
+
+
+    def exits_at_once():
+        while True:
+            return 1
+
+
+    async def asynchronous(stream):
+        async for item in stream:
+            yield item
+
+
+    def in_a_string(items):
+        text = \"\"\"
+    for this line is in a string
+    \"\"\"
+        return text, {k: v for k, v in items}
+    """)
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    found = [code]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found += _code_objects(constant)
+    return found
+
+
+def test_the_loops_found_for_each_code_object_are_its_loop_statements(tmp_path: Path) -> None:
+    """Oracle: the file's for/while statements (its syntax tree) whose header line is one of
+    the code object's lines. The tracer finds the same, though it parses only the files
+    whose code may hold a loop."""
+    import json.decoder
+    import threading as threading_module
+
+    from overlap_harness.recorder.iterations import _GlobalTracer
+
+    tricky = tmp_path / "tricky_loops.py"
+    tricky.write_text(TRICKY_LOOPS)
+    files = [str(tricky), json.decoder.__file__, threading_module.__file__, __file__]
+    checked = 0
+    for file in files:
+        source = Path(file).read_text()
+        headers = {node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.For | ast.AsyncFor | ast.While)}
+        for code in _code_objects(compile(source, file, "exec")):
+            lines = {line for _, _, line in code.co_lines() if line is not None}
+            found = _GlobalTracer().code_loops(code)
+            assert (set(found.headers) if found else set()) == headers & lines, code
+            checked += 1
+    assert checked > 100
 
 
 def test_untraced_work_runs_with_the_tracer_off_and_restores_it() -> None:

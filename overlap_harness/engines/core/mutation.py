@@ -21,7 +21,10 @@ module's globals.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import inspect
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -107,14 +110,34 @@ def remove_site(site: SyncSite, coverage: Coverage) -> None:
     recompile(site, coverage, lambda function: _remove_statement(function, site))
 
 
+def parsed(file: str) -> ast.Module:
+    """The syntax tree of ``file`` as it is on disk now, parsed once per process while the
+    file is unchanged (its size and modification time): the necessity table parses its
+    sites' files in the parent, and each forked child finds them parsed (SGLang's
+    scheduler.py: 5,000 lines, once per child and per probed function before). Read it,
+    never change it: :func:`recompile` edits a copy of the one function it needs.
+
+    Raises:
+        OSError: the file cannot be read.
+        SyntaxError: it does not parse.
+    """
+    status = os.stat(file)
+    return _parsed(file, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(file: str, size: int, modified_ns: int) -> ast.Module:
+    with open(file) as source:
+        return ast.parse(source.read(), file)
+
+
 def recompile(site: SyncSite, coverage: Coverage, edit: Callable[[ast.AST], T]) -> T:
     """Recompile the function holding ``site`` from its file after ``edit`` changed its tree
     (its calls of the reached hook count into ``coverage``), and bind it where the old one
     was; returns what ``edit`` returned."""
     module = _module_of(site.file)
-    with open(site.file) as source:
-        tree = ast.parse(source.read(), site.file)
-    classes, function = _find(tree, site)
+    classes, function = _find(parsed(site.file), site)
+    function = copy.deepcopy(function)  # the parsed file stays as it is on disk
     edited = edit(function)
     module.__dict__[REACHED_HOOK] = coverage
     if classes:

@@ -20,6 +20,7 @@ engine's own log lines in the children are held back (shown with ``--verbose``,
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 
 from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.interrupted import Interrupted, stop_children
-from overlap_harness.engines.core.mutation import Coverage, remove_site
+from overlap_harness.engines.core.mutation import Coverage, parsed, remove_site
 from overlap_harness.engines.core.progress import Progress
 from overlap_harness.engines.core.reach import probe_key, reached_by_variant
 from overlap_harness.engines.core.results import (
@@ -38,6 +39,7 @@ from overlap_harness.engines.core.results import (
     VariantOutcome,
     Verdict,
     race_signature,
+    shown_file,
 )
 from overlap_harness.engines.core.sites import SiteKind, SyncSite
 
@@ -72,11 +74,21 @@ def _one_site(planned: tuple[int, SyncSite, list[str]]
                       (runs_done + number) / sum(planned_runs),
                       major=number == 0)
         before = coverage.reached.get(site.key, 0)
-        with captured(f"{variant} run", summary=False):  # the engine's own log lines
-            outcome = run(variant)
+        with captured(f"{variant} run", summary=False), _verdicts_only():
+            outcome = run(variant)  # (captured: the engine's own log lines)
         coverage.reached[f"{variant}:{site.key}"] = coverage.reached.get(site.key, 0) - before
         outcomes.append(outcome)
     return outcomes, dict(coverage.reached), None
+
+
+def _verdicts_only() -> Any:
+    """Around a child's run: the recorder counts no loop passes (a line tracer that costs
+    every frame), since only the run's races are read, each with the iteration the engine's
+    driver names; never the counted marks. Imported here: it imports torch, which the
+    table's importers (pytest plugins) do not load before an engine does."""
+    from overlap_harness.recorder.iterations import loops_not_counted
+
+    return loops_not_counted()
 
 
 def _short(key: str) -> str:
@@ -87,8 +99,8 @@ def _short(key: str) -> str:
 def _reach(variants: list[str]) -> tuple[set[str], dict[str, set[str]]]:
     progress: Progress = _STATE["progress"]  # type: ignore[assignment]
     progress.step(f"which sites the intact runs reach ({', '.join(variants)})", 0.0)
-    with captured("probed runs", summary=False):  # the engine's own log lines
-        return reached_by_variant(_STATE["sites"], variants,
+    with captured("probed runs", summary=False), _verdicts_only():  # (captured: the
+        return reached_by_variant(_STATE["sites"], variants,  # engine's own log lines)
                                   _STATE["run"])  # type: ignore[arg-type]
 
 
@@ -116,6 +128,7 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
     """One row per mutable site and variant (see the module docstring); with
     ``skip_unreached`` False every site runs every variant (no probed pass)."""
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
+    _parse_before_forking(mutable)
     progress = Progress("necessity")
     _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
     try:
@@ -138,6 +151,17 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
                   f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "
                   "variant runs; the others never reached)")
     return _rows(mutable, variants, plans, baseline, ran)
+
+
+def _parse_before_forking(sites: Sequence[SyncSite]) -> None:
+    """Parse the sites' files here, once: every child finds them parsed
+    (:func:`~overlap_harness.engines.core.mutation.parsed`). A file that cannot be read or
+    parsed is left for its children to fail on, as before."""
+    for file in sorted({site.file for site in sites}):
+        try:
+            parsed(file)
+        except (OSError, SyntaxError):
+            continue
 
 
 def _rows(mutable: Sequence[SyncSite], variants: Sequence[str], plans: list[list[str]],
@@ -163,7 +187,7 @@ def _rows(mutable: Sequence[SyncSite], variants: Sequence[str], plans: list[list
 
 def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOutcome | None,
          reached: int, error: str | None) -> NecessityRow:
-    where = f"{os.path.abspath(site.file)}:{site.line}"
+    where = f"{shown_file(site.file)}:{site.line}"
     row = NecessityRow(where, site.code, str(site.kind), variant, Verdict.ERROR,
                        reached=reached, error=error, function=site.function)
     if mutated is None:
@@ -233,6 +257,8 @@ def forked_map(function: Callable[[Any], T], items: Sequence[Any], jobs: int) ->
         for _index, read_end in running.values():
             os.close(read_end)
         raise Interrupted(dict(results)) from None
+    finally:
+        gc.unfreeze()  # the parent's objects collectable again (see _fork_all)
     return [results[i] for i in range(len(items))]
 
 
@@ -247,6 +273,10 @@ def _fork_all(function: Callable[[Any], T], pending: list[tuple[int, Any]],
             # Ctrl-C held back from the fork until the child is in ``running``: one that came
             # between them left a child nobody stopped (holding the command's stdout open)
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # the parent's objects out of the child's garbage collections: a full one walks
+            # every object the engine's import made (SGLang: 2 million, 0.9 CPU s) and writes
+            # to each, copying the parent's memory page by page into the child
+            gc.freeze()
             pid = os.fork()
             if pid == 0:  # the child: run, answer, exit without cleanup of the parent's state
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -63,8 +63,7 @@ def probe_sites(sites: Sequence[SyncSite], coverage: Coverage) -> set[str]:
     groups: dict[tuple[str, tuple[str, ...], str], list[SyncSite]] = defaultdict(list)
     for file, in_file in _by_file(sites).items():
         try:
-            with open(file) as source:
-                tree = ast.parse(source.read(), file)
+            tree = mutation.parsed(file)
         except (OSError, SyntaxError):
             continue  # these sites stay unknown: every variant runs for them
         for site in in_file:

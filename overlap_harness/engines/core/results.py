@@ -20,14 +20,43 @@ class Verdict(StrEnum):
     ERROR = "error"  # the mutated run crashed (the message says how)
 
 
+#: the checkout (or site-packages) holding the harness's own package
+HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+_tree_root: list[str | None] = [None]  # name_files_relative_to's root; None: absolute
+
+
+def name_files_relative_to(tree_root: str | os.PathLike[str] | None) -> None:
+    """From now on in this process (and its forked children), race records and necessity
+    rows name a file of the engine's tree relative to ``tree_root``, the folder holding the
+    engine's package (``sglang/srt/managers/scheduler.py``), and a file of the harness
+    relative to its checkout (``overlap_harness/engines/sglang/stand_ins/model_worker.py``),
+    the same whichever machine or folder ran; None: every file absolute, as run (the
+    pull-request view's children, which name files against each tree themselves)."""
+    _tree_root[0] = None if tree_root is None else os.path.abspath(tree_root)
+
+
+def shown_file(filename: str) -> str:
+    """``filename`` as race records and necessity rows name it (:func:`name_files_relative_to`);
+    a file outside the tree and the harness (the standard library, torch) stays absolute."""
+    path = os.path.abspath(filename)
+    root = _tree_root[0]
+    if root is None:
+        return path
+    for base in (root, HARNESS_ROOT):  # the tree first: it may lie inside the checkout
+        if path.startswith(base + os.sep):
+            return os.path.relpath(path, base)
+    return path
+
+
 def _side(access: Access) -> dict[str, Any]:
     file, line = split_site(access.source)
-    return {"file": os.path.abspath(file) if file else "", "line": line,
+    return {"file": shown_file(file) if file else "", "line": line,
             "op": access.op_name, "stream": access.agent}
 
 
 def race_record(race: Race, variant: str) -> dict[str, Any]:
-    """One race as the command's JSON writes it (files absolute, as run)."""
+    """One race as the command's JSON writes it (files as :func:`shown_file` names them)."""
     return {"kind": str(race.kind), "tensor": race.buffer, "variant": variant,
             "iteration": race.second.iteration, "first": _side(race.first),
             "second": _side(race.second)}
@@ -56,7 +85,7 @@ class VariantOutcome:
 class NecessityRow:
     """One site x variant of the necessity table."""
 
-    site: str  # file:line, file absolute
+    site: str  # file:line, the file as shown_file names it
     code: str
     kind: str
     variant: str

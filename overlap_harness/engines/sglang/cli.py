@@ -139,9 +139,12 @@ def run(args: argparse.Namespace) -> int:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:  # the JSON still says why
         return fail_written(PROG, str(exc), {"source": args.sglang_src}, _documents(args))
+    from overlap_harness.engines.core.results import name_files_relative_to
     from overlap_harness.engines.sglang.configurations import configuration
     from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
     from overlap_harness.engines.sglang.variants import VARIANTS
+
+    name_files_relative_to(tree.package_dir.parent)  # sglang/srt/..., overlap_harness/...
 
     names = args.variant or list(VARIANTS)
     print(f"sglang {tree.version} from {tree.package_dir} (import {tree.import_s:.1f} s)")

@@ -299,15 +299,17 @@ def short_site(site: str) -> str:
     (the path from the package folder on, so that a GPU run's probe, whose tree is elsewhere,
     matches it: the last ``/sglang/`` of a cache path such as ``.../sglang/0.5.23/sglang/``);
     a site in the harness's own files from ``overlap_harness/`` on (a stand-in's race side,
-    the same whichever checkout ran)."""
+    the same whichever checkout ran). A site already named so (relative,
+    :func:`~overlap_harness.engines.core.results.shown_file`) stays as it is."""
+    rooted = site if site.startswith("/") else "/" + site
     harness = "/overlap_harness/"
-    if harness in site:
-        return "overlap_harness/" + site.split(harness, 1)[1]
+    if harness in rooted:
+        return "overlap_harness/" + rooted.split(harness, 1)[1]
     marker = "/sglang/srt/"
-    if marker in site:
-        return "sglang/srt/" + site.split(marker, 1)[1]
-    if "/sglang/" in site:
-        return "sglang/" + site.rsplit("/sglang/", 1)[1]
+    if marker in rooted:
+        return "sglang/srt/" + rooted.split(marker, 1)[1]
+    if "/sglang/" in rooted:
+        return "sglang/" + rooted.rsplit("/sglang/", 1)[1]
     return site
 
 

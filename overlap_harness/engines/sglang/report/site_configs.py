@@ -51,8 +51,10 @@ def unreached_sites(summary: list[dict[str, Any]], package: Path) -> list[dict[s
 
 
 def _short(site: str) -> str:
+    """``sglang/srt/...`` of a site, absolute or already relative to the tree root."""
     marker = "/sglang/srt/"
-    return "sglang/srt/" + site.split(marker, 1)[1] if marker in site else site
+    rooted = site if site.startswith("/") else "/" + site
+    return "sglang/srt/" + rooted.split(marker, 1)[1] if marker in rooted else site
 
 
 def markdown(summary: list[dict[str, Any]], unreached_list: list[dict[str, Any]]
