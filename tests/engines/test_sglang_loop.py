@@ -215,7 +215,7 @@ def test_a_tree_calling_what_the_driver_did_not_plan_exits_2_naming_it(tmp_path)
     assert output.strip().splitlines()[-1] == (
         "overlap-harness sglang: variant non_spec_decode cannot be driven on this tree: "
         "UnplannedUseError: profiler_manager.start_profile: not planned by the driver "
-        f"(strict stub) at {scheduler}:{line} in run_batch")
+        f"(strict stub) at {scheduler.relative_to(tree)}:{line} in run_batch")
 
 
 def test_a_missing_tree_is_one_line_and_exit_2(tmp_path):

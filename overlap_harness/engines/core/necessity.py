@@ -206,10 +206,11 @@ def _row(site: SyncSite, variant: str, base: VariantOutcome, mutated: VariantOut
 
 def _innermost_frame(exc: BaseException) -> str:
     """`` at FILE:LINE in FUNCTION``: the innermost frame of ``exc``'s traceback outside this
-    package, or nothing."""
+    package (its file named as race records name it, :func:`.results.shown_file`), or
+    nothing."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if f"{os.sep}engines{os.sep}core{os.sep}" not in f.filename]
-    return (f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+    return (f" at {shown_file(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
             if frames else "")
 
 
