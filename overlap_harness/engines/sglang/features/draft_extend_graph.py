@@ -42,6 +42,7 @@ from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     PrivateIndexBackend,
     _kernel_values,
     copy_row_kv_indices,
+    private_index_accesses,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
@@ -60,10 +61,7 @@ def _rows(forward_batch: Any) -> list[tuple[int, int]]:
 
 def _prep_accesses(result: Any, backend: DraftExtendAttentionBackend, forward_batch: Any
                    ) -> list[DeclaredAccess]:
-    out = reads(forward_batch.req_pool_indices) + reads(forward_batch.seq_lens)
-    for row, length in _rows(forward_batch):
-        out += reads(backend.req_to_token[row, :length])
-    return out + writes(backend.kv_indices) + writes(backend.kv_indptr)
+    return private_index_accesses(backend, forward_batch, _rows(forward_batch))
 
 
 @declared(_prep_accesses, name="draft_extend_metadata_prep_in_graph")

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from overlap_harness.recorder.kernels import DeclaredAccess, reads, writes
+
 
 def copy_row_kv_indices(backend: Any, rows: torch.Tensor, lengths: torch.Tensor) -> None:
     """``backend.kv_indices``/``kv_indptr``: slot ``s``'s entries are
@@ -71,6 +73,17 @@ class PrivateIndexBackend:
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Captured: the private copy of the shared ``req_to_token`` rows."""
         raise NotImplementedError(f"{type(self).__name__} builds no in-graph metadata")
+
+
+def private_index_accesses(backend: Any, forward_batch: Any,
+                           rows: list[tuple[int, int]]) -> list[DeclaredAccess]:
+    """The accesses of a backend's in-graph metadata prep (:func:`copy_row_kv_indices`): the
+    batch's indices and lengths, each of ``rows``' ``req_to_token[row, :length]``, and the
+    private index buffers written."""
+    out = reads(forward_batch.req_pool_indices) + reads(forward_batch.seq_lens)
+    for row, length in rows:
+        out += reads(backend.req_to_token[row, :length])
+    return out + writes(backend.kv_indices) + writes(backend.kv_indptr)
 
 
 def _kernel_values() -> Any:

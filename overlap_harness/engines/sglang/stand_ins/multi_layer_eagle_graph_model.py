@@ -47,6 +47,7 @@ from overlap_harness.engines.sglang.stand_ins.graph_attention import (
     _kernel_values,
     _static_rows,
     copy_row_kv_indices,
+    private_index_accesses,
 )
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
@@ -56,10 +57,8 @@ UTILS_MODULE = "sglang.srt.speculative.multi_layer_eagle_utils"
 
 def _prep_accesses(result: Any, backend: StepGraphBackend, forward_batch: Any
                    ) -> list[DeclaredAccess]:
-    out = reads(forward_batch.req_pool_indices) + reads(forward_batch.seq_lens)
-    for row, length in _static_rows(forward_batch.req_pool_indices, forward_batch.seq_lens):
-        out += reads(backend.req_to_token[row, :length])
-    return out + writes(backend.kv_indices) + writes(backend.kv_indptr)
+    return private_index_accesses(backend, forward_batch, _static_rows(
+        forward_batch.req_pool_indices, forward_batch.seq_lens))
 
 
 @declared(_prep_accesses, name="multi_layer_draft_extend_metadata_prep_in_graph")
