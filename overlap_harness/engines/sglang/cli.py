@@ -87,6 +87,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--repro-trials", type=count(1), metavar="N", default=3,
                         help="with --repro: forced trials until one shows a wrong value or a "
                         "crash (default 3; a made race need not corrupt a value every time)")
+    parser.add_argument("--gpu-check-cpu", type=Path, metavar="FILE", default=None,
+                        help="a GPU report (json; no --gpu: this runs on the CPU): each row "
+                        "whose race the device could not make (why timing) checked against "
+                        "the CPU mode (the calls that ordered it on the device looked up "
+                        "among the ops the CPU mode records there), written into the row's "
+                        "cpu_verdict_checked; the report's json and md rewritten in place")
     parser.add_argument("--config", action="append", metavar="KEY=VALUE", default=[],
                         help="run only the variants of this SGLang configuration "
                         "(repeatable, e.g. plan_stream=off; the keys: docs/sglang-loop.md, "
@@ -128,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
         return run_pr_view(args, "sglang", PROG)
     from overlap_harness.engines.sglang import environment  # deferred: imports torch
 
+    if args.gpu_check_cpu is not None:
+        from overlap_harness.engines.sglang.gpu.command import check_cpu
+
+        return check_cpu(args)
     if args.gpu:
         from overlap_harness.engines.sglang.gpu.command import run as run_gpu
 

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         args.gpu_report.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
-    kept, earlier = _resumed(args.gpu_resume, tree.version, args.gpu_rerun)
+    kept, earlier = _resumed(args.gpu_resume, tree.version, args.gpu_rerun,
+                             gpu_table.planned_verdicts(loop_document, names))
     if isinstance(kept, str):
         return fail(PROG, kept)
     skip = frozenset((r["variant"], r["site"]) for r in kept)
@@ -103,6 +104,43 @@ def run(args: argparse.Namespace) -> int:
     clean = not (s["race_rows_all_equal"] or s["race_free_rows_wrong"] or s["unmodified_wrong"]
                  or s["errors"])
     return 0 if clean else 1
+
+
+def check_cpu(args: argparse.Namespace) -> int:
+    """``--gpu-check-cpu FILE``: each timing row of the GPU report checked against the CPU
+    mode (:mod:`.gpu.cpu_check`), the report rewritten. Exit 1 when a row's ordering is one
+    the CPU mode does not record (the CPU mode to be fixed there), else 0."""
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import cpu_check
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
+
+    if args.gpu:
+        return fail(PROG, "--gpu-check-cpu runs the CPU mode; it does not take --gpu")
+    if not args.gpu_check_cpu.is_file():
+        return fail(PROG, f"{args.gpu_check_cpu}: no GPU report")
+    report = json.loads(args.gpu_check_cpu.read_text())
+    try:
+        tree = environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return fail(PROG, str(exc))
+    if tree.version != report["sglang_version"]:
+        return fail(PROG, f"sglang {tree.version} imported, the GPU report is of "
+                    f"{report['sglang_version']}")
+    if args.sglang_src:
+        os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
+    print(f"{len(cpu_check.timing_rows(report))} timing rows of {args.gpu_check_cpu}: each "
+          f"variant run in CPU mode without the row's site ({args.jobs} at a time)", flush=True)
+    checked = cpu_check.check_report(report, args.jobs)
+    report["summary"] = gpu_report.summary(report["rows"])
+    for path in gpu_report.write(report, args.gpu_check_cpu.parent):
+        print(f"wrote {path}")
+    misses = [r for r in cpu_check.timing_rows(report)
+              if r["cpu_verdict_checked"].get("cpu_misses")]
+    for row in misses:
+        print(f"{row['variant']} {row['site']}: {row['cpu_verdict_checked']['finding']}")
+    print(f"{checked} rows checked; {len(misses)} with an ordering the CPU mode does not "
+          "record")
+    return 1 if misses else 0
 
 
 def relative_command(argv: list[str]) -> str:
@@ -198,13 +236,15 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
-def _resumed(path: Path | None, version: str,
-             rerun: str = "unsettled") -> tuple[list[dict] | str, dict | None]:
+def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
+             planned: dict | None = None) -> tuple[list[dict] | str, dict | None]:
     """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
     trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
     that report; an error text when it is of another tree. Its other rows run again. With
     ``rerun="unrun"`` every row whose trials ran is kept (only errors and rows the deadline
-    left run again)."""
+    left run again). With ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
+    verdict or released races differ from this loop report's plan runs again (its trials
+    were forced for another verdict: an unmodified loop that now races as released)."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -216,6 +256,10 @@ def _resumed(path: Path | None, version: str,
     rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
             for r in earlier["rows"]]
     def keep(row: dict) -> bool:
+        key = (row["variant"], row["site"])
+        if planned is not None and key in planned and planned[key] != (
+                row["cpu_verdict"], bool(row.get("races_as_released"))):
+            return False
         if rerun == "unrun":
             return bool(row.get("trials")) and not row.get("error")
         return settled(row)

@@ -86,24 +86,37 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
     those exercised), and so on."""
-    def count(verdict: str | None, wrong: bool) -> int:
+    def count(verdict: str | None, wrong: bool, released: bool = False) -> int:
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
                    and not r.get("error") and bool(r["wrong_trials"]) == wrong
-                   and not r.get("not_exercised"))
+                   and not r.get("not_exercised")
+                   and bool(r.get("races_as_released")) == released)
     necessary = [r for r in rows if r["cpu_verdict"] == "race" and r["trials"]]
     return {"rows": len(rows),
-            "race_rows_wrong": count("race", True), "race_rows_all_equal": count("race", False),
+            "race_rows_wrong": count("race", True) + count("race", True, released=True),
+            "race_rows_all_equal": count("race", False) + count("race", False, released=True),
             "race_rows_made": sum(1 for r in necessary if r.get("race_made_trials")),
             "race_rows_wrong_or_made_crash": sum(
                 1 for r in necessary if r["wrong_trials"] or r.get("made_crashed_trials")),
-            "race_free_rows_all_equal": count("race_free", False),
+            "race_free_rows_all_equal": count("race_free", False)
+            + count("race_free", False, released=True),
             "race_free_rows_wrong": count("race_free", True),
+            # ... of a variant whose unmodified loop races (races_as_released): its delays
+            # can make that race, so a wrong value is not the removal's
+            "race_free_rows_wrong_released": count("race_free", True, released=True),
             "race_free_rows_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("not_exercised")),
             "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
             "unmodified_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] is None and r.get("not_exercised")),
             "errors": sum(1 for r in rows if r.get("error")),
+            # timing rows held against the CPU mode (gpu/cpu_check.py), and those where the
+            # device met an ordering the CPU mode does not record
+            "timing_rows_cpu_checked": sum(1 for r in rows if r.get("why_reason") == "timing"
+                                           and r.get("cpu_verdict_checked")),
+            "timing_rows_cpu_misses": sum(1 for r in rows if r.get("why_reason") == "timing"
+                                          and (r.get("cpu_verdict_checked") or {}).get(
+                                              "cpu_misses")),
             # the access oracle's control: trials that did not make the race yet differ there
             "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
                                               for r in rows),
@@ -136,6 +149,9 @@ def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
         if row["cpu_verdict"] == "race" and not row["wrong_trials"] and (
                 not row.get("why") or row.get("why_reason") not in NO_WRONG_REASONS):
             out.append(f"{where}: a necessary row without a wrong value says no why")
+        if row.get("why_reason") == "timing" and not row.get("cpu_verdict_checked"):
+            out.append(f"{where}: a timing row without cpu_verdict_checked (overlap-harness "
+                       "sglang --gpu-check-cpu)")
         if row["trials"] and "slept_trials" in row:
             out.extend(_trial_count_problems(row, where))
     judged = {(v, s) for (v, s), verdict in real.items() if verdict in ("race", "race_free")}
@@ -184,7 +200,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"bit-identical in every trial, with a trial that held work back: "
         f"{s['race_free_rows_all_equal']}, not exercised (no trial held anything): "
         f"{s.get('race_free_rows_not_exercised', '?')}, with a wrong value: "
-        f"{s['race_free_rows_wrong']}; unmodified loop bit-identical: "
+        f"{s['race_free_rows_wrong']} (and {s.get('race_free_rows_wrong_released', 0)} of "
+        "variants that race as released: a delay there can make the released race, which "
+        "the unmodified loop's race row shows); unmodified loop bit-identical: "
         f"{s['unmodified_all_equal']} variants, not exercised: "
         f"{s.get('unmodified_not_exercised', '?')}, wrong: {s['unmodified_wrong']}; rows with "
         f"an error: {s['errors']}.",
@@ -192,6 +210,10 @@ def markdown(report: dict[str, Any]) -> str:
         "Necessary rows without a wrong value, by the computed why (`why_reason`; "
         "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
                                       for key in NO_WRONG_REASONS) + ".",
+        "",
+        "Timing rows checked against the CPU mode (`cpu_verdict_checked`, gpu/cpu_check.py): "
+        f"{s.get('timing_rows_cpu_checked', 0)} of {s.get('race_rows_why_timing', 0)}; with "
+        f"an ordering the CPU mode does not record: {s.get('timing_rows_cpu_misses', 0)}.",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",
@@ -201,14 +223,20 @@ def markdown(report: dict[str, Any]) -> str:
         delays = ", ".join(sorted(set(row.get("forced_delay", []))))
         note = row["example_wrong"] or row.get("why") or row.get("error") or (
             "not exercised: no trial's delay held an op" if row.get("not_exercised") else "")
+        if row.get("races_as_released") and row["cpu_verdict"] == "race_free" \
+                and row["wrong_trials"]:
+            note = f"the variant races as released (a delay can make that race): {note}"
+        checked = row.get("cpu_verdict_checked")
+        note = _cell(note) + (f" CPU verdict checked: {_cell(checked['finding'])}."
+                              if checked else "")
         if row.get("error") and row["example_wrong"] is None:
-            note = f"error: {row['error']}"
+            note = _cell(f"error: {row['error']}")
         code = f"`{row['code']}`" if row["code"] else "(unmodified loop)"
         lines.append(f"| {row['variant']} | {row['site'] or '-'} | {code} | "
                      f"{row['cpu_verdict'] or '-'} | {row['trials']} | "
                      f"{row.get('slept_trials', '-')} | {row.get('race_made_trials', '-')} | "
                      f"{delays} | "
-                     f"{row['wrong_trials']} | {_cell(note)} |")
+                     f"{row['wrong_trials']} | {note} |")
     if report["child_failures"]:
         lines += ["", "Child processes that failed: " + "; ".join(report["child_failures"])]
     return "\n".join(lines) + "\n"
