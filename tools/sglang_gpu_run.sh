@@ -31,9 +31,12 @@
 # Ran so on an H100 (LOOP_S=200 TABLE_S=330 DEADLINE=290), then twice with the loop report it
 # made copied to $H/loop.json and the last report to $H/prevN.json:
 # VARIANTS="--loop-json $H/loop.json --gpu-resume $H/prevN.json --gpu-rerun unrun".
-# Next (SGLang's own kernels on the device and the access values, both new since that run):
-# STEP=loop,table with VARIANTS="--gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json"
-# (its unsettled rows run again), then --gpu-rerun unrun calls until no row is left.
+# The second session (SGLang's own kernels, the access values; 39 variants): STEP=loop,table
+# LOOP_S=320 TABLE_S=270 DEADLINE=235 with VARIANTS="--gpu-resume
+# reports/conformance/sglang-0.5.23-loop-gpu.json" (the loop report of 39 variants takes more
+# than 200 s there), then STEP=table with VARIANTS="--loop-json $H/loop3.json --gpu-resume
+# $H/prev3.json --gpu-rerun unrun"; then, on a CPU machine, --gpu-check-cpu on the report.
+# Next: the same, resuming the committed report (the access values' new serial-twice control).
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
 # the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
@@ -50,7 +53,7 @@ STEP=${STEP:-all}
 LOOP_JSON=""
 case ",$STEP," in *,loop,*)
   mkdir -p "$OUT/loop"
-  timeout "${LOOP_S:-200}" python3 -m overlap_harness sglang --necessity -j "${JOBS:-10}" -q \
+  timeout "${LOOP_S:-320}" python3 -m overlap_harness sglang --necessity -j "${JOBS:-10}" -q \
     --loop-report "$OUT/loop" $LOOP_VARIANTS > "$OUT/loop.log" 2>&1
   echo "loop report (CPU mode): exit $?"; tail -5 "$OUT/loop.log"
   LOOP_JSON="--loop-json $(ls "$OUT"/loop/sglang-*-loop.json)";;

@@ -7,6 +7,7 @@ from overlap_harness.engines.sglang.gpu import report as gpu_report
 from overlap_harness.engines.sglang.gpu.access_values import (
     first_access_difference,
     side_locations,
+    unstable_accesses,
 )
 
 EXAMPLES = [
@@ -36,6 +37,19 @@ def test_the_first_differing_value_at_a_side_is_named_with_its_op() -> None:
         "sglang/srt/managers/overlap_utils.py:638: 1 ops (serial 2)")
     # a line not asked about is not compared
     assert first_access_difference(stale, serial, sides[:1]) is None
+
+
+def test_ops_that_differ_between_two_serial_runs_are_not_compared() -> None:
+    sides = side_locations(EXAMPLES)
+    first = {sides[0]: [[140041626063360]], sides[1]: [[5, 6], [7, 8]], sides[2]: [[1]]}
+    second = {sides[0]: [[140041598800384]], sides[1]: [[5, 6], [7, 8]], sides[2]: [[1], [1]]}
+    unstable = unstable_accesses(first, second)
+    assert unstable == [[sides[0], 0], [sides[2], None]]  # an address; a line's count
+    forced = {sides[0]: [[1]], sides[1]: [[5, 6], [7, 8]], sides[2]: [[9], [9], [9]]}
+    assert first_access_difference(forced, first, sides, unstable) is None
+    forced[sides[1]] = [[5, 6], [5, 6]]  # a stable op that differs is still told
+    assert first_access_difference(forced, first, sides, unstable) == (
+        "sglang/srt/managers/overlap_utils.py:638, its op 2: [5, 6] (serial [7, 8])")
 
 
 def test_a_made_race_wrong_at_its_access_says_so_and_counts() -> None:
@@ -97,3 +111,58 @@ def test_a_variant_that_races_as_released_is_forced_on_its_unmodified_loop() -> 
     found = gpu_report.problems({"sglang_version": "0.5.23", "rows": rows}, loop)
     assert found == ["e None: the unmodified loop's cpu_verdict race but the loop report "
                      "lists 0 released races"]
+
+
+def _loop_with_released() -> dict:
+    example = ("WAR b@x.py:1: copy_ on self.forward_stream at sglang/srt/a.py:3 / "
+               "index_put_ on self.schedule_stream at sglang/srt/b.py:4")
+    return {"sglang_version": "0.5.23", "variants": ["d", "e"], "released_races": {
+        "d": [example]}, "rows": [
+        {"variant": v, "site": "sglang/srt/c.py:9", "code": "w()", "real": "race_free",
+         "race_examples": []} for v in ("d", "e")]}
+
+
+def test_every_row_of_a_variant_that_races_as_released_says_so() -> None:
+    """Its redundant rows too: a delay there may make the released race, so their wrong
+    values are counted apart, and they do not fail the run."""
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+
+    planned = gpu_table.planned_verdicts(_loop_with_released())
+    assert planned == {("d", None): ("race", True), ("e", None): (None, False),
+                       ("d", "sglang/srt/c.py:9"): ("race_free", True),
+                       ("e", "sglang/srt/c.py:9"): ("race_free", False)}
+    wrong = {"cpu_verdict": "race_free", "site": "sglang/srt/c.py:9", "code": "w()",
+             "trials": 1, "wrong_trials": 1, "example_wrong": "r1.output_ids: 1 values",
+             "slept_trials": 1, "race_made_trials": 0, "forced_delay": ["s+1cy"],
+             "trial_details": [{"forcing": "s+1cy", "sleeps": 1}], "repro": "r"}
+    rows = [dict(wrong, variant="d", races_as_released=True), dict(wrong, variant="e")]
+    summary = gpu_report.document(rows, version="0.5.23", device="d", torch_version="t",
+                                  date="d", command="c", failures=[], seconds=1.0)["summary"]
+    assert summary["race_free_rows_wrong"] == 1
+    assert summary["race_free_rows_wrong_released"] == 1
+
+
+def test_a_resumed_row_planned_under_another_verdict_runs_again(tmp_path) -> None:
+    """``--gpu-resume``: the unmodified row of ``d`` ran as a control (cpu_verdict None)
+    before the loop report listed its released races: it is not kept; ``e``'s is."""
+    import json
+
+    from overlap_harness.engines.sglang.gpu import table as gpu_table
+    from overlap_harness.engines.sglang.gpu.command import _resumed
+
+    control = {"site": None, "code": None, "cpu_verdict": None, "trials": 1,
+               "wrong_trials": 0, "example_wrong": None, "slept_trials": 1,
+               "race_made_trials": 0, "forced_delay": ["forward_stream+2097152cy"],
+               "trial_details": [{"forcing": f"forward_stream+{c}cy", "sleeps": 1}
+                                 for c in gpu_table.CONTROL_CYCLES]}
+    control["trials"] = len(control["trial_details"])
+    control["forced_delay"] = [t["forcing"] for t in control["trial_details"]]
+    earlier = {"sglang_version": "0.5.23", "device": "x", "torch": "t", "rows": [
+        dict(control, variant="d"), dict(control, variant="e")]}
+    path = tmp_path / "prev.json"
+    path.write_text(json.dumps(earlier))
+    planned = gpu_table.planned_verdicts(_loop_with_released())
+    kept, _ = _resumed(path, "0.5.23", "unrun", planned)
+    assert [r["variant"] for r in kept] == ["e"]
+    kept, _ = _resumed(path, "0.5.23", "unrun")  # without a plan: as before
+    assert [r["variant"] for r in kept] == ["d", "e"]

@@ -62,8 +62,12 @@ def test_what_the_device_run_showed(reports: tuple[dict, dict]) -> None:
     assert len(necessary_wrong) >= 10
     assert {r["variant"].split("_")[0] for r in necessary_wrong} >= {"non", "eagle"}
     assert len(redundant_equal) >= 5
-    # no redundant row and no unmodified run ever differed from the serial answer
-    assert not [r for r in ok if r["cpu_verdict"] in ("race_free", None) and r["wrong_trials"]]
+    # no redundant row and no unmodified control run ever differed from the serial answer,
+    # but in a variant whose tree races as released (a delay there can make that race)
+    gpu_loop = reports[1]
+    off = [r for r in ok if r["cpu_verdict"] in ("race_free", None) and r["wrong_trials"]]
+    assert all(r.get("races_as_released") and r["variant"] in gpu_loop["released_races"]
+               and r["cpu_verdict"] == "race_free" for r in off), off
     for row in necessary_wrong:
         assert "serial" in row["example_wrong"]
     # a necessary row without a wrong value is kept and says why
@@ -93,6 +97,8 @@ def test_each_why_follows_from_the_rows_trials_and_probes(reports: tuple[dict, d
             expected = "not_run"
         elif any(t["error"] for t in made):
             expected = "crashed"
+        elif any(t.get("access_wrong") for t in made):
+            expected = "wrong_at_access"
         elif not any("earlier_issued" in p for p in probed):
             expected = "unprobed"
         elif made:

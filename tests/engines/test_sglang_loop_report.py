@@ -42,11 +42,21 @@ def test_targets_met(report):
     """0 disagreements; ``not_modelled`` under 15% of reached rows (10% before issue 34's
     configurations: grammar, an embedding model, delayed sampling and HIP spec v2 add
     removals the model has no mechanism for, each with its reason: VARIANT_GAPS, the
-    grammar tree's host copy; 13% measured on 0.5.23)."""
+    grammar tree's host copy; 13% measured on 0.5.23), over the variants that do not race
+    as released."""
     counts = report["summary"]
     assert counts["reached"] > 0 and counts["error"] == 0
     assert counts["disagreements"] == 0
-    assert counts["not_modelled"] / counts["reached"] < 0.15
+    # the fraction over the variants whose tree as released is race-free: the rows of a
+    # variant that races as released (``released_races``, reports from 2026-12-07 on: the
+    # multi-layer worker's and DSpark's findings) are not modelled, each saying why
+    released = set(report.get("released_races", {}))
+    reached = [r for r in report["rows"] if r["real"] in REACHED]
+    kept = [r for r in reached if r["variant"] not in released]
+    assert sum(r["model"] == "not_modelled" for r in kept) / len(kept) < 0.15
+    for row in reached:
+        if row["variant"] in released and row["model"] == "not_modelled":
+            assert row["explanation"].startswith("not modelled: "), row
 
 
 def test_every_variant_reaches_sites(report):

@@ -369,11 +369,13 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
                   probe=probe.counts() if probe is not None else None,
                   stand_in_kernels=run.stand_in_kernels)
     if serial is not None:
-        trial.wrong = first_difference({k: v for k, v in values.items() if k != "access"},
-                                       {k: v for k, v in serial.items() if k != "access"})
+        trial.wrong = first_difference(
+            {k: v for k, v in values.items() if not k.startswith("access")},
+            {k: v for k, v in serial.items() if not k.startswith("access")})
         if run.capture is not None and "access" in serial:
-            trial.access_wrong = first_access_difference(values["access"], serial["access"],
-                                                         access_locations)
+            trial.access_wrong = first_access_difference(
+                values["access"], serial["access"], access_locations,
+                serial.get("access_unstable", ()))
     return trial, values, run.streams_seen
 
 

@@ -65,7 +65,8 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
         {"variant": v, "site": None, "code": None, "cpu_verdict": None, "delay": []}
         if not released.get(v) else  # the tree as released races: forced as a race row
         {"variant": v, "site": None, "code": None, "cpu_verdict": "race",
-         "delay": earlier_streams(released[v]), "race_examples": released[v]}
+         "delay": earlier_streams(released[v]), "race_examples": released[v],
+         "races_as_released": True}
         for v in chosen if (v, None) not in skip]}
     for row in loop_document["rows"]:
         if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
@@ -74,8 +75,20 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
         by_site.setdefault(row["site"], []).append({
             "variant": row["variant"], "site": row["site"], "code": row["code"],
             "cpu_verdict": row["real"], "delay": earlier_streams(row["race_examples"]),
-            "race_examples": row["race_examples"]})
+            "race_examples": row["race_examples"],
+            # a variant whose unmodified loop races: any delay may make that race, so a
+            # wrong value of its redundant rows is not the removal's (report.summary)
+            **({"races_as_released": True} if released.get(row["variant"]) else {})})
     return by_site
+
+
+def planned_verdicts(loop_document: dict[str, Any], variants: Sequence[str] | None = None
+                     ) -> dict[tuple[str, str | None], tuple[str | None, bool]]:
+    """(variant, site) -> (the CPU verdict, races as released) each planned row runs under:
+    a resumed report's row is kept only where they are the same (command._resumed)."""
+    return {(row["variant"], row["site"]): (row["cpu_verdict"],
+                                            bool(row.get("races_as_released")))
+            for rows in plan(loop_document, variants).values() for row in rows}
 
 
 def _find_site(key: str) -> Any:
@@ -104,7 +117,10 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     then each row's trials (see the module docstring)."""
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
-    from overlap_harness.engines.sglang.gpu.access_values import side_locations
+    from overlap_harness.engines.sglang.gpu.access_values import (
+        side_locations,
+        unstable_accesses,
+    )
     from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
 
     environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
@@ -119,10 +135,17 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     for row in rows:
         if row["variant"] in serial or row["variant"] in failed:
             continue
+        locations = sides.get(row["variant"], ())
         trial, values, seen = run_trial(row["variant"], Forcing(serial=True), None,
-                                        access_locations=sides.get(row["variant"], ()))
+                                        access_locations=locations)
         if values is None:
             failed[row["variant"]] = f"serial run failed: {trial.error}"
+        elif locations:  # the access values' control: what differs between two serial runs
+            again = run_trial(row["variant"], Forcing(serial=True), None,
+                              access_locations=locations)[1]
+            values["access_unstable"] = unstable_accesses(
+                values["access"], again["access"]) if again is not None else [
+                [location, None] for location in locations]
         serial[row["variant"]], streams[row["variant"]] = values, seen
     coverage = Coverage()
     site = None
@@ -159,7 +182,9 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
     (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
     launcher's), the whole stream is delayed instead."""
-    from overlap_harness.engines.sglang.gpu.access_values import side_locations
+    from overlap_harness.engines.sglang.gpu.access_values import (
+        side_locations,
+    )
     from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
     from overlap_harness.engines.sglang.gpu.probe import probes
 
