@@ -254,3 +254,53 @@ def test_stand_in_writes_keep_the_cpu_modes_ops_off_a_real_device() -> None:
     fill_slots(kv, torch.tensor([1, 3]), 1.0)
     assert kv.view(-1).tolist() == [0.0, 1.0, 0.0, 1.0, 0.0]
     assert device_tensor([4, 5], torch.zeros(1, dtype=torch.int32)).tolist() == [4, 5]
+
+
+def test_sglangs_own_kernel_is_one_device_op_of_the_forcing_mode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Triton launch is no dispatched op: while a trial's mode runs, the sink hands
+    SGLang's kernel to it whole (held before it on a delayed stream, told to the probe after,
+    its given tensors snapshotted where it returns none), and the torch ops inside it are
+    not held a second time."""
+    import torch
+
+    from overlap_harness.engines.sglang.gpu.loop import _StandInSink
+    from recorder.kernels import KernelDeclaration
+
+    slept: list[int] = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda: type("S", (), {"cuda_stream": 7})())
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    taken: list = []
+
+    class Capture:
+        def location(self) -> str:
+            return "sglang/srt/x.py:3"
+
+        def capture(self, location: str, out: object) -> None:
+            taken.append((location, out))
+
+    probe = _FakeProbe(True)
+    mode = gpu_loop._Forced({7}, 1 << 21, serial=False, probe=probe, targeted=True,
+                            capture=Capture())
+    launched: list[tuple] = []
+
+    def triton_launch(out: object, device: torch.device) -> None:
+        launched.append((out, device))
+        # a torch op inside the kernel's own function reaches the mode as part of it
+        assert mode.__torch_dispatch__(lambda: "inner", (), (), {}) == "inner"
+
+    sink = _StandInSink()
+    declaration = KernelDeclaration("k", lambda *a: [], lambda *a: None)
+    sink.mode = mode
+    cuda = torch.device("cuda")
+    assert sink.implementation(declaration, triton_launch)("buf", cuda) is None
+    assert launched == [("buf", cuda)]
+    assert slept == [1 << 21] and mode.sleeps == 1  # held once, before the launch
+    assert probe.told == [True]
+    assert taken == [("sglang/srt/x.py:3", (("buf", cuda), {}))]
+    sink.mode = None  # outside the loop: the kernel runs as itself
+    assert sink.implementation(declaration, triton_launch)("b", cuda) is None
+    assert mode.sleeps == 1

@@ -65,6 +65,10 @@ class _StandInSink:
     def __init__(self, kernels: str = "sglang") -> None:
         self.kernels = kernels
         self.stood_in: set[str] = set()
+        #: the trial's forcing mode while the loop runs (:meth:`DeviceRun.forcing`): SGLang's
+        #: own kernel is a Triton launch, which no dispatch mode sees, so it is handed to the
+        #: mode as one device op (delayed, probed, snapshotted, synchronized in a serial run)
+        self.mode: Any = None
 
     def implementation(self, declaration: Any, original: Any) -> Any:
         """What runs for ``declaration`` (see the class)."""
@@ -76,7 +80,9 @@ class _StandInSink:
             from overlap_harness.engines.core.strict import UnplannedUseError
 
             try:
-                return original(*args, **kwargs)
+                if self.mode is None:
+                    return original(*args, **kwargs)
+                return self.mode.kernel(original, args, kwargs)
             except UnplannedUseError:  # a compiled sgl_kernel op this host does not have
                 self.stood_in.add(declaration.name)
                 return stand_in(*args, **kwargs)
@@ -114,14 +120,36 @@ class _Forced(TorchDispatchMode):
         self.serial = serial
         self.targeted = targeted and probe is not None
         self.sleeps = 0
+        self._in_kernel = False  # inside a declared kernel handed over whole (:meth:`kernel`)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         kwargs = kwargs or {}
+        if self._in_kernel:  # part of a declared kernel, held and synchronized as one op
+            return func(*args, **kwargs)
         device = _on_device(args, kwargs) and not torch.cuda.is_current_stream_capturing()
         return self.launch(func, args, kwargs, device)
 
-    def launch(self, func: Any, args: Any, kwargs: Any, device: bool) -> Any:
+    def kernel(self, function: Any, args: Any, kwargs: Any) -> Any:
+        """A declared SGLang kernel (a Triton launch, or a function of torch ops and
+        launches) as one device op: delayed before it, probed and synchronized after it as
+        :meth:`launch` does, its snapshot (access values) what it returned or, for a launch
+        that returns none, the tensors it was given (it writes into them)."""
+        device = _on_device(args, kwargs) and not torch.cuda.is_current_stream_capturing()
+        self._in_kernel = True
+        try:
+            out = self.launch(function, args, kwargs, device, snapshot=False)
+        finally:
+            self._in_kernel = False
+        if device and self.capture is not None:
+            location = self.capture.location()
+            if location is not None:
+                given = [x for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+                self.capture.capture(location, given or (args, kwargs))
+        return out
+
+    def launch(self, func: Any, args: Any, kwargs: Any, device: bool,
+               snapshot: bool = True) -> Any:
         """``func(*args, **kwargs)``, delayed before (a delayed current stream; targeted:
         an op of the earlier side there), told to the probe after, synchronized after in a
         serial run."""
@@ -139,7 +167,7 @@ class _Forced(TorchDispatchMode):
         out = func(*args, **kwargs)
         if watched:
             self.probe.after_op(earlier)
-        if device and self.capture is not None:
+        if device and snapshot and self.capture is not None:
             location = self.capture.location()
             if location is not None:
                 self.capture.capture(location, out)
@@ -240,11 +268,12 @@ class DeviceRun:
     kernels: str = field(default_factory=lambda: os.environ.get(KERNELS_VARIABLE, "sglang"))
     stand_in_kernels: list[str] = field(default_factory=list)
     capture: Any = None  # an access_values.AccessCapture, or None
+    _sink: Any = field(default=None, repr=False)  # the kernel sink while the run watches
 
     @contextmanager
     def watch(self) -> Iterator[_DeviceWatch]:
         """The declared kernels routed as :class:`_StandInSink` says (``kernels``)."""
-        sink = _StandInSink(self.kernels)
+        sink = self._sink = _StandInSink(self.kernels)
         try:
             with installed(sink):
                 yield _DeviceWatch()
@@ -266,11 +295,16 @@ class DeviceRun:
             self.probe.host_cycles = self.plan.cycles  # the host held at its earlier side
         mode = _Forced(delayed, self.plan.cycles, self.plan.serial, self.probe,
                        self.plan.targeted, self.capture)
+        sink = self._sink
         try:
+            if sink is not None:
+                sink.mode = mode  # SGLang's own kernels go through the mode as device ops
             with mode, mode.replays(), \
                     (self.probe.watching() if self.probe is not None else nullcontext()):
                 yield
         finally:  # a crashed trial keeps what it held too
+            if sink is not None:
+                sink.mode = None
             self.sleeps = mode.sleeps + (self.probe.host_sleeps if self.probe else 0)
 
 
