@@ -331,7 +331,10 @@ def alive_test(storage: torch.UntypedStorage) -> Callable[[], bool]:
     each allocation asks every live storage (SGLang's necessity table: 1.5 million asks,
     6% of its CPU)."""
     weak = StorageWeakRef(storage)  # the closure keeps it: its end frees the reference
-    return lambda: not _expired(weak.cdata)
+    test = lambda: not _expired(weak.cdata)  # noqa: E731  (a function with attributes)
+    # what the recording's sweep calls directly, many tests in one map (Recording.sweep)
+    test.expired, test.weak_cdata = _expired, weak.cdata  # type: ignore[attr-defined]
+    return test
 
 
 def register_storage(recording: Recording, t: torch.Tensor, pinned: bool, agent: int,
