@@ -356,9 +356,11 @@ class Recording:
     # -- memory ----------------------------------------------------------------------------
     @_serialized
     def allocate(self, key: int, numel: int, itemsize: int, dtype: Any, shape: tuple[int, ...],
-                 pinned: bool, agent: int, alive: Any, label: str) -> StorageInfo:
+                 pinned: bool, agent: int, alive: Any, label: str,
+                 site: str | None = None) -> StorageInfo:
         """A new storage at memory ``key``: reuse a pooled block when HB allows, else a new
-        detector storage. ``label`` names the tensor (``variable@file:line``)."""
+        detector storage. ``label`` names the tensor (``variable@file:line``); ``site`` is
+        the user's line that allocates it (None: the innermost user frame, found here)."""
         self.sweep()
         graph_pool = None if self.capture is None or pinned else self.capture.pool_tag(agent)
         pool_key = (numel, str(dtype), pinned, HOST_AGENT if pinned else agent, graph_pool)
@@ -370,7 +372,8 @@ class Recording:
         else:
             storage = block.storage
         self._next_buffer += 1
-        site = user_site()
+        if site is None:
+            site = user_site()
         info = StorageInfo(storage, self._next_buffer, label, numel, itemsize, dtype, pinned,
                            HOST_AGENT if pinned else agent, site, alive,
                            graph_pool=graph_pool, key=key)
