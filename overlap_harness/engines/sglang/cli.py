@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     stopped = False  # Ctrl-C: what finished is written, marked partial
     try:
         outcomes, errors = run_variants([n for n in names if n not in not_applicable],
-                                        _intact_run(args, run_outcome, reach),
+                                        _intact_run(run_outcome, reach),
                                         lambda outcome: f"{outcome.iterations} iterations",
                                         _reports(args))
     except Interrupted as stop:
@@ -199,18 +199,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if document["races"] else 0
 
 
-def _intact_run(args: argparse.Namespace, run_outcome: Callable[[str], Any],
-                reach: Any) -> Callable[[str], Any]:
+def _intact_run(run_outcome: Callable[[str], Any], reach: Any) -> Callable[[str], Any]:
     """One intact variant's run as the command makes it: with ``--necessity`` noting the
     sync sites it reaches (``reach``, an :class:`~overlap_harness.engines.core.reach.
-    IntactReach`: the table then needs no probed pass), and without ``--out`` counting no
-    loop pass (only the reports read the counted marks; the race records carry the
-    iterations the driver names, the same either way)."""
+    IntactReach`: the table then needs no probed pass), and counting no loop pass (a line
+    tracer on every frame): only reports read the counted marks, and ``--out``'s come from
+    a run of their own (:mod:`.report.plots`); the race records carry the iterations the
+    driver names, the same either way."""
     from overlap_harness.recorder.iterations import loops_not_counted
 
     run = reach.counted(run_outcome) if reach is not None else run_outcome
-    if args.out:
-        return run
 
     def run_uncounted(name: str) -> Any:
         with loops_not_counted():
