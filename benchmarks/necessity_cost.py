@@ -12,9 +12,10 @@ load average when it started and ended (the machine is shared: CPU is the steadi
 
 Then the verdicts: per (site, variant) row of the two trees' ``--json``, the verdict, the
 reach count and the races that are not the caching allocator's reuse races (which buffer a
-freed block goes to varies between runs of the same code: ``report/row_compare.py``); and
-each loop report against the committed ``reports/conformance/sglang-VERSION-loop.json`` of
-AFTER_TREE with ``row_compare.differences``.
+freed block goes to varies between runs of the same code: ``report/row_compare.py``); the
+two loop reports against each other, and each against the committed
+``reports/conformance/sglang-VERSION-loop.json`` of AFTER_TREE, with
+``row_compare.differences``.
 """
 
 from __future__ import annotations
@@ -115,10 +116,16 @@ def main() -> int:
             version = json.loads((out / "after-report.json").read_text())["sglang_version"]
             committed = json.loads((args.after / "reports" / "conformance" /
                                     f"sglang-{version}-loop.json").read_text())
+            written = {name: json.loads((out / f"{name}-report" /
+                                         f"sglang-{version}-loop.json").read_text())
+                       for name in ("before", "after")}
+            differ = row_compare.differences(written["before"], written["after"])
+            print(f"\nthe two loop reports (row_compare, before vs after): "
+                  f"{len(written['after']['rows'])} rows, {len(differ)} differences")
+            for line in differ[:20]:
+                print(f"  {line}")
             for name in ("before", "after"):
-                written = json.loads((out / f"{name}-report" /
-                                      f"sglang-{version}-loop.json").read_text())
-                differ = row_compare.differences(committed, written)
+                differ = row_compare.differences(committed, written[name])
                 print(f"{name}'s loop report against the committed one (row_compare): "
                       f"{len(written['rows'])} rows, {len(differ)} differences")
                 for line in differ[:20]:
