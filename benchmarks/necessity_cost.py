@@ -8,12 +8,13 @@ the installed SGLang. Each run is a new process whose own sources come first on
 ``PYTHONPATH`` (a tree is a checkout, e.g. ``git archive COMMIT | tar -x -C /tmp/before``).
 Printed per run: CPU seconds (user + system of the command and of every child it waited
 for: the forked site and probe children), wall seconds, the exit status and the 1-minute
-load average when it started (the machine is shared: CPU is the steadier figure).
+load average when it started and ended (the machine is shared: CPU is the steadier figure).
 
-Then the verdicts: per (site, variant) row of the two trees' ``--json``, the verdict and the
-races that are not the caching allocator's reuse races (which buffer a freed block goes to
-varies between runs of the same code: ``report/row_compare.py``); and each loop report
-against the committed ``reports/conformance/sglang-VERSION-loop.json`` of AFTER_TREE with
+Then the verdicts: per (site, variant) row of the two trees' ``--json``, the verdict, the
+reach count and the races that are not the caching allocator's reuse races (which buffer a
+freed block goes to varies between runs of the same code: ``report/row_compare.py``); the
+two loop reports against each other, and each against the committed
+``reports/conformance/sglang-VERSION-loop.json`` of AFTER_TREE, with
 ``row_compare.differences``.
 """
 
@@ -32,8 +33,9 @@ from typing import Any
 
 
 def run_table(tree: Path, json_file: Path, loop_report: Path | None, jobs: int
-              ) -> tuple[float, float, int, float]:
-    """(CPU s, wall s, exit status, load average at the start) of one run in ``tree``."""
+              ) -> tuple[float, float, int, float, float]:
+    """(CPU s, wall s, exit status, load average at the start and at the end) of one run in
+    ``tree``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-m", "overlap_harness", "sglang", "--necessity", "-j", str(jobs),
            "-q", "--json", str(json_file)]
@@ -47,19 +49,20 @@ def run_table(tree: Path, json_file: Path, loop_report: Path | None, jobs: int
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return cpu, wall, proc.returncode, load
+    return cpu, wall, proc.returncode, load, os.getloadavg()[0]
 
 
-def _rows(document: dict[str, Any]) -> dict[tuple[str, str], tuple[str, list[Any]]]:
-    """Per (site as file:line under the tree, variant): the verdict and the races other than
-    allocator reuse, each as (kind, tensor, both sides' file and line)."""
+def _rows(document: dict[str, Any]) -> dict[tuple[str, str], tuple[str, int, list[Any]]]:
+    """Per (site as file:line under the tree, variant): the verdict, how often the mutated
+    run reached the site, and the races other than allocator reuse, each as (kind, tensor,
+    both sides' file and line)."""
     rows = {}
     for row in document["necessity"]:
         site = row["site"].split("/sglang/", 1)[-1]
         races = sorted((r["kind"], r["tensor"], r["first"]["file"].split("/sglang/", 1)[-1],
                         r["first"]["line"], r["second"]["file"].split("/sglang/", 1)[-1],
                         r["second"]["line"]) for r in row["races"] if r["kind"] != "reuse")
-        rows[(site, row["variant"])] = (row["verdict"], races)
+        rows[(site, row["variant"])] = (row["verdict"], row["reached"], races)
     return rows
 
 
@@ -91,17 +94,17 @@ def main() -> int:
             for name, tree in (("before", args.before), ("after", args.after)):
                 tag = f"{name}-{'report' if with_report else 'plain'}"
                 report = out / tag if with_report else None
-                cpu, wall, status, load = run_table(tree.resolve(), out / f"{tag}.json",
-                                                    report, args.jobs)
-                results.append((name, with_report, cpu, wall, status, load))
+                cpu, wall, status, load, end = run_table(tree.resolve(), out / f"{tag}.json",
+                                                         report, args.jobs)
+                results.append((name, with_report, cpu, wall, status, load, end))
                 print(f"{tag}: {cpu:.1f} CPU s, {wall:.1f} wall s, exit {status}, "
-                      f"load {load:.2f}", flush=True)
+                      f"load {load:.2f} -> {end:.2f}", flush=True)
         print()
-        print("| tree | --loop-report | CPU s | wall s | exit | load at start |")
-        print("|---|---|---:|---:|---:|---:|")
-        for name, with_report, cpu, wall, status, load in results:
+        print("| tree | --loop-report | CPU s | wall s | exit | load at start | at end |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for name, with_report, cpu, wall, status, load, end in results:
             print(f"| {name} | {'yes' if with_report else 'no'} | {cpu:.1f} | {wall:.1f} | "
-                  f"{status} | {load:.2f} |")
+                  f"{status} | {load:.2f} | {end:.2f} |")
         for with_report in modes:
             tag = "report" if with_report else "plain"
             differ = verdict_differences(out / f"before-{tag}.json", out / f"after-{tag}.json")
@@ -113,10 +116,16 @@ def main() -> int:
             version = json.loads((out / "after-report.json").read_text())["sglang_version"]
             committed = json.loads((args.after / "reports" / "conformance" /
                                     f"sglang-{version}-loop.json").read_text())
+            written = {name: json.loads((out / f"{name}-report" /
+                                         f"sglang-{version}-loop.json").read_text())
+                       for name in ("before", "after")}
+            differ = row_compare.differences(written["before"], written["after"])
+            print(f"\nthe two loop reports (row_compare, before vs after): "
+                  f"{len(written['after']['rows'])} rows, {len(differ)} differences")
+            for line in differ[:20]:
+                print(f"  {line}")
             for name in ("before", "after"):
-                written = json.loads((out / f"{name}-report" /
-                                      f"sglang-{version}-loop.json").read_text())
-                differ = row_compare.differences(committed, written)
+                differ = row_compare.differences(committed, written[name])
                 print(f"{name}'s loop report against the committed one (row_compare): "
                       f"{len(written['rows'])} rows, {len(differ)} differences")
                 for line in differ[:20]:

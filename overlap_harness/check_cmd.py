@@ -94,10 +94,12 @@ def result_dict(result: Any) -> dict[str, Any]:
             "refused": result.refused, "error": result.error}
 
 
-def write_reports(result: Any, out: Path,
-                  window: tuple[int, int] | None = None) -> list[Path]:
+def write_reports(result: Any, out: Path, window: tuple[int, int] | None = None,
+                  source_root: Path | None = None) -> list[Path]:
     """The timeline plot, Perfetto trace and SARIF of one checked script under ``out``; the
-    plot shows iterations ``window`` (first, last) only, the trace and SARIF the whole run."""
+    plot shows iterations ``window`` (first, last) only, the trace and SARIF the whole run.
+    ``source_root``: the result names files from there (an engine command's tree), the
+    SARIF's ``%SRCROOT%`` (see :func:`overlap_harness.reports.sarif.to_sarif`)."""
     # deferred: matplotlib loads only when reports are asked for
     from overlap_harness.recorder.race_groups import group_races
     from overlap_harness.recorder.report_text import describe_group, marks_lookup
@@ -117,7 +119,8 @@ def write_reports(result: Any, out: Path,
     texts = {id(g.race): describe_group(g, result.buffer_sites, marks_lookup(result.marks))
              for g in groups}
     write_sarif([replace(case, races=[g.race for g in groups])], out / "results.sarif",
-                describe=lambda race: texts[id(race)], at_accesses=True)
+                describe=lambda race: texts[id(race)], at_accesses=True,
+                source_root=source_root)
     return [*paths, out / "trace.json", out / "results.sarif"]
 
 

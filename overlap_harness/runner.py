@@ -214,17 +214,20 @@ def failure_report(result: CaseResult, max_races: int = 5) -> str:
 
 def run_spec(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
              jitter: float | None = None, seed: int | None = None,
-             watch: Watch | None = None) -> CaseResult:
+             watch: Watch | None = None, oracle: bool = True) -> CaseResult:
     """Run one expanded scenario (base or mutation) and its oracle; compute the verdict.
 
     A mutation that removes a sync the run never reached gets the verdict ``error`` and
-    fails whatever it expects (see :func:`unused_removals`)."""
-    return judge(spec, execute(spec, delays=delays, jitter=jitter, seed=seed, watch=watch))
+    fails whatever it expects (see :func:`unused_removals`). ``oracle=False``: see
+    :func:`execute`."""
+    return judge(spec, execute(spec, delays=delays, jitter=jitter, seed=seed, watch=watch,
+                               oracle=oracle))
 
 
 def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = None,
             jitter: float | None = None, seed: int | None = None,
-            watch: Watch | None = None, timeline: bool = True) -> CaseResult:
+            watch: Watch | None = None, timeline: bool = True,
+            oracle: bool = True) -> CaseResult:
     """The runs of ``spec`` (overlapped, verdict, serial oracle) and what they computed, not
     yet held against what ``spec`` expects: :func:`judge` does that (``ok``, ``missing``, a
     removal never reached, the configuration). The verdict is ``error`` only when the harness
@@ -232,7 +235,10 @@ def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = N
     :func:`run_key` (and the schedule arguments), so one result serves every spec of that key.
 
     ``timeline=False`` leaves the result's timeline empty (its metrics are computed from it
-    first): most of a result's bytes, for callers that neither plot nor save it."""
+    first): most of a result's bytes, for callers that neither plot nor save it.
+    ``oracle=False`` skips the serial oracle, whose values only the value differences read
+    (left empty): the verdict, races, faults and labels reached are the same, for callers
+    that read no more (the SGLang loop report's model column)."""
     sc = dataclasses.replace(spec.scenario, protocol=spec.protocol)
     iterations = sc.workload.iterations
 
@@ -253,9 +259,11 @@ def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = N
                                     seed=seed)
         # read for its values only: no element checks (no two of its ops are unordered) and
         # no records built (SimDevice's shadow and drain)
-        oracle, odev = simulate(sc, spec.removed, serial=True, watch=phase(iterations),
-                                shadow=False)
-        odev.drain()
+        serial = odev = None
+        if oracle:
+            serial, odev = simulate(sc, spec.removed, serial=True, watch=phase(iterations),
+                                    shadow=False)
+            odev.drain()
     except HarnessError as exc:
         base.error = str(exc)
         base.wall_s = time.perf_counter() - started
@@ -269,8 +277,8 @@ def execute(spec: RunSpec, *, delays: Mapping[tuple[str, int], float] | None = N
     base.uninit_reads = run.uninit_reads
     base.dup_writes = run.dup_writes
     base.metrics = compute_metrics(run.timeline)
-    base.value_diffs = [_as_dict(d) for d in compare_runs(outcome, dev.observations,
-                                                            oracle, odev.observations)]
+    base.value_diffs = [] if odev is None else [
+        _as_dict(d) for d in compare_runs(outcome, dev.observations, serial, odev.observations)]
     base.faults = [f"{f.check} at iteration {f.iteration} ({f.request}): {f.detail}"
                    for f in outcome.debug_failures]
     base.verdict = RACE if run.races else FAULT if base.faults else RACE_FREE

@@ -88,8 +88,9 @@ class CpuMemory:
     def current_agent(self) -> int:
         return self.cuda.agent(None)
 
-    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
-        return register_storage(self.recording, t, pinned, agent, label)
+    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str,
+                 site: str | None = None) -> StorageInfo:
+        return register_storage(self.recording, t, pinned, agent, label, site)
 
     @contextmanager
     def placed(self, placement: str) -> Any:
@@ -176,7 +177,7 @@ class FakeCudaFunctionMode(TorchFunctionMode):
                 pinned = placement == Placement.PINNED
                 agent = HOST_AGENT if pinned else self.memory.current_agent()
                 label = tensor_label(name, site, position, len(outputs), targets)
-                info = self.memory.register(t, pinned, agent, label)
+                info = self.memory.register(t, pinned, agent, label, site)
                 if self.dispatch.quiet:  # a declared kernel's CPU implementation builds it:
                     continue  # watched, but neither its op nor a host sync is the program's
                 kind = OpKind.HOST_WRITE if pinned else OpKind.COPY

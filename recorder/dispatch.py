@@ -17,6 +17,7 @@ copy).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from overlap_harness.recorder.compile_guard import skipped_by_dynamo
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.elements import (
     element_ids,
+    fresh_returns,
     index_elements,
     is_view_or_metadata,
     schema_accesses,
@@ -104,7 +106,8 @@ class Memory(Protocol):
         """The detector agent of the current stream."""
         ...
 
-    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
+    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str,
+                 site: str | None = None) -> StorageInfo:
         """Watch the storage of a fresh tensor ``t``."""
         ...
 
@@ -119,8 +122,9 @@ def access_of(info: StorageInfo, t: torch.Tensor, write: bool, ids: Any = None) 
     return Access(info, to_storage_elements(elems, t.element_size(), info.itemsize), write)
 
 
+@functools.cache
 def op_name(func: Any) -> str:
-    """``add_`` for ``aten.add_.Tensor``: the name a user knows."""
+    """``add_`` for ``aten.add_.Tensor``: the name a user knows (read once per op)."""
     return func._schema.name.split("::")[-1]
 
 
@@ -217,11 +221,10 @@ class RecordingDispatchMode(TorchDispatchMode):
 
     def _fresh_outputs(self, func: Any, out: Any, device_involved: bool) -> list[tuple]:
         """Fresh tensors the op returned, with where they live (watched ones only)."""
-        returns = func._schema.returns
         values = out if isinstance(out, tuple | list) else (out,)
         fresh = []
-        for ret, value in zip(returns, values, strict=False):
-            if ret.alias_info is not None or not isinstance(value, torch.Tensor):
+        for fresh_return, value in zip(fresh_returns(func), values, strict=False):
+            if not fresh_return or not isinstance(value, torch.Tensor):
                 continue
             if value.numel() == 0:
                 continue
@@ -268,7 +271,8 @@ class RecordingDispatchMode(TorchDispatchMode):
         for t, pinned in fresh:
             position = next(i for i, value in enumerate(outputs) if value is t)
             info = memory.register(t, pinned, agent,
-                                   tensor_label(name, site, position, len(outputs), targets))
+                                   tensor_label(name, site, position, len(outputs), targets),
+                                   site)
             if func not in _ALLOCATES:
                 written.append(access_of(info, t, True))
         accesses += written
@@ -331,15 +335,20 @@ def alive_test(storage: torch.UntypedStorage) -> Callable[[], bool]:
     each allocation asks every live storage (SGLang's necessity table: 1.5 million asks,
     6% of its CPU)."""
     weak = StorageWeakRef(storage)  # the closure keeps it: its end frees the reference
-    return lambda: not _expired(weak.cdata)
+    test = lambda: not _expired(weak.cdata)  # noqa: E731  (a function with attributes)
+    # what the recording's sweep calls directly, many tests in one map (Recording.sweep)
+    test.expired, test.weak_cdata = _expired, weak.cdata  # type: ignore[attr-defined]
+    return test
 
 
 def register_storage(recording: Recording, t: torch.Tensor, pinned: bool, agent: int,
-                     label: str) -> StorageInfo:
+                     label: str, site: str | None = None) -> StorageInfo:
     """Tell ``recording`` about the storage behind ``t`` (device or pinned memory), watched
-    through a weak reference so its block goes back to the pool when the program drops it."""
+    through a weak reference so its block goes back to the pool when the program drops it.
+    ``site``: the user's line that allocated it, when the caller has it already (else found
+    from the stack, the same line)."""
     storage = t.untyped_storage()
     itemsize = t.element_size()
     return recording.allocate(storage.data_ptr(), storage.nbytes() // itemsize, itemsize,
                               t.dtype, tuple(t.shape), pinned, agent, alive_test(storage),
-                              label)
+                              label, site)

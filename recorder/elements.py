@@ -140,16 +140,31 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
                 yield v
 
 
+@functools.cache
+def schema_arguments(func: Any) -> tuple[tuple[int, str, bool, bool], ...]:
+    """Per argument of an aten op's schema: (position, name, keyword-only, written), read
+    from the schema once per op (each field of a schema argument is a C++ property that
+    builds a new object per read; the recorder asks for every op it sees)."""
+    return tuple((index, arg.name, arg.kwarg_only,
+                  arg.alias_info is not None and arg.alias_info.is_write)
+                 for index, arg in enumerate(func._schema.arguments))
+
+
+@functools.cache
+def fresh_returns(func: Any) -> tuple[bool, ...]:
+    """Per return of an aten op's schema: True when it aliases no argument (a fresh
+    tensor), read from the schema once per op."""
+    return tuple(ret.alias_info is None for ret in func._schema.returns)
+
+
 def schema_accesses(func: Any, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, bool]]:
     """``(tensor, write)`` for every tensor argument of an aten op call, by its schema."""
     out: list[tuple[torch.Tensor, bool]] = []
-    schema = func._schema
-    for index, arg in enumerate(schema.arguments):
-        positional = not arg.kwarg_only and index < len(args)
-        value = args[index] if positional else kwargs.get(arg.name)
+    count = len(args)
+    for index, name, kwarg_only, write in schema_arguments(func):
+        value = args[index] if not kwarg_only and index < count else kwargs.get(name)
         if value is None:
             continue
-        write = arg.alias_info is not None and arg.alias_info.is_write
         for t in _tensors(value):
             out.append((t, write))
     return out

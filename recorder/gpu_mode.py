@@ -104,8 +104,9 @@ class GpuMemory:
     def current_agent(self) -> int:
         return self.stream_agent(torch.cuda.current_stream().cuda_stream)
 
-    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str) -> StorageInfo:
-        return register_storage(self.recording, t, pinned, agent, label)
+    def register(self, t: torch.Tensor, pinned: bool, agent: int, label: str,
+                 site: str | None = None) -> StorageInfo:
+        return register_storage(self.recording, t, pinned, agent, label, site)
 
 
 def _forward(handler: str) -> Any:

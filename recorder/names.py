@@ -75,7 +75,13 @@ def label(variable: str | None, fallback: str, site: str) -> str:
     """``variable@file.py:12``: a tensor's name in reports (``fallback`` without a variable)."""
     file, _, line = site.rpartition(":")
     name = variable or fallback
-    return f"{name}@{Path(file).name}:{line}" if file and line.isdigit() else name
+    return f"{name}@{_file_name(file)}:{line}" if file and line.isdigit() else name
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_name(file: str) -> str:
+    """``Path(file).name``, kept per file (asked for every fresh tensor's label)."""
+    return Path(file).name
 
 
 def frame_site(frame: FrameType) -> str:

@@ -34,12 +34,14 @@ class DeviceViews:
 
     def is_device_view(self, t: Any) -> bool:
         """True for a device view of pinned memory, or a view taken of one."""
+        if not self._views:  # none exists (most programs: asked of every view op's inputs)
+            return False
         ref = self._views.get(id(t)) if isinstance(t, torch.Tensor) else None
         return ref is not None and ref() is t
 
     def propagate(self, args: tuple, out: Any) -> None:
         """After a view op: its outputs are device views when an input was one."""
-        if not any(self.is_device_view(a) for a in args):
+        if not self._views or not any(self.is_device_view(a) for a in args):
             return
         for t in out if isinstance(out, tuple | list) else (out,):
             if isinstance(t, torch.Tensor):

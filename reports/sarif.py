@@ -6,7 +6,8 @@ the scenario's ``name``; related locations are the protocol source lines of both
 and, for a mutation, the sync that would have ordered them. For a checked program
 (``at_accesses``: ``overlap-harness check``), the location is the later access's line and the
 related location the earlier one's: where the program races. Paths are relative to
-``%SRCROOT%`` (the repository around the working directory; a UI supplies its checkout) or,
+``%SRCROOT%`` (the repository around the working directory, or an engine command's tree; a
+UI supplies its checkout) or,
 for the harness's own sources elsewhere, to ``HARNESSROOT``: the log is the same on every
 machine.
 """
@@ -38,15 +39,29 @@ def repository_root(start: Path | None = None) -> Path:
     return here
 
 
-def artifact(path: str, root: Path | None = None) -> dict[str, str]:
+def artifact(path: str, root: Path | None = None, named_from_root: bool = False
+             ) -> dict[str, str]:
     """A SARIF artifactLocation relative to a base id, never an absolute URI.
 
     Under the user's repository (``root``, default :func:`repository_root`): relative to
     ``%SRCROOT%``, what code-scanning UIs resolve against the checkout. The harness's own
     source lines outside it: relative to ``HARNESSROOT``. Anything else: a relative path
     from ``%SRCROOT%`` (``../``), so the log holds no machine-specific path.
+    ``named_from_root``: a relative ``path`` is already named from ``root`` (an engine
+    command's records: the tree's files from its root, the harness's from its checkout),
+    not from the working directory.
     """
+    if named_from_root and root is not None and not Path(path).is_absolute():
+        return dict(_named(path, root))
     return dict(_relative(path, root or repository_root(), Path.cwd()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _named(path: str, root: Path) -> tuple[tuple[str, str], ...]:
+    """(uri, uriBaseId) of ``path`` named from ``root``, or from the harness's checkout when
+    only that holds it (the tree is asked first: it may lie inside the checkout)."""
+    harness = not (root / path).exists() and (HARNESS_ROOT / path).exists()
+    return (("uri", Path(path).as_posix()), ("uriBaseId", HARNESS if harness else SRCROOT))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,24 +101,25 @@ def _line_of(path: str, needles: Sequence[str]) -> int:
     return 1
 
 
-def _source_location(a: Access, idx: int, root: Path) -> dict[str, Any] | None:
+def _source_location(a: Access, idx: int, root: Path, named_from_root: bool = False
+                     ) -> dict[str, Any] | None:
     if not a.source or ":" not in a.source:
         return None
     file, _, line = a.source.rpartition(":")
     if not line.isdigit():
         return None
     return {"id": idx, "message": {"text": a.describe()},
-            "physicalLocation": {"artifactLocation": artifact(file, root),
+            "physicalLocation": {"artifactLocation": artifact(file, root, named_from_root),
                                  "region": {"startLine": int(line)}}}
 
 
-def _access_results(case: CaseResult, root: Path,
-                    describe: Callable[[Race], str]) -> list[dict[str, Any]]:
+def _access_results(case: CaseResult, root: Path, describe: Callable[[Race], str],
+                    named_from_root: bool = False) -> list[dict[str, Any]]:
     """A checked program's races, located at the later access, the earlier one related."""
     out = []
     for race in case.races:
-        primary = _source_location(race.second, 0, root)
-        related = _source_location(race.first, 1, root)
+        primary = _source_location(race.second, 0, root, named_from_root)
+        related = _source_location(race.first, 1, root, named_from_root)
         if primary is None:
             primary, related = related, None
         text = describe(race)
@@ -143,17 +159,20 @@ def _results(case: CaseResult, root: Path) -> list[dict[str, Any]]:
 
 
 def to_sarif(cases: Sequence[CaseResult], describe: Callable[[Race], str] | None = None,
-             at_accesses: bool = False) -> dict[str, Any]:
+             at_accesses: bool = False, source_root: Path | None = None) -> dict[str, Any]:
     """The SARIF log of every race of ``cases``. Races a case expected are level ``note``.
     ``at_accesses``: the cases are checked programs, located at their racing lines, each
-    result's message ``describe(race)``."""
+    result's message ``describe(race)``. ``source_root``: the races name files from this
+    folder (an engine's tree; the harness's files from its checkout), which is then
+    ``%SRCROOT%``; default: the repository around the working directory."""
     rules = [{"id": str(k), "name": f"{k}Race".replace("-", ""),
               "shortDescription": {"text": f"{k} race"}, "fullDescription": {"text": text},
               "help": {"text": text}} for k, text in RULES.items()]
-    root = repository_root()
+    root = source_root or repository_root()
     if at_accesses:
         results = [r for c in cases
-                   for r in _access_results(c, root, describe or (lambda race: race.describe()))]
+                   for r in _access_results(c, root, describe or (lambda race: race.describe()),
+                                            source_root is not None)]
     else:
         results = [r for c in cases for r in _results(c, root)]
     bases = {SRCROOT: {"description": {"text": "the repository checked (its working tree)"}},
@@ -165,7 +184,8 @@ def to_sarif(cases: Sequence[CaseResult], describe: Callable[[Race], str] | None
 
 
 def write_sarif(cases: Sequence[CaseResult], path: str | Path,
-                describe: Callable[[Race], str] | None = None, at_accesses: bool = False
-                ) -> None:
+                describe: Callable[[Race], str] | None = None, at_accesses: bool = False,
+                source_root: Path | None = None) -> None:
     """Write :func:`to_sarif` to ``path``."""
-    Path(path).write_text(json.dumps(to_sarif(cases, describe, at_accesses), indent=1) + "\n")
+    log = to_sarif(cases, describe, at_accesses, source_root)
+    Path(path).write_text(json.dumps(log, indent=1) + "\n")

@@ -1,7 +1,8 @@
 """The necessity table skips what the intact runs never reach (overlap_harness/engines/core/
 reach.py): on a small program of its own with three waits - one every variant reaches, one
 only the variant ``both`` reaches, one no variant reaches - the table with the probed pass
-equals the table that runs every site with every variant, and fewer variant runs are made.
+equals the table that runs every site with every variant, and fewer variant runs are made;
+so does the table whose intact runs were probed as they ran (no probed pass of its own).
 Every verdict is computed (races by the recorder)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 from overlap_harness.engines.core.necessity import necessity_table
 from overlap_harness.engines.core.progress import Progress
+from overlap_harness.engines.core.reach import IntactReach
 from overlap_harness.engines.core.results import VariantOutcome, race_record
 from overlap_harness.engines.core.sites import scan
 
@@ -96,6 +98,25 @@ def test_the_table_skips_unreached_sites_and_stays_the_same(
     assert {verdicts[("reach_program.py:19", v)] for v in VARIANTS} == {"not_reached"}
     # full: 3 sites x 2 variants; skipped: the probed pass (2) + line 9 (2) + line 13 (1)
     assert (full_runs, skipped_runs) == (6, 5)
+
+
+def test_probes_in_the_intact_runs_give_the_same_table_without_a_probed_pass(
+        loop_program: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    full, _ = _table(loop_program, False, tmp_path / "full.log", monkeypatch)
+    log = tmp_path / "intact.log"
+    monkeypatch.setenv(RUNS_LOG, str(log))
+    sites = scan(loop_program)
+    reach = IntactReach(sites)
+    baseline = {v: reach.counted(run_variant)(v) for v in VARIANTS}
+    assert len(reach.probed) == 3
+    assert {v: sorted(Path(k).name for k in keys) for v, keys in reach.reached.items()} == {
+        "first": ["reach_program.py:9"],
+        "both": ["reach_program.py:13", "reach_program.py:9"]}
+    log.write_text("")
+    rows = necessity_table(sites, VARIANTS, baseline, run_variant, jobs=2, reach=reach)
+    table = [(Path(r.site).name, r.variant, str(r.verdict), len(r.races)) for r in rows]
+    assert table == full
+    assert len(log.read_text().splitlines()) == 3  # line 9 (2) + line 13 (1), nothing else
 
 
 def test_progress_is_one_line_per_major_step_off_a_terminal_and_quiet_hides_it(

@@ -1,14 +1,13 @@
 """``overlap-harness sglang`` names files the same on every machine: SGLang's files from the
 tree's root (``sglang/srt/managers/scheduler.py:4672``), the harness's from its checkout
 (``overlap_harness/engines/sglang/stand_ins/...``), in its text, its JSON, the loop report
-(JSON and Markdown) and ``--out``'s table (JSON and Markdown). The tree itself is named where
-it is (``source``, the first line): that is where the run read it from.
-
-Not yet covered: the SARIF and Perfetto files ``--out`` writes per variant (the recorder's
-race text, its paths relative to the working directory)."""
+(JSON and Markdown), ``--out``'s table (JSON and Markdown) and the SARIF and Perfetto files
+``--out`` writes per variant (the SARIF's ``%SRCROOT%`` is the tree's root). The tree itself
+is named where it is (``source``, the first line): that is where the run read it from."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -33,12 +32,20 @@ def test_no_output_names_an_engine_or_harness_file_absolutely(tmp_path: Path) ->
     assert sides and all(s["file"].startswith("sglang" + os.sep) for s in sides), sides
     rows = document["necessity"]
     assert rows and all(r["site"].startswith("sglang" + os.sep) for r in rows)
+    variant = tmp_path / "out" / VARIANT
     written = [tmp_path / "table.json", *sorted((tmp_path / "loop").iterdir()),
-               tmp_path / "out" / "sglang-loop.json", tmp_path / "out" / "sglang-loop.md"]
+               tmp_path / "out" / "sglang-loop.json", tmp_path / "out" / "sglang-loop.md",
+               variant / "results.sarif", variant / "trace.json"]
     texts = {"output": output} | {str(p.relative_to(tmp_path)): p.read_text() for p in written}
     absolute = (f"{tree_root}{os.sep}sglang{os.sep}", f"{ROOT}{os.sep}overlap_harness{os.sep}")
     for name, text in texts.items():
         for prefix in absolute:
             assert prefix not in text, (name, prefix,
                                         text[max(0, text.find(prefix) - 200):][:400])
-    assert len(texts) == 6
+    assert len(texts) == 8
+    sarif = json.loads(texts[str(variant.relative_to(tmp_path) / "results.sarif")])
+    uris = {(location["physicalLocation"]["artifactLocation"]["uri"],
+             location["physicalLocation"]["artifactLocation"]["uriBaseId"])
+            for result in sarif["runs"][0]["results"] for location in result["locations"]}
+    assert uris and all(uri.startswith("sglang/") and base == "%SRCROOT%"
+                        for uri, base in uris), uris

@@ -12,7 +12,9 @@ Before the sites, one probed pass (:mod:`overlap_harness.engines.core.reach`, ``
 children sharing the variants) finds which sites each variant's intact run reaches; a site's
 child runs only the variants that reach it, and a site no variant reaches needs no child: its
 rows are "not reached" as they would be after the run (a removal never reached leaves the
-run as it was). Progress lines (:mod:`overlap_harness.engines.core.progress`) say which site
+run as it was). An adapter that ran its intact variants with the probes in place
+(:class:`~overlap_harness.engines.core.reach.IntactReach`) hands their reach over, and no
+probed pass runs. Progress lines (:mod:`overlap_harness.engines.core.progress`) say which site
 and variant the children are at, with the time so far and an estimate of what is left; the
 engine's own log lines in the children are held back (shown with ``--verbose``,
 :mod:`overlap_harness.engines.core.engine_output`), so they do not bury the progress.
@@ -33,7 +35,7 @@ from overlap_harness.engines.core.engine_output import captured
 from overlap_harness.engines.core.interrupted import Interrupted, stop_children
 from overlap_harness.engines.core.mutation import Coverage, parsed, remove_site
 from overlap_harness.engines.core.progress import Progress
-from overlap_harness.engines.core.reach import probe_key, reached_by_variant
+from overlap_harness.engines.core.reach import IntactReach, probe_key, reached_by_variant
 from overlap_harness.engines.core.results import (
     NecessityRow,
     VariantOutcome,
@@ -104,19 +106,23 @@ def _reach(variants: list[str]) -> tuple[set[str], dict[str, set[str]]]:
                                   _STATE["run"])  # type: ignore[arg-type]
 
 
-def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int
-           ) -> list[list[str]]:
+def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int,
+           reach: IntactReach | None = None) -> list[list[str]]:
     """Per site, the variants to run with it removed: those whose intact run reaches it
     (every variant for a site that could not be probed, a variant whose probed run crashed,
-    or with one site only)."""
-    if len(mutable) < 2:  # the probed pass would cost as much as it saves
-        return [list(variants) for _ in mutable]
-    shares = [list(variants[i::max(1, jobs)]) for i in range(min(max(1, jobs), len(variants)))]
+    or with one site only and no ``reach`` of the intact runs)."""
     probed: set[str] = set()
     reached: dict[str, set[str]] = {}
-    for share_probed, share_reached in forked_map(_reach, shares, jobs):
-        probed |= share_probed
-        reached.update(share_reached)
+    if reach is not None:  # the intact runs were probed: no pass of its own
+        probed, reached = reach.probed, reach.reached
+    elif len(mutable) < 2:  # the probed pass would cost as much as it saves
+        return [list(variants) for _ in mutable]
+    else:
+        shares = [list(variants[i::max(1, jobs)])
+                  for i in range(min(max(1, jobs), len(variants)))]
+        for share_probed, share_reached in forked_map(_reach, shares, jobs):
+            probed |= share_probed
+            reached.update(share_reached)
     keys = [probe_key(site) for site in mutable]
     return [[v for v in variants if key not in probed or v not in reached or key in reached[v]]
             for key in keys]
@@ -124,15 +130,17 @@ def _plans(mutable: Sequence[SyncSite], variants: Sequence[str], jobs: int
 
 def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
                     baseline: dict[str, VariantOutcome], run: RunVariant,
-                    jobs: int = 1, skip_unreached: bool = True) -> list[NecessityRow]:
+                    jobs: int = 1, skip_unreached: bool = True,
+                    reach: IntactReach | None = None) -> list[NecessityRow]:
     """One row per mutable site and variant (see the module docstring); with
-    ``skip_unreached`` False every site runs every variant (no probed pass)."""
+    ``skip_unreached`` False every site runs every variant (no probed pass); ``reach``:
+    what the intact runs of ``baseline`` reached, probed as they ran (no probed pass)."""
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
     _parse_before_forking(mutable)
     progress = Progress("necessity")
     _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
     try:
-        plans = (_plans(mutable, variants, jobs) if skip_unreached
+        plans = (_plans(mutable, variants, jobs, reach) if skip_unreached
                  else [list(variants) for _ in mutable])
     except Interrupted:  # Ctrl-C in the probed pass: no site finished
         raise Interrupted([]) from None

@@ -8,6 +8,12 @@ call inserted before each site's statement (the statement kept; the same recompi
 :func:`overlap_harness.engines.core.mutation.remove_site`), and each variant is run once;
 the counts per variant are the sites it reaches. A function that cannot be recompiled leaves
 its sites unknown (every variant runs for them).
+
+An adapter whose command runs every variant intact anyway (SGLang's) places the probes in
+its own process before those runs instead (:class:`IntactReach`): the intact runs then say
+which sites they reach, and the table needs no probed pass of its own (one run per variant
+fewer). The probes are the same recompilation; a probed function does what it did, plus one
+counting call before each site's statement.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from overlap_harness.engines.core import mutation
@@ -111,3 +118,32 @@ def reached_by_variant(sites: Sequence[SyncSite], variants: Sequence[str],
         reached[variant] = {key for key, count in coverage.reached.items()
                             if count > before.get(key, 0)}
     return probed, reached
+
+
+@dataclass
+class IntactReach:
+    """Probes placed in this process (:func:`probe_sites`), counted by the runs that
+    :meth:`counted` wraps: after them, :attr:`probed` and :attr:`reached` are what
+    :func:`reached_by_variant` returns, from the intact runs themselves. Nothing is
+    undone: processes forked later inherit the probes (a site's removal recompiles its
+    function from the file again, without them)."""
+
+    sites: Sequence[SyncSite]
+    coverage: Coverage = field(default_factory=Coverage)
+    probed: set[str] = field(default_factory=set)
+    reached: dict[str, set[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.probed = probe_sites(self.sites, self.coverage)
+
+    def counted(self, run: Callable[[str], Any]) -> Callable[[str], Any]:
+        """``run`` noting the probed sites each variant's run reaches (a variant whose run
+        raises or ends with an ``error`` is left out: its reach is unknown)."""
+        def run_counted(variant: str) -> Any:
+            before = dict(self.coverage.reached)
+            outcome = run(variant)
+            if self.probed and getattr(outcome, "error", None) is None:
+                self.reached[variant] = {key for key, count in self.coverage.reached.items()
+                                         if count > before.get(key, 0)}
+            return outcome
+        return run_counted

@@ -49,6 +49,19 @@ def shown_file(filename: str) -> str:
     return path
 
 
+def files_root() -> str | None:
+    """The root :func:`name_files_relative_to` set (None: files are named absolutely)."""
+    return _tree_root[0]
+
+
+def shown_site(site: str) -> str:
+    """A recorder site (``file:line``, the file as the recorder shows it: relative to the
+    working directory when under it, else absolute) with its file as :func:`shown_file`
+    names it; a site without a line number stays as it is."""
+    file, line = split_site(site)
+    return f"{shown_file(file)}:{line}" if file and line is not None else site
+
+
 def _side(access: Access) -> dict[str, Any]:
     file, line = split_site(access.source)
     return {"file": shown_file(file) if file else "", "line": line,

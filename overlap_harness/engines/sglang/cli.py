@@ -10,6 +10,7 @@ written with ``--json``); the exit status still reports the intact code's races.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:  # the JSON still says why
         return fail_written(PROG, str(exc), {"source": args.sglang_src}, _documents(args))
+    from overlap_harness.engines.core.reach import IntactReach
     from overlap_harness.engines.core.results import name_files_relative_to
     from overlap_harness.engines.sglang.configurations import configuration
     from overlap_harness.engines.sglang.report.path_sites import path_sites, run_outcome
@@ -161,10 +163,12 @@ def run(args: argparse.Namespace) -> int:
     for name, reason in not_selected.items():
         print(f"  {name}: not selected ({reason})")
     not_applicable = _not_applicable(names)
+    sites = path_sites() if args.necessity else []
+    reach = IntactReach(sites) if args.necessity else None
     stopped = False  # Ctrl-C: what finished is written, marked partial
     try:
         outcomes, errors = run_variants([n for n in names if n not in not_applicable],
-                                        run_outcome,
+                                        _intact_run(run_outcome, reach),
                                         lambda outcome: f"{outcome.iterations} iterations",
                                         _reports(args))
     except Interrupted as stop:
@@ -183,11 +187,10 @@ def run(args: argparse.Namespace) -> int:
     if args.necessity:
         from overlap_harness.engines.core.necessity import necessity_table
 
-        sites = path_sites()
         try:
             document["necessity"] = timed_necessity(
-                len(sites),
-                lambda: necessity_table(sites, names, outcomes, run_outcome, args.jobs))
+                len(sites), lambda: necessity_table(sites, names, outcomes, run_outcome,
+                                                    args.jobs, reach=reach))
         except Interrupted as stop:  # the rows of the sites that finished
             document["necessity"] = stop.finished
             return interrupted(PROG, document, _documents(args))
@@ -204,6 +207,23 @@ def run(args: argparse.Namespace) -> int:
         md.write_text(markdown(document))
         print(f"wrote {md}")
     return 1 if document["races"] else 0
+
+
+def _intact_run(run_outcome: Callable[[str], Any], reach: Any) -> Callable[[str], Any]:
+    """One intact variant's run as the command makes it: with ``--necessity`` noting the
+    sync sites it reaches (``reach``, an :class:`~overlap_harness.engines.core.reach.
+    IntactReach`: the table then needs no probed pass), and counting no loop pass (a line
+    tracer on every frame): only reports read the counted marks, and ``--out``'s come from
+    a run of their own (:mod:`.report.plots`); the race records carry the iterations the
+    driver names, the same either way."""
+    from overlap_harness.recorder.iterations import loops_not_counted
+
+    run = reach.counted(run_outcome) if reach is not None else run_outcome
+
+    def run_uncounted(name: str) -> Any:
+        with loops_not_counted():
+            return run(name)
+    return run_uncounted
 
 
 def _reports(args: argparse.Namespace) -> Any:

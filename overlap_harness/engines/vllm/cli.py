@@ -69,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
     except environment.VllmUnavailable as exc:  # the JSON still says why
         return fail_written(PROG, " ".join(str(exc).split()), {"source": args.vllm_src},
                             _documents(args))
+    from overlap_harness.engines.core.results import name_files_relative_to
     from overlap_harness.engines.vllm import necessity
 
+    name_files_relative_to(Path(info.location).parent)  # vllm/v1/..., overlap_harness/...
     known = list(necessity.variant_runs())
     names = args.variant or known
     if (message := unknown_variants(names, known)) is not None:

@@ -57,16 +57,23 @@ def test_a_tree_without_a_necessary_sync_races_at_its_own_lines(tmp_path: Path) 
     out = tmp_path / "out"
     racy = _run(tree, "--out", str(out))
     assert racy.returncode == 1, racy.stderr[-2000:]
-    assert "host-D2H" in racy.stdout and f"at {runner}:" in racy.stdout
+    # every file named from the tree's root (the first line names the tree itself)
+    assert "host-D2H" in racy.stdout and f"at vllm{os.sep}{RUNNER}:" in racy.stdout
+    assert not [line for line in racy.stdout.splitlines()[1:] if str(tree) in line]
+    races = json.loads((out / "vllm.json").read_text())["races"]
+    files = {side["file"] for race in races for side in (race["first"], race["second"])}
+    assert f"vllm{os.sep}{RUNNER}" in files and not any(map(os.path.isabs, files)), files
     # --out: the variant's plot of one step, its Perfetto trace and SARIF at the tree's lines
     variant = out / "v1-async-output"
+    for written in (variant / "trace.json", variant / "results.sarif"):
+        assert str(tree) not in written.read_text(), written
     assert sorted(p.name for p in (variant / "plots").iterdir()) == [
         "vllm-v1-async-output-iteration-2.png", "vllm-v1-async-output-iteration-2.svg"]
     assert json.loads((variant / "trace.json").read_text())["traceEvents"]
     sarif = json.loads((variant / "results.sarif").read_text())
     uris = {loc["physicalLocation"]["artifactLocation"]["uri"]
             for result in sarif["runs"][0]["results"] for loc in result["locations"]}
-    assert sarif["runs"][0]["results"] and any(uri.endswith(str(RUNNER)) for uri in uris)
+    assert sarif["runs"][0]["results"] and f"vllm/{RUNNER.as_posix()}" in uris
 
 
 def _run_variants(tree: Path, out: Path, *variants: str) -> subprocess.CompletedProcess[str]:

@@ -226,7 +226,7 @@ def model_verdict(variant: str, labels: tuple[str, ...], protocol: Protocol = ()
                                                                       **dict(protocol)))
     removed = frozenset(labels)
     result = run_spec(dataclasses.replace(base, removed=removed, mutation_name="loop_site",
-                                          allow_unused=True))
+                                          allow_unused=True), oracle=False)  # verdict only
     if not removed & set(result.labels_used):
         return "not_modelled"
     return result.verdict
