@@ -308,3 +308,22 @@ def test_the_stash_rolls_and_the_window_is_filled_from_it():
     k.fill_widened_inputs(ids, window_h, predict, verify_h, tokens, hiddens, valid,
                           torch.tensor([2]), torch.tensor([0]), 2)
     assert ids.tolist() == [0, 0, 21, 20, 21]
+
+
+def test_the_window_without_the_multi_layer_worker_is_refused():
+    """The window is the multi-layer worker's: a variant that composes it with the
+    single-layer worker is an error of the features; with the multi-layer worker its
+    configuration says boundary_kv=on, and the multi-layer variants without it say off."""
+    from overlap_harness.engines.sglang.configurations import configuration
+    from overlap_harness.engines.sglang.features.boundary_kv import BoundaryKvWindow
+    from overlap_harness.engines.sglang.features.eagle import Eagle
+    from overlap_harness.engines.sglang.variants import VARIANTS as ALL
+    from overlap_harness.engines.sglang.variants import Variant
+
+    with pytest.raises(ValueError, match="BoundaryKvWindow needs MultiLayerEagle"):
+        configuration(Variant("single_layer_window", 12, {}, (Eagle(), BoundaryKvWindow())))
+    windows = {name: configuration(v).get("boundary_kv") for name, v in ALL.items()}
+    assert {name for name, value in windows.items() if value == "on"} == set(VARIANTS)
+    assert windows["multi_layer_eagle"] == windows["multi_layer_eagle_graph"] == "off"
+    assert windows["eagle_topk1"] is None  # not a multi-layer variant: the key does not apply
+
