@@ -66,9 +66,10 @@ class BoundaryKvWindow(Feature):
                                           "a hybrid (mamba / linear-attention) MTP model")
 
     def configuration(self, variant: Variant) -> dict[str, str]:
-        from overlap_harness.engines.sglang.features.multi_layer_eagle import MultiLayerEagle
-
-        if not variant.has(MultiLayerEagle):  # the window is the multi-layer worker's
+        # the window is the multi-layer worker's: the speculative feature keyed
+        # multi_layer_eagle (MultiLayerEagle, which imports this module)
+        worker = variant.speculative
+        if worker is None or "multi_layer_eagle" not in worker.keys:
             raise ValueError(f"variant {variant.name}: BoundaryKvWindow needs MultiLayerEagle")
         return {"boundary_kv": "on"}
 
