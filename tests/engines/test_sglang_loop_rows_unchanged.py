@@ -123,11 +123,15 @@ def test_a_fresh_run_of_a_variant_has_the_committed_rows(variant: str, tmp_path:
 @pytest.mark.parametrize("version", sorted(COMMITTED))
 @pytest.mark.engine_run
 def test_a_fresh_run_has_every_committed_row(version: str, tmp_path: Path) -> None:
-    """The whole report of a release (several CPU minutes each)."""
+    """The whole report of a release (several CPU minutes each): every row of the committed
+    report's variants is what a fresh run writes. Variants added to the default set since the
+    report was written add their own rows (reported, not compared: the report is regenerated
+    to hold them), and may change no committed row."""
     try:
         tree = releases.release_tree(version)
     except releases.ReleaseUnavailable as exc:
         pytest.skip(str(exc))
     committed = json.loads(COMMITTED[version].read_text())
     fresh = _fresh(tmp_path, "--sglang-src", str(tree), "-j", "2")
-    assert row_compare.differences(committed, fresh) == []
+    assert set(committed["variants"]) <= set(fresh["variants"])
+    assert row_compare.differences(committed, fresh, set(committed["variants"])) == []

@@ -25,7 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.sglang_trees import edited_tree, run_child, run_sglang, unchanged
+from tests.engines.sglang_trees import (
+    edited_tree,
+    line_replaced,
+    run_child,
+    run_sglang,
+    statement_passed,
+    unchanged,
+)
 
 WORKER_FILE = "srt/speculative/multi_layer_eagle_worker_v2.py"
 COMMON_FILE = "srt/speculative/eagle_worker_common.py"
@@ -247,3 +254,56 @@ def test_a_tree_without_the_worker_lists_its_variants_not_applicable(tmp_path):
     assert set(missing) == set(VARIANTS), output
     assert all("multi_layer_eagle_worker_v2 has no MultiLayerEagleWorkerV2" in reason
                for reason in missing.values()), missing
+
+
+# -- why the WAR barrier's fallback wait is necessary on 0.5.20 and not on 0.5.22 ----------
+
+SCHEDULER_FILE = "srt/managers/scheduler.py"
+FALLBACK_WAIT = "self.schedule_stream.wait_stream(self.forward_stream)"
+SKIP_FINISHING = "self.enable_skip_finishing_decode = True"
+
+
+def _scheduler_edit(skip_finishing: bool, fallback: bool):
+    """The scheduler with 0.5.22's skip of finishing decodes on or off
+    (``event_loop_overlap``'s switch) and the WAR barrier's fallback wait kept or made a
+    ``pass`` (every line keeps its number)."""
+    def edit(text: str) -> str:
+        assert SKIP_FINISHING in text, "the tree has no skip of finishing decodes"
+        if not skip_finishing:
+            text = line_replaced(SKIP_FINISHING, "self.enable_skip_finishing_decode = False")(
+                text)
+        if not fallback:
+            text = statement_passed("_apply_war_barrier", FALLBACK_WAIT)(text)
+        return text
+    return edit
+
+
+@pytest.mark.slow
+@pytest.mark.engine_run
+@pytest.mark.parametrize("skip_finishing,fallback,races",
+                         [(True, False, False), (False, False, True), (False, True, False)],
+                         ids=["skip-no_fallback", "no_skip-no_fallback", "no_skip-fallback"])
+def test_the_skip_of_finishing_decodes_hides_the_fallback_waits_necessity(
+        tmp_path, skip_finishing, fallback, races):
+    """docs/sglang-loop.md (0.5.20's loop report): without the WAR barrier's fallback wait
+    (``_apply_war_barrier``) multi_layer_eagle_plan_off races on 0.5.20 and not on 0.5.22.
+    The difference is the scheduler's skip of decodes whose queued result finishes them by
+    length (0.5.22's ``_reqs_finishing_inflight``): on the installed tree, with it off and
+    the fallback removed the plan-off loop races as 0.5.20's does (the overlapped extra
+    decode's reads of a finished request's row against the next prefill's
+    ``write_req_to_token_pool_triton`` on the schedule stream), with the fallback kept it is
+    race-free, and with the skip on (as released) the removal is not seen."""
+    tree = edited_tree(tmp_path, SCHEDULER_FILE, _scheduler_edit(skip_finishing, fallback))
+    status, output, document = run_sglang("--sglang-src", str(tree), "--variant",
+                                          "multi_layer_eagle_plan_off",
+                                          json_path=tmp_path / "races.json", timeout=900)
+    assert document["variants"] == ["multi_layer_eagle_plan_off"], output
+    if not races:
+        assert status == 0 and document["races"] == [], output
+        return
+    assert status == 1 and document["races"], output
+    for race in document["races"]:
+        assert race["kind"] == "WAR" and "req_to_token" in race["tensor"], race
+        assert race["first"]["stream"] == "self.forward_stream", race
+        assert race["second"]["stream"] == "self.schedule_stream", race
+        assert race["second"]["op"] == "write_req_to_token_pool_triton", race

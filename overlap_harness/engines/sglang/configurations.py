@@ -43,6 +43,9 @@ SWITCHES: tuple[Switch, ...] = (
            ("none", "eagle", "dspark"), "none"),
     Switch("multi_layer_eagle", "EAGLE's multi-layer worker of MTP models, one draft runner "
            "per step (--enable-multi-layer-eagle; set by multi-layer variants only)", ON_OFF),
+    Switch("boundary_kv", "the multi-layer EAGLE worker's boundary-KV window "
+           "(SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX, on by default, with a hybrid model's pool; "
+           "set by multi-layer variants only)", ON_OFF),
     Switch("eagle_topk", "EAGLE's draft candidates per step (--speculative-eagle-topk)",
            ("1", "4")),
     Switch("plan_stream", "the spec-v2 plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, off by "

@@ -48,27 +48,24 @@ NOT_DRIVEN: tuple[NotDriven, ...] = (
               "another event loop; no feature drives it"),
     NotDriven("MLX (`use_mlx()`)", "`event_loop_overlap_mlx` "
               "(hardware_backend/mlx/scheduler_mixin.py)", "another platform's event loop"),
-    NotDriven("`SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX` (on by default) with a hybrid MTP model: "
-              "the multi-layer EAGLE worker's boundary-KV window",
-              "`MultiLayerEagleDraftWorker._init_boundary_kv_fix_state` widens each draft "
-              "extend by `num_steps - 1` + conv warm-up front rows; `_draft_extend_for_decode` "
-              "then records `boundary_kv_ready_event` on the forward stream and the plan "
-              "stream waits on it (speculative/multi_layer_eagle_worker_v2.py:849 and :853 "
-              "in 0.5.23)",
-              "SGLang turns the window on only when the scheduler's request pool is a "
-              "`HybridReqToTokenPool` (a mamba / linear-attention hybrid model: its conv "
-              "state sets the warm-up rows) with topk 1, more than one step and equal draft "
-              "and target hidden sizes. Driving it needs what no feature builds: a hybrid "
-              "model's pools (a `MambaPool` per request slot, allocated and freed by the "
-              "scheduler's mamba paths and its mamba-aware cache), the target verify's "
-              "mamba-state commit after an MTP verify (the fake target has no mamba state), "
-              "and stand-ins for the window's three Triton kernels "
-              "(`compute_widened_draft_extend_locs_positions_triton`, "
-              "`stash_append_boundary_state_triton`, `fill_widened_draft_extend_inputs_triton`). "
-              "Read from the code: the event is recorded on the forward stream just before the "
-              "plan-stream block, so with the window on :853 orders the block after the "
-              "forward stream's queued work, what the one-line fix of docs/findings.md adds "
-              "without it"),
+    NotDriven("a hybrid (mamba / linear-attention) model's request pool in the scheduler",
+              "`HybridReqToTokenPool` and its `MambaPool` (mem_cache/memory_pool.py): the "
+              "scheduler allocates, frees and copies a mamba slot per request "
+              "(`mamba_allocator` in scheduler.py, the mamba-aware cache)",
+              "no feature builds a hybrid model's pools or state. The multi-layer worker's "
+              "boundary-KV window, which SGLang turns on only for such a pool, is driven "
+              "(`BoundaryKvWindow`, features/boundary_kv.py) with a stand-in: the scheduler's "
+              "plain pool shown to the worker as a `HybridReqToTokenPool` with a conv state's "
+              "shape (stand_ins/hybrid_pool.py); the scheduler's own mamba paths and the "
+              "target verify's mamba-state commit stay undriven"),
+    NotDriven("the boundary-KV window under the multi-layer draft-extend CUDA graphs",
+              "the graph runners capture the widened width (`num_front_tokens`, "
+              "speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py) and "
+              "`_draft_extend_for_decode` takes the staged window's slots from the runner's "
+              "buffers when staged",
+              "`BoundaryKvWindow` is composed with the eager draft extend only "
+              "(`multi_layer_eagle_boundary_kv`, `_plan_off`); the graph variants run "
+              "without the window"),
     NotDriven("multi-layer EAGLE draft-extend metadata staged before the verify",
               "`MultiLayerEagleDraftWorker._draft_extend_plan_for_decode` -> the runner's "
               "`stage_shared_reads` (speculative/multi_layer_eagle_worker_v2.py)",
@@ -76,7 +73,7 @@ NOT_DRIVEN: tuple[NotDriven, ...] = (
               "capturing its draft-extend metadata in the graph; in 0.5.23 only Inkling's "
               "short-conv hybrid backend (`inkling_sconv_backend.py`) answers so (FA3 "
               "captures it in the graph: the path the graph variants drive), and it needs "
-              "a hybrid model's pools, as the boundary-KV window does"),
+              "Inkling's backend and a hybrid model's state, which no feature builds"),
     NotDriven("`enable_multi_layer_eagle` with topk > 1, rejection sampling or a "
               "chain-hidden-state MTP model",
               "`MultiLayerEagleDraftWorker` (speculative/multi_layer_eagle_worker_v2.py)",

@@ -68,6 +68,13 @@ VERIFY_GRAPH_LOAD = Feature("the EAGLE target verify staged into the decode CUDA
 DRAFT_EXTEND_GRAPHS = Feature("the EAGLE draft-extend CUDA-graph runner",
                               "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
                               "EAGLEDraftExtendCudaGraphRunner")
+MULTI_LAYER_BOUNDARY_KV = Feature(
+    "the multi-layer EAGLE worker's boundary-KV window (SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX: "
+    "draft extends widened by front rows from a per-request stash)",
+    "sglang.srt.speculative.multi_layer_eagle_worker_v2",
+    "MultiLayerEagleDraftWorker._init_boundary_kv_fix_state")
+HYBRID_REQUEST_POOL = Feature("the request pool of hybrid (mamba / linear-attention) models",
+                              "sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool")
 MULTI_LAYER_DRAFT_EXTEND_GRAPHS = Feature(
     "the multi-layer EAGLE draft-extend CUDA-graph runner (one graph per draft step)",
     "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from overlap_harness.engines.sglang.features.api import Feature
+from overlap_harness.engines.sglang.features.boundary_kv import BoundaryKvWindow
 from overlap_harness.engines.sglang.features.chunked_prefill import ChunkedPrefill
 from overlap_harness.engines.sglang.features.decode_graph import CudaGraphDecode, ReadsEnd
 from overlap_harness.engines.sglang.features.delay_sample import DelaySample
@@ -40,8 +41,8 @@ from overlap_harness.engines.sglang.scheduler_build import PoolSizes
 #: attached and release features listed in this order. A new feature is added here.
 FEATURE_ORDER: tuple[type[Feature], ...] = (
     Hip, Retraction, ChunkedPrefill, RadixCache, Embedding, DpAttention, CudaGraphDecode,
-    EagerPrefillReadDone, DelaySample, UnifiedMemory, Eagle, MultiLayerEagle, CudaGraphVerify,
-    CudaGraphDraftExtend, CudaGraphMultiLayerDraftExtend, Dspark, Grammar)
+    EagerPrefillReadDone, DelaySample, UnifiedMemory, Eagle, MultiLayerEagle, BoundaryKvWindow,
+    CudaGraphVerify, CudaGraphDraftExtend, CudaGraphMultiLayerDraftExtend, Dspark, Grammar)
 
 F = TypeVar("F", bound=Feature)
 
@@ -240,6 +241,14 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # stream
     Variant("multi_layer_eagle_plan_off", 12, EAGLE_ARRIVALS,
             (MultiLayerEagle(plan_stream=False),), TWO_ROWS),
+    # multi_layer_eagle with the boundary-KV window SGLang turns on for hybrid (mamba /
+    # linear-attention) MTP models (SGLANG_ENABLE_MTP_BOUNDARY_KV_FIX, on by default;
+    # features/boundary_kv.py): each draft extend widened by front rows from a per-request
+    # stash; the plan stream waits on the event the window records on the forward stream
+    Variant("multi_layer_eagle_boundary_kv", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(), BoundaryKvWindow()), TWO_ROWS),
+    Variant("multi_layer_eagle_boundary_kv_plan_off", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(plan_stream=False), BoundaryKvWindow()), TWO_ROWS),
     # multi_layer_eagle under CUDA graphs (SGLang's default): the target verify under its
     # graph runner, the draft extend under the runner SGLang's _capture_cuda_graphs picks,
     # every step in one graph (SGLANG_ENABLE_SINGLE_CG_DRAFT, on by default), batch sizes 1

@@ -18,7 +18,8 @@ From there SGLang's code runs as released: ``forward_batch_generation`` (prefill
 decode: ``draft`` (the chain read from the previous draft extend's top-k, no draft forward),
 ``_draft_extend_plan_for_decode``, ``run_eagle_verify``, ``on_publish``,
 ``_draft_extend_for_decode`` with its plan-stream block), the boundary-KV state (off: the
-pool is not a hybrid one) and the scheduler's spec-v2 relay.
+pool is not a hybrid one; on with :class:`.boundary_kv.BoundaryKvWindow`) and the scheduler's
+spec-v2 relay.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from overlap_harness.engines.core.patching import attributes_set
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang import release_features as rf
 from overlap_harness.engines.sglang.features import eagle
+from overlap_harness.engines.sglang.features.boundary_kv import BoundaryKvWindow
 from overlap_harness.engines.sglang.features.eagle import Eagle
 from overlap_harness.engines.sglang.scheduler_build import DEVICE, PoolSizes
 from overlap_harness.engines.sglang.stand_ins import (
@@ -54,14 +56,17 @@ BUILD_SCOPES = ("draft_pp_context", "draft_tp_context", "speculative_moe_backend
 @dataclass(frozen=True, slots=True)
 class MultiLayerEagle(Eagle):
     """SGLang's multi-layer EAGLE v2 worker (``--enable-multi-layer-eagle``: an MTP model's
-    draft layers, one runner per step) in place of the single-layer one: EAGLE's options, and
-    the key ``multi_layer_eagle``. SGLang asks ``num_draft_tokens == num_steps + 1``."""
+    draft layers, one runner per step) in place of the single-layer one: EAGLE's options, the
+    key ``multi_layer_eagle``, and ``boundary_kv=off`` unless the variant has the window
+    (:class:`.boundary_kv.BoundaryKvWindow`). SGLang asks ``num_draft_tokens == num_steps + 1``."""
 
-    keys: ClassVar[tuple[str, ...]] = ("multi_layer_eagle", *Eagle.keys)
+    keys: ClassVar[tuple[str, ...]] = ("multi_layer_eagle", *Eagle.keys, "boundary_kv")
     options: ClassVar[tuple[str, ...]] = ("--enable-multi-layer-eagle", *Eagle.options)
 
     def configuration(self, variant: Variant) -> dict[str, str]:
-        return {"multi_layer_eagle": "on", **Eagle.configuration(self, variant)}
+        # the boundary-KV window off unless the variant has it (its feature then says on)
+        window = {} if variant.has(BoundaryKvWindow) else {"boundary_kv": "off"}
+        return {"multi_layer_eagle": "on", **Eagle.configuration(self, variant), **window}
 
     def release_needs(self, variant: Variant) -> list[ReleaseFeature]:
         return [rf.MULTI_LAYER_EAGLE if need is rf.EAGLE_V2 else need
@@ -75,7 +80,8 @@ class MultiLayerEagle(Eagle):
         options.update(enable_multi_layer_eagle=True)
 
     def spec_workers(self, variant: Variant) -> Callable[[Any, Any], None]:
-        return lambda scheduler, sizes: build_workers(scheduler, sizes, self)
+        return lambda scheduler, sizes: build_workers(scheduler, sizes, self,
+                                                      variant.feature(BoundaryKvWindow))
 
 
 def _step_runner(step: int, pool: Any, allocator: Any, sizes: PoolSizes, config: Eagle,
@@ -106,10 +112,12 @@ def _step_runner(step: int, pool: Any, allocator: Any, sizes: PoolSizes, config:
     return runner
 
 
-def build_workers(scheduler: Any, sizes: PoolSizes, config: Eagle) -> None:
+def build_workers(scheduler: Any, sizes: PoolSizes, config: Eagle,
+                  window: BoundaryKvWindow | None = None) -> None:
     """Give ``scheduler`` SGLang's multi-layer EAGLE worker over the fake target and the
     fake per-step draft runners (its ``spec_algorithm``, ``tp_worker``, ``draft_worker``,
-    ``model_worker``)."""
+    ``model_worker``); with the boundary-KV ``window``, the worker's ``alloc_memory_pool`` is
+    given the pool it asks for (:meth:`.boundary_kv.BoundaryKvWindow.worker_pool`)."""
     import importlib
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -147,7 +155,8 @@ def build_workers(scheduler: Any, sizes: PoolSizes, config: Eagle) -> None:
         worker = module.MultiLayerEagleWorkerV2(**{name: given[name] for name in parameters})
     with attributes_set([(module.MultiLayerEagleDraftWorker, "init_lm_head",
                           eagle._noop)]):
-        worker.alloc_memory_pool(memory_pool_config=None, req_to_token_pool=pool,
+        worker_pool = pool if window is None else window.worker_pool(pool, target, runners)
+        worker.alloc_memory_pool(memory_pool_config=None, req_to_token_pool=worker_pool,
                                  token_to_kv_pool_allocator=allocator)
     draft = worker.draft_worker
     # init_attention_backend's result: one draft-extend backend per step, each its runner's
