@@ -60,6 +60,10 @@ def run_engine_command(args: argparse.Namespace, command: EngineCommand) -> int:
         info = command.load(getattr(args, f"{command.engine}_src"))
     except command.unavailable as exc:
         return fail(command.prog, " ".join(str(exc).split()))
+    from overlap_harness.engines.core.results import name_files_relative_to
+
+    # every output names the engine's files from the tree's root (tokenspeed/runtime/...)
+    name_files_relative_to(Path(info.location).parent)
     necessity = command.necessity()
     known = list(necessity.variant_runs())
     names = args.variant or known
