@@ -62,10 +62,13 @@ _VALUE_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten._unique2
 HOST_READS = frozenset({"tolist", "numpy", "__array__", "__repr__", "__str__", "__format__"})
 
 _NO_ACCESS = {aten.is_pinned.default, aten.is_same_size.default}  # metadata, no data read
-# ``empty_like`` and its kin read only their first argument's shape, dtype and device
+# ``empty_like`` and its kin read only their first argument's shape, dtype and device;
+# ``t.new_zeros(size)`` and its kin only ``t``'s dtype and device
 _LIKE_OPS = {getattr(packet, overload)
              for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like,
-                            aten.rand_like, aten.randn_like, aten.randint_like)
+                            aten.rand_like, aten.randn_like, aten.randint_like,
+                            aten.new_zeros, aten.new_ones, aten.new_full, aten.new_empty,
+                            aten.new_empty_strided)
              for overload in packet.overloads()}
 # Allocations: the fresh tensor's values are whatever the memory held, so no element is
 # written (the caching allocator hands out a block, no kernel runs). Its storage is watched;

@@ -36,3 +36,28 @@ def test_to_cpu_with_copy_true_is_a_non_blocking_d2h():
 
     assert run(wait=False) == ["host-D2H"]
     assert run(wait=True) == []
+
+
+def _new_op_on_another_stream(new_op: str) -> list:
+    """A device tensor written on the default stream, then, on a side stream with no wait,
+    ``written.new_zeros(...)`` (or its kin): ``self`` gives only the new tensor's dtype and
+    device; ``clone`` is the control, a real read."""
+    with watch("cpu") as w:
+        written = torch.zeros(8, device="cuda")
+        written.add_(1)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            if new_op == "clone":
+                written.clone()
+            elif new_op == "new_full":
+                written.new_full((3,), 2.0)
+            else:
+                getattr(written, new_op)((3,))
+    return [str(r.kind) for r in w.races]
+
+
+def test_new_zeros_and_its_kin_read_no_data_but_a_clone_does():
+    for new_op in ("new_zeros", "new_ones", "new_empty", "new_full"):
+        assert _new_op_on_another_stream(new_op) == [], new_op
+    clone = _new_op_on_another_stream("clone")  # reads what both writes wrote
+    assert clone and set(clone) == {"RAW"}
