@@ -12,6 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests import release_ci_guard  # noqa: E402  (ROOT first on sys.path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """CI's guard on the release matrices: a skipped ``release_ci`` test fails where CI says
+    so (tests/release_ci_guard.py)."""
+    if not config.pluginmanager.has_plugin("tests.release_ci_guard"):
+        config.pluginmanager.register(release_ci_guard, "tests.release_ci_guard")
 
 
 @pytest.fixture

