@@ -152,8 +152,9 @@ CASES = [
     Case("tokenspeed", "--out", ("tokenspeed", "--out", "{path}"), "folder", _stub_tokenspeed),
     Case("tokenspeed", "--json", ("tokenspeed", "--json", "{path}"), "file", _stub_tokenspeed),
 ]
-# options with a FILE metavar that name what a command reads
-INPUT_OPTIONS = {"--profile", "--loop-json", "--gpu-resume"}
+# options with a FILE metavar that name what a command reads (``--gpu-check-cpu`` reads a GPU
+# report that must exist, and rewrites it where it lies)
+INPUT_OPTIONS = {"--profile", "--loop-json", "--gpu-resume", "--gpu-check-cpu"}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from overlap_harness.engines.core.command import fail, unknown_variants
 
 PROG = "overlap-harness sglang --gpu"
+CHECK_PROG = "overlap-harness sglang --gpu-check-cpu"
 DEFAULT_LOOP_REPORT = Path("reports/conformance/sglang-0.5.23-loop.json")
 
 
@@ -115,16 +116,16 @@ def check_cpu(args: argparse.Namespace) -> int:
     from overlap_harness.engines.sglang.gpu import report as gpu_report
 
     if args.gpu:
-        return fail(PROG, "--gpu-check-cpu runs the CPU mode; it does not take --gpu")
+        return fail(CHECK_PROG, "runs the CPU mode; it does not take --gpu")
     if not args.gpu_check_cpu.is_file():
-        return fail(PROG, f"{args.gpu_check_cpu}: no GPU report")
+        return fail(CHECK_PROG, f"{args.gpu_check_cpu}: no GPU report")
     report = json.loads(args.gpu_check_cpu.read_text())
     try:
         tree = environment.load(args.sglang_src)
     except environment.SglangTreeError as exc:
-        return fail(PROG, str(exc))
+        return fail(CHECK_PROG, str(exc))
     if tree.version != report["sglang_version"]:
-        return fail(PROG, f"sglang {tree.version} imported, the GPU report is of "
+        return fail(CHECK_PROG, f"sglang {tree.version} imported, the GPU report is of "
                     f"{report['sglang_version']}")
     if args.sglang_src:
         os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
