@@ -212,7 +212,7 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     if serial is None:
         return fail(PROG, f"the serial run of {variant} failed: {serial_trial.error}")
     if site is not None:
-        remove_site(gpu_table._find_site(site), Coverage())
+        remove_site(gpu_table.find_site(site), Coverage())
     held = ", ".join(probes(examples, stream).earlier) or "every op of the stream"
     print(f"{variant} without {site or 'no site (the unmodified loop)'}; "
           f"torch.cuda._sleep({cycles}) on {stream} before "

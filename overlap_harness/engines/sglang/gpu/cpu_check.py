@@ -146,7 +146,7 @@ def check_site(planned: tuple[str, str | None, list[dict[str, Any]]]
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
     from overlap_harness.engines.sglang.driver import run_variant
-    from overlap_harness.engines.sglang.gpu.table import _find_site
+    from overlap_harness.engines.sglang.gpu.table import find_site
     from overlap_harness.engines.sglang.variants import VARIANTS
 
     variant, site, rows = planned
@@ -155,7 +155,7 @@ def check_site(planned: tuple[str, str | None, list[dict[str, Any]]]
     try:
         environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
         if site is not None:
-            remove_site(_find_site(site), Coverage())
+            remove_site(find_site(site), Coverage())
         with captured(f"{variant} run", summary=False):  # SGLang's own log lines held back
             run = run_variant(VARIANTS[variant])
     except Exception as exc:  # the row says so

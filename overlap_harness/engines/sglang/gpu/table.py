@@ -91,7 +91,9 @@ def planned_verdicts(loop_document: dict[str, Any], variants: Sequence[str] | No
             for rows in plan(loop_document, variants).values() for row in rows}
 
 
-def _find_site(key: str) -> Any:
+def find_site(key: str) -> Any:
+    """The loaded tree's sync site at ``key`` (``sglang/srt/x.py:LINE``, as the loop report
+    names it): what a GPU trial, a repro and the CPU check of a row remove."""
     from overlap_harness.engines.sglang.report.path_sites import path_sites
 
     path, _, line = key.rpartition(":")
@@ -151,7 +153,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     site = None
     if site_key is not None:
         try:
-            site = _find_site(site_key)
+            site = find_site(site_key)
             remove_site(site, coverage)
         except Exception as exc:  # the row says so; never dropped
             return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
