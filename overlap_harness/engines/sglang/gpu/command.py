@@ -48,19 +48,12 @@ def run(args: argparse.Namespace) -> int:
     names = args.variant or loop_document["variants"]
     if (message := unknown_variants(names, loop_document["variants"])) is not None:
         return fail(PROG, message)
-    from overlap_harness.engines.sglang import environment
     from overlap_harness.engines.sglang.gpu import report as gpu_report
     from overlap_harness.engines.sglang.gpu import table as gpu_table
 
-    try:
-        tree = environment.load(args.sglang_src)
-    except environment.SglangTreeError as exc:
-        return fail(PROG, str(exc))
-    if tree.version != loop_document["sglang_version"]:
-        return fail(PROG, f"sglang {tree.version} imported, the loop report is of "
-                    f"{loop_document['sglang_version']}")
-    if args.sglang_src:
-        os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
+    tree = _tree_of(args, loop_document["sglang_version"], "the loop report")
+    if isinstance(tree, str):
+        return fail(PROG, tree)
     device = torch.cuda.get_device_name()
     print(f"sglang {tree.version} from {tree.package_dir} on {device}; "
           f"{len(names)} variants, {args.jobs} children at a time", flush=True)
@@ -107,11 +100,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if clean else 1
 
 
+def _tree_of(args: argparse.Namespace, version: str, what: str) -> object | str:
+    """SGLang's tree loaded (``--sglang-src`` or the installed one) and named to the child
+    processes; an error text when it cannot load or is not ``version`` (``what``'s)."""
+    from overlap_harness.engines.sglang import environment
+
+    try:
+        tree = environment.load(args.sglang_src)
+    except environment.SglangTreeError as exc:
+        return str(exc)
+    if tree.version != version:
+        return f"sglang {tree.version} imported, {what} is of {version}"
+    if args.sglang_src:
+        os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
+    return tree
+
+
 def check_cpu(args: argparse.Namespace) -> int:
     """``--gpu-check-cpu FILE``: each timing row of the GPU report checked against the CPU
     mode (:mod:`.gpu.cpu_check`), the report rewritten. Exit 1 when a row's ordering is one
     the CPU mode does not record (the CPU mode to be fixed there), else 0."""
-    from overlap_harness.engines.sglang import environment
     from overlap_harness.engines.sglang.gpu import cpu_check
     from overlap_harness.engines.sglang.gpu import report as gpu_report
 
@@ -120,15 +128,9 @@ def check_cpu(args: argparse.Namespace) -> int:
     if not args.gpu_check_cpu.is_file():
         return fail(CHECK_PROG, f"{args.gpu_check_cpu}: no GPU report")
     report = json.loads(args.gpu_check_cpu.read_text())
-    try:
-        tree = environment.load(args.sglang_src)
-    except environment.SglangTreeError as exc:
-        return fail(CHECK_PROG, str(exc))
-    if tree.version != report["sglang_version"]:
-        return fail(CHECK_PROG, f"sglang {tree.version} imported, the GPU report is of "
-                    f"{report['sglang_version']}")
-    if args.sglang_src:
-        os.environ["OVERLAP_HARNESS_SGLANG_SRC"] = str(args.sglang_src)
+    tree = _tree_of(args, report["sglang_version"], "the GPU report")
+    if isinstance(tree, str):
+        return fail(CHECK_PROG, tree)
     print(f"{len(cpu_check.timing_rows(report))} timing rows of {args.gpu_check_cpu}: each "
           f"variant run in CPU mode without the row's site ({args.jobs} at a time)", flush=True)
     checked = cpu_check.check_report(report, args.jobs)
