@@ -80,14 +80,18 @@ def _outcomes(junit: Path) -> dict[str, str]:
     return outcomes
 
 
+#: the probe project's outcomes where CI requires the release tests: their skips fail
+REQUIRED_OUTCOMES = {"test_release_skipping": "failure",
+                     "test_release_skipping_in_setup": "error",
+                     "test_release_running": "passed",
+                     "test_other_skipping": "skipped",
+                     "test_release_expected_to_fail": "xfail"}
+
+
 def test_where_ci_requires_the_release_tests_their_skips_fail(tmp_path: Path) -> None:
     status, outcomes, output = _pytest(tmp_path, "1")
     assert status == 1, output
-    assert outcomes == {"test_release_skipping": "failure",
-                        "test_release_skipping_in_setup": "error",
-                        "test_release_running": "passed",
-                        "test_other_skipping": "skipped",
-                        "test_release_expected_to_fail": "xfail"}, output
+    assert outcomes == REQUIRED_OUTCOMES, output
     assert (f"is a release_ci test and skipped where {REQUIRE_RELEASE_CI}=1 requires it to "
             "run: vllm==0.34.0: cannot download (no registry)") in output
     assert "the vllm extra is not installed: cachetools" in output
@@ -109,8 +113,4 @@ def test_the_guard_holds_in_xdist_workers_as_ci_runs_them(tmp_path: Path) -> Non
     """CI's pytest runs in two workers (``-n 2``): the reports are made there."""
     status, outcomes, output = _pytest(tmp_path, "1", "-p", "xdist", "-n", "2")
     assert status == 1, output
-    assert outcomes == {"test_release_skipping": "failure",
-                        "test_release_skipping_in_setup": "error",
-                        "test_release_running": "passed",
-                        "test_other_skipping": "skipped",
-                        "test_release_expected_to_fail": "xfail"}, output
+    assert outcomes == REQUIRED_OUTCOMES, output

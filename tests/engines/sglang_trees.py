@@ -162,3 +162,21 @@ def run_child(code: str, *args: Any, timeout: int = 900) -> Any:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
+
+
+def release_package(version: str) -> Path:
+    """The ``sglang`` package of a supported release's unzipped wheel (fetched into the
+    user's cache); the test skips with the reason where it cannot be had."""
+    from overlap_harness.engines.sglang import releases
+
+    try:
+        return releases.release_tree(version) / "sglang"
+    except releases.ReleaseUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def release_versions() -> list[str]:
+    """Every supported SGLang release, oldest first (a test's parameters)."""
+    from overlap_harness.engines.sglang import releases
+
+    return list(releases.SUPPORTED)

@@ -27,6 +27,8 @@ import torch
 
 from tests.engines.sglang_trees import (
     edited_tree,
+    release_package,
+    release_versions,
     run_child,
     run_sglang,
     statement_passed,
@@ -167,29 +169,14 @@ def test_the_tree_with_the_boundary_wait_removed_races(tmp_path):
     _check_wait_removed(*_command(tmp_path, None, wait_removed=True))
 
 
-def _release_package(version: str) -> Path:
-    from overlap_harness.engines.sglang import releases
-
-    try:
-        return releases.release_tree(version) / "sglang"
-    except releases.ReleaseUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-def _release_versions() -> list[str]:
-    from overlap_harness.engines.sglang import releases
-
-    return list(releases.SUPPORTED)
-
-
 @pytest.mark.slow
 @pytest.mark.engine_run
-@pytest.mark.parametrize("version", _release_versions())
+@pytest.mark.parametrize("version", release_versions())
 @pytest.mark.parametrize("wait_removed", [False, True], ids=["released", "wait_removed"])
 def test_every_release_both_ways(tmp_path, version, wait_removed):
     """Every supported release has the window and its wait: as released ordered (but for the
     verify's own missing wait before 0.5.20), with the wait removed racing."""
-    result = _command(tmp_path, _release_package(version), wait_removed=wait_removed)
+    result = _command(tmp_path, release_package(version), wait_removed=wait_removed)
     (_check_wait_removed if wait_removed else _check_released)(*result)
 
 

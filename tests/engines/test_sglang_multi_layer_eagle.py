@@ -28,6 +28,8 @@ import pytest
 from tests.engines.sglang_trees import (
     edited_tree,
     line_replaced,
+    release_package,
+    release_versions,
     run_child,
     run_sglang,
     statement_passed,
@@ -205,30 +207,15 @@ def test_tree_with_the_plan_wait_is_race_free(tmp_path):
     _check_fixed(*_command(tmp_path, None, fix=True))
 
 
-def _release_package(version: str) -> Path:
-    from overlap_harness.engines.sglang import releases
-
-    try:
-        return releases.release_tree(version) / "sglang"
-    except releases.ReleaseUnavailable as exc:
-        pytest.skip(str(exc))
-
-
-def _release_versions() -> list[str]:
-    from overlap_harness.engines.sglang import releases
-
-    return list(releases.SUPPORTED)
-
-
 @pytest.mark.slow
 @pytest.mark.engine_run
-@pytest.mark.parametrize("version", _release_versions())
+@pytest.mark.parametrize("version", release_versions())
 @pytest.mark.parametrize("fix", [False, True], ids=["released", "fixed"])
 def test_every_release_both_ways(tmp_path, version, fix):
     """Every supported release has the worker and its missing wait: as released it races
     (plan stream on; off race-free); with the one-line fix both variants are race-free, but
     for the verify's own missing wait on releases before 0.5.20 (:func:`_check_fixed`)."""
-    result = _command(tmp_path, _release_package(version), fix=fix)
+    result = _command(tmp_path, release_package(version), fix=fix)
     (_check_fixed if fix else _check_released)(*result)
 
 
