@@ -20,15 +20,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.sglang_trees import edited_tree, run_child, run_sglang, unchanged
+from tests.engines.sglang_trees import (
+    edited_tree,
+    release_package,
+    release_versions,
+    run_child,
+    run_sglang,
+    unchanged,
+)
 from tests.engines.test_sglang_multi_layer_eagle import (
     COMMON_FILE,
     WORKER_FILE,
     _function_lines,
     _installed,
     _plan_waits,
-    _release_package,
-    _release_versions,
     _verify_waits_for_the_forward_stream,
     with_plan_wait,
 )
@@ -168,12 +173,12 @@ def test_tree_as_released_races_and_with_the_wait_is_race_free(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.engine_run
-@pytest.mark.parametrize("version", _release_versions())
+@pytest.mark.parametrize("version", release_versions())
 @pytest.mark.parametrize("fix", [False, True], ids=["released", "fixed"])
 def test_every_release_both_ways(tmp_path, version, fix):
     """Every supported release has both runners and the missing wait."""
     variants = PLAN_ON if fix else tuple(RUNNERS)
-    result = _command(tmp_path, _release_package(version), fix, variants)
+    result = _command(tmp_path, release_package(version), fix, variants)
     (_check_fixed if fix else _check_released)(*result)
 
 
@@ -190,14 +195,14 @@ def test_release_needs_follow_the_runner_switch():
         assert rf.MULTI_LAYER_EAGLE in needs, name
 
 
-@pytest.mark.parametrize("version", _release_versions())
+@pytest.mark.parametrize("version", release_versions())
 def test_every_release_defines_both_runner_classes(version):
     """Read from each release's own source (no import): the runner module defines both
     classes the features need, and the worker's _capture_cuda_graphs reads
     SGLANG_ENABLE_SINGLE_CG_DRAFT to pick between them."""
     import ast
 
-    package = _release_package(version)
+    package = release_package(version)
     runner = package / "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py"
     classes = {n.name for n in ast.walk(ast.parse(runner.read_text()))
                if isinstance(n, ast.ClassDef)}
