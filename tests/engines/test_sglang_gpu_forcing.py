@@ -304,3 +304,59 @@ def test_sglangs_own_kernel_is_one_device_op_of_the_forcing_mode(
     sink.mode = None  # outside the loop: the kernel runs as itself
     assert sink.implementation(declaration, triton_launch)("b", cuda) is None
     assert mode.sleeps == 1
+
+
+def test_a_delay_shorter_than_the_hosts_gap_gets_one_trial_that_outlasts_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # every delay held the earlier side, yet the later side always found it finished, the
+    # soonest 60 ms after its op: one more trial, longer than 60 ms at the fastest clock
+    done = {"earlier_issued": 9, "later_pending": 0, "later_done": 30, "later_first": 0,
+            "least_done_gap_s": 0.06}
+    asked = _scripted(monkeypatch, [{"sleeps": 9, "probe": done}] * 3
+                      + [{"sleeps": 9, "probe": dict(done, later_pending=4, later_done=26)}])
+    trials = gpu_table._race_trials(0, RACE_ROW, {})
+    longer = asked[-1].cycles
+    assert [f.cycles for f in asked[:3]] == list(gpu_table.RACE_CYCLES)
+    assert len(asked) == 4 and asked[-1].targeted
+    assert longer / gpu_table.FASTEST_CLOCK_HZ >= 0.06 and longer <= 1 << 28
+    row = gpu_table._row(RACE_ROW, trials, None)
+    assert (row["slept_trials"], row["race_made_trials"]) == (4, 1)
+    # a gap the longest delay already outlasts, or one beyond a second: no more trials
+    assert gpu_table.outlasting_cycles(Trial("x", probe=dict(done, least_done_gap_s=0.001)),
+                                       1 << 25) is None
+    assert gpu_table.outlasting_cycles(Trial("x", probe=dict(done, least_done_gap_s=5.0)),
+                                       1 << 25) is None
+    assert gpu_table.outlasting_cycles(Trial("x", probe={}), 1 << 25) is None
+    # a trial that was wrong stops the growth before any escalation
+    asked = _scripted(monkeypatch, [{"sleeps": 9, "probe": done, "wrong": "r = 1 (serial 2)"}])
+    assert len(gpu_table._race_trials(0, RACE_ROW, {})) == 1 and len(asked) == 1
+
+
+def test_the_probe_measures_the_hosts_gap_to_a_finished_earlier_side(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    from overlap_harness.engines.sglang.gpu import probe as gpu_probe
+
+    class _Finished:
+        """A CUDA event whose work is always done."""
+
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+    clock = iter([10.0, 10.25, 10.4])
+    monkeypatch.setattr(torch.cuda, "Event", _Finished)
+    monkeypatch.setattr(gpu_probe.time, "perf_counter", lambda: next(clock))
+    probe = probes([EXAMPLE], "forward_stream")
+    assert "least_done_gap_s" not in probe.counts()  # nothing measured yet
+    code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
+    later = types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
+    probe.after_op(True)  # the earlier side's op, at 10.0
+    probe._profile(later, "c_call", len)  # the later side reached at 10.25: finished
+    probe._profile(later, "c_call", len)  # and at 10.4
+    assert probe.later_done == 2 and probe.counts()["least_done_gap_s"] == 0.25

@@ -98,8 +98,12 @@ class SideProbe:
     host_cycles: int = 0  # a host earlier side: the delay before each of its calls
     host_sleeps: int = 0
     orderings: dict[str, int] = field(default_factory=dict)  # see ORDERING_CALLS
+    #: the shortest host time (seconds) from the earlier side's last op to a reach of the
+    #: later side that found it finished: a delay must outlast it to make the race there
+    least_done_gap_s: float | None = None
     on_made: Any = field(default=None, repr=False)  # called once, when the race is first made
     _event: Any = field(default=None, repr=False)
+    _earlier_at: float = field(default=0.0, repr=False)
     _since_earlier: list[str] = field(default_factory=list, repr=False)
     _earlier_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
     _later_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
@@ -115,6 +119,8 @@ class SideProbe:
             "later_done": self.later_done, "later_first": self.later_first}
         if self.host_sleeps:
             out["host_sleeps"] = self.host_sleeps
+        if self.least_done_gap_s is not None:
+            out["least_done_gap_s"] = round(self.least_done_gap_s, 6)
         out["orderings"] = dict(sorted(self.orderings.items(), key=lambda kv: -kv[1])[:6])
         return out
 
@@ -142,6 +148,7 @@ class SideProbe:
             self.earlier_issued += 1
             self._event = torch.cuda.Event()
             self._event.record()
+            self._earlier_at = time.perf_counter()
             self._since_earlier.clear()
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -168,6 +175,9 @@ class SideProbe:
             self.later_first += 1
         elif self._event.query():
             self.later_done += 1
+            gap = time.perf_counter() - self._earlier_at
+            if self.least_done_gap_s is None or gap < self.least_done_gap_s:
+                self.least_done_gap_s = gap
             for call in dict.fromkeys(self._since_earlier):
                 self.orderings[call] = self.orderings.get(call, 0) + 1
         else:
@@ -231,8 +241,12 @@ def why_equal(probe_counts: dict[str, Any], probe: dict[str, Any]) -> tuple[str,
         "; calls that can order them ran between the sides: "
         + ", ".join(f"{call} ({times}x)" for call, times in seen.items()) if seen
         else "; no call that can order them ran between the sides on the host")
+    gap = c.get("least_done_gap_s")
+    host_gap = "" if gap is None else (
+        f"; the host reached the later side at least {gap * 1e3:.1f} ms after the earlier "
+        "side's op")
     return "timing", (
         f"the earlier side had finished each of the {c['later_done']} times the later side "
         f"was reached ({c['later_first']} reaches came before any earlier side; {sides})"
-        f"{between}: something between them waits for it, so no delay of the earlier side "
-        "reorders them")
+        f"{between}{host_gap}: something between them waits for it, or the delay was "
+        "shorter than the host's own time between the sides")

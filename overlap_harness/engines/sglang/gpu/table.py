@@ -29,6 +29,12 @@ from typing import Any
 #: the race's earlier side), tried in turn until a trial shows a wrong value or crashes: as
 #: long as the later side needs
 RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
+#: past :data:`RACE_CYCLES`, one more trial whose delay outlasts the host time the probe
+#: measured from the earlier side's op to a reach of the later side that found it finished
+#: (``least_done_gap_s``), counted at the fastest clock a Hopper SM runs (about 2 GHz, so the
+#: sleep is at least that long), twice over; never longer than this (about a second)
+LONGEST_RACE_CYCLES = 1 << 31
+FASTEST_CLOCK_HZ = 2.0e9
 #: a redundant row: each stream the loop holds delayed in turn (before every op it issues)
 SWEEP_CYCLES = (1 << 21,)
 #: the unmodified loop: each stream in turn at every delay the rows use
@@ -183,33 +189,66 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     probe on the race's sides in every trial; the delay grows through :data:`RACE_CYCLES`
     until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
     (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
-    launcher's), the whole stream is delayed instead."""
-    from overlap_harness.engines.sglang.gpu.access_values import (
-        side_locations,
-    )
-    from overlap_harness.engines.sglang.gpu.loop import Forcing, run_trial
-    from overlap_harness.engines.sglang.gpu.probe import probes
+    launcher's), the whole stream is delayed instead. Where every delay held the earlier
+    side and none showed a wrong value or crashed, one more trial outlasts the host's own
+    time between the sides, as the probe measured it (:func:`outlasting_cycles`): a delay
+    shorter than that cannot make the race at all."""
+    from overlap_harness.engines.sglang.gpu.loop import Forcing
 
     trials = []
     for stream in row["delay"]:
         targeted = True
         for cycles in RACE_CYCLES:
             while True:
-                probe = probes(row["race_examples"], stream)
-                forcing = Forcing((stream,), cycles, targeted=targeted)
-                label = forcing.label()
-                probe.on_made = lambda label=label: _journal({"row": index, "made": label})
-                _journal({"row": index, "starting": label})
-                trial = run_trial(row["variant"], forcing, serial, probe,
-                                  side_locations(row["race_examples"]))[0]
-                _journal({"row": index, "trial": asdict(trial)})
+                trial = _probed_trial(index, row, Forcing((stream,), cycles, targeted=targeted),
+                                      serial)
                 trials.append(trial)
                 if trial.slept or not targeted or stream == "host":
                     break
                 targeted = False  # nothing held at the earlier side: the whole stream
             if trial.wrong or trial.error or not trial.slept:
                 break
+        else:
+            longer = outlasting_cycles(trial, cycles) if stream != "host" else None
+            if longer is not None:
+                trials.append(_probed_trial(
+                    index, row, Forcing((stream,), longer, targeted=targeted), serial))
     return trials
+
+
+def _probed_trial(index: int, row: dict[str, Any], forcing: Any, serial: dict[str, Any]
+                  ) -> Any:
+    """One trial of a race row under ``forcing``, probed on the race's sides of its stream,
+    with the values of both sides' ops; journaled before and after."""
+    from overlap_harness.engines.sglang.gpu.access_values import side_locations
+    from overlap_harness.engines.sglang.gpu.loop import run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    probe = probes(row["race_examples"], forcing.streams[0])
+    label = forcing.label()
+    probe.on_made = lambda: _journal({"row": index, "made": label})
+    _journal({"row": index, "starting": label})
+    trial = run_trial(row["variant"], forcing, serial, probe,
+                      side_locations(row["race_examples"]))[0]
+    _journal({"row": index, "trial": asdict(trial)})
+    return trial
+
+
+def outlasting_cycles(trial: Any, cycles: int) -> int | None:
+    """The delay of one more trial after ``trial`` (held ``cycles`` and showed neither a
+    wrong value nor a crash): long enough to outlast the shortest host gap its probe measured
+    between the earlier side's op and a reach of the later side that found it finished
+    (:data:`FASTEST_CLOCK_HZ`, twice over), as a power of two; None when the probe measured
+    no such gap, when ``cycles`` already outlasts it, or when it would exceed
+    :data:`LONGEST_RACE_CYCLES` (the row then stays as its trials show it)."""
+    gap = (trial.probe or {}).get("least_done_gap_s")
+    if gap is None:
+        return None
+    needed = max(1, int(2 * gap * FASTEST_CLOCK_HZ))
+    longer = 1 << (needed - 1).bit_length()
+    if longer <= cycles or longer > LONGEST_RACE_CYCLES:
+        return None
+    return longer
 
 
 def _journal(entry: dict[str, Any]) -> None:
