@@ -37,6 +37,7 @@
 # than 200 s there), then STEP=table with VARIANTS="--loop-json $H/loop3.json --gpu-resume
 # $H/prev3.json --gpu-rerun unrun"; then, on a CPU machine, --gpu-check-cpu on the report.
 # Next: the same, resuming the committed report (the access values' new serial-twice control).
+# STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
 # the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
 # VARIANTS="--variant A --variant B": only those (default: every variant of the loop report).
@@ -58,6 +59,13 @@ case ",$STEP," in *,loop,*)
   echo "loop report (CPU mode): exit $?"; tail -5 "$OUT/loop.log"
   LOOP_JSON="--loop-json $(ls "$OUT"/loop/sglang-*-loop.json)";;
 esac
+case ",$STEP," in *,syncs,*)
+  # the host synchronisations of one unforced device run per variant, by whose code (its own
+  # process, beside the table)
+  (PYTHONPATH=$PWD:$PYTHONPATH timeout "${SYNCS_S:-300}" python3 tools/gpu_host_syncs.py \
+    "$OUT/host-syncs.json" $SYNCS_VARIANTS > "$OUT/syncs.log" 2>&1
+   echo "host syncs: exit $?" >> "$OUT/syncs.log") &;;
+esac
 if [ "$STEP" = all ] || [ "$STEP" = smoke ]; then
   # the CPU mode on this CUDA host, beside the table (its own process; no GPU work)
   (timeout 240 python3 -m overlap_harness sglang --variant non_spec_decode \
@@ -71,3 +79,4 @@ case ",$STEP," in *,all,*|*,table,*)
 esac
 wait
 [ -f /tmp/cpu_mode.log ] && tail -8 /tmp/cpu_mode.log | tee "$OUT/cpu_mode.log"
+[ -f "$OUT/syncs.log" ] && tail -4 "$OUT/syncs.log"
