@@ -349,14 +349,47 @@ def test_the_probe_measures_the_hosts_gap_to_a_finished_earlier_side(
         def query(self) -> bool:
             return True
 
-    clock = iter([10.0, 10.25, 10.4])
+    clock = iter([10.0, 10.1, 10.25, 10.25, 10.4])
     monkeypatch.setattr(torch.cuda, "Event", _Finished)
     monkeypatch.setattr(gpu_probe.time, "perf_counter", lambda: next(clock))
     probe = probes([EXAMPLE], "forward_stream")
     assert "least_done_gap_s" not in probe.counts()  # nothing measured yet
     code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
     later = types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
-    probe.after_op(True)  # the earlier side's op, at 10.0
+    probe.after_op(True)  # the earlier side's first op, at 10.0
+    probe.after_op(True)  # and its second, at 10.1
     probe._profile(later, "c_call", len)  # the later side reached at 10.25: finished
     probe._profile(later, "c_call", len)  # and at 10.4
-    assert probe.later_done == 2 and probe.counts()["least_done_gap_s"] == 0.25
+    counts = probe.counts()
+    assert probe.later_done == 2 and counts["least_done_gap_s"] == 0.15
+    assert counts["least_first_done_gap_s"] == 0.25 and "later_all_pending" not in counts
+    # the escalation outlasts the longer of the two gaps (the first op's)
+    longer = gpu_table.outlasting_cycles(Trial("x", probe=counts), 1 << 25)
+    assert longer is not None and longer / gpu_table.FASTEST_CLOCK_HZ >= 0.25
+
+
+def test_a_reach_that_finds_the_first_earlier_op_pending_counts_every_op_pending(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    class _Pending:
+        """A CUDA event whose work never finishes."""
+
+        def record(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return False
+
+    monkeypatch.setattr(torch.cuda, "Event", _Pending)
+    probe = probes([EXAMPLE], "forward_stream")
+    code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
+    later = types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
+    probe.after_op(True)
+    probe._profile(later, "c_call", len)
+    probe._profile(later, "c_call", len)  # no earlier op since: not counted again
+    counts = probe.counts()
+    assert (counts["later_pending"], counts["later_all_pending"]) == (2, 1)
+    assert "least_first_done_gap_s" not in counts

@@ -101,9 +101,17 @@ class SideProbe:
     #: the shortest host time (seconds) from the earlier side's last op to a reach of the
     #: later side that found it finished: a delay must outlast it to make the race there
     least_done_gap_s: float | None = None
+    #: reaches of the later side that found even the first earlier-side op issued since the
+    #: previous reach pending (every earlier op of that stretch: the one whose memory the later
+    #: side touches among them), and the shortest host time from that first op to a reach
+    #: that found it finished: a delay of each earlier op must outlast it so that whichever
+    #: op the later side conflicts with is still pending
+    later_all_pending: int = 0
+    least_first_done_gap_s: float | None = None
     on_made: Any = field(default=None, repr=False)  # called once, when the race is first made
     _event: Any = field(default=None, repr=False)
     _earlier_at: float = field(default=0.0, repr=False)
+    _first: Any = field(default=None, repr=False)  # (event, host time) of the stretch's first
     _since_earlier: list[str] = field(default_factory=list, repr=False)
     _earlier_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
     _later_keys: list[tuple[str, int]] = field(default_factory=list, repr=False)
@@ -121,6 +129,10 @@ class SideProbe:
             out["host_sleeps"] = self.host_sleeps
         if self.least_done_gap_s is not None:
             out["least_done_gap_s"] = round(self.least_done_gap_s, 6)
+        if self.later_all_pending:
+            out["later_all_pending"] = self.later_all_pending
+        if self.least_first_done_gap_s is not None:
+            out["least_first_done_gap_s"] = round(self.least_first_done_gap_s, 6)
         out["orderings"] = dict(sorted(self.orderings.items(), key=lambda kv: -kv[1])[:6])
         return out
 
@@ -150,6 +162,8 @@ class SideProbe:
             self._event.record()
             self._earlier_at = time.perf_counter()
             self._since_earlier.clear()
+            if self._first is None:
+                self._first = (self._event, self._earlier_at)
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
@@ -171,6 +185,7 @@ class SideProbe:
                     and len(self._since_earlier) < 32:
                 self._since_earlier.append(f"{name} at {_short(frame)}")
             return
+        self._first_of_stretch()
         if self._event is None:
             self.later_first += 1
         elif self._event.query():
@@ -184,6 +199,21 @@ class SideProbe:
             self.later_pending += 1
             if self.later_pending == 1 and self.on_made is not None:
                 self.on_made()  # a trial that then dies (a CUDA abort) still made the race
+
+    def _first_of_stretch(self) -> None:
+        """At a reach of the later side: was the first earlier op since the previous reach
+        still pending (``later_all_pending``), or how long after it was the side reached
+        (``least_first_done_gap_s``)? A new stretch begins."""
+        if self._first is None:
+            return
+        event, issued_at = self._first
+        self._first = None
+        if not event.query():
+            self.later_all_pending += 1
+            return
+        gap = time.perf_counter() - issued_at
+        if self.least_first_done_gap_s is None or gap < self.least_first_done_gap_s:
+            self.least_first_done_gap_s = gap
 
     @contextmanager
     def watching(self) -> Iterator[None]:

@@ -236,12 +236,16 @@ def _probed_trial(index: int, row: dict[str, Any], forcing: Any, serial: dict[st
 
 def outlasting_cycles(trial: Any, cycles: int) -> int | None:
     """The delay of one more trial after ``trial`` (held ``cycles`` and showed neither a
-    wrong value nor a crash): long enough to outlast the shortest host gap its probe measured
-    between the earlier side's op and a reach of the later side that found it finished
-    (:data:`FASTEST_CLOCK_HZ`, twice over), as a power of two; None when the probe measured
+    wrong value nor a crash): long enough to outlast the host gaps its probe measured
+    between an earlier side's op and a reach of the later side that found it finished (the
+    last op's, ``least_done_gap_s``; the first op's since the previous reach,
+    ``least_first_done_gap_s``: the op whose memory the later side touches may be any of
+    them), at :data:`FASTEST_CLOCK_HZ`, twice over, as a power of two; None when the probe measured
     no such gap, when ``cycles`` already outlasts it, or when it would exceed
     :data:`LONGEST_RACE_CYCLES` (the row then stays as its trials show it)."""
-    gap = (trial.probe or {}).get("least_done_gap_s")
+    counts = trial.probe or {}
+    gap = max((counts[key] for key in ("least_done_gap_s", "least_first_done_gap_s")
+               if counts.get(key) is not None), default=None)
     if gap is None:
         return None
     needed = max(1, int(2 * gap * FASTEST_CLOCK_HZ))
