@@ -35,6 +35,10 @@ RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
 #: sleep is at least that long), twice over; never longer than this (about a second)
 LONGEST_RACE_CYCLES = 1 << 31
 FASTEST_CLOCK_HZ = 2.0e9
+#: ... nor a trial that would sleep longer than this in all (each earlier op held, at the
+#: slowest clock a busy Hopper SM runs, about 1.5 GHz): the row then stays as it is
+LONGEST_HELD_S = 90.0
+SLOWEST_CLOCK_HZ = 1.5e9
 #: a redundant row: each stream the loop holds delayed in turn (before every op it issues)
 SWEEP_CYCLES = (1 << 21,)
 #: the unmodified loop: each stream in turn at every delay the rows use
@@ -241,8 +245,9 @@ def outlasting_cycles(trial: Any, cycles: int) -> int | None:
     last op's, ``least_done_gap_s``; the first op's since the previous reach,
     ``least_first_done_gap_s``: the op whose memory the later side touches may be any of
     them), at :data:`FASTEST_CLOCK_HZ`, twice over, as a power of two; None when the probe measured
-    no such gap, when ``cycles`` already outlasts it, or when it would exceed
-    :data:`LONGEST_RACE_CYCLES` (the row then stays as its trials show it)."""
+    no such gap, when ``cycles`` already outlasts it, when it would exceed
+    :data:`LONGEST_RACE_CYCLES`, or hold the trial longer than :data:`LONGEST_HELD_S` in all
+    (the row then stays as its trials show it)."""
     counts = trial.probe or {}
     gap = max((counts[key] for key in ("least_done_gap_s", "least_first_done_gap_s")
                if counts.get(key) is not None), default=None)
@@ -251,6 +256,8 @@ def outlasting_cycles(trial: Any, cycles: int) -> int | None:
     needed = max(1, int(2 * gap * FASTEST_CLOCK_HZ))
     longer = 1 << (needed - 1).bit_length()
     if longer <= cycles or longer > LONGEST_RACE_CYCLES:
+        return None
+    if counts.get("earlier_issued", 0) * longer / SLOWEST_CLOCK_HZ > LONGEST_HELD_S:
         return None
     return longer
 
