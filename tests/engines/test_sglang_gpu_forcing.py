@@ -327,8 +327,8 @@ def test_a_delay_shorter_than_the_hosts_gap_gets_one_trial_that_outlasts_it(
     assert gpu_table.outlasting_cycles(Trial("x", probe=dict(done, least_done_gap_s=5.0)),
                                        1 << 25) is None
     assert gpu_table.outlasting_cycles(Trial("x", probe={}), 1 << 25) is None
-    # nor one that would hold the trial for minutes (400 earlier ops of 0.36 s each)
-    assert gpu_table.outlasting_cycles(Trial("x", probe=dict(done, earlier_issued=400)),
+    # nor one that would hold the trial for minutes (1000 earlier ops of 0.18 s each)
+    assert gpu_table.outlasting_cycles(Trial("x", probe=dict(done, earlier_issued=1000)),
                                        1 << 25) is None
     # a trial that was wrong stops the growth before any escalation
     asked = _scripted(monkeypatch, [{"sleeps": 9, "probe": done, "wrong": "r = 1 (serial 2)"}])
