@@ -396,3 +396,16 @@ def test_a_reach_that_finds_the_first_earlier_op_pending_counts_every_op_pending
     counts = probe.counts()
     assert (counts["later_pending"], counts["later_all_pending"]) == (2, 1)
     assert "least_first_done_gap_s" not in counts
+
+
+def test_a_row_wrong_only_at_an_escalated_delay_is_counted_apart() -> None:
+    made = {"earlier_issued": 2, "later_pending": 1, "later_done": 0, "later_first": 0}
+    fixed = gpu_table._row(RACE_ROW, [Trial("forward_stream@earlier+33554432cy", sleeps=2,
+                                            probe=made, wrong="r = 1 (serial 2)")], None)
+    escalated = gpu_table._row(RACE_ROW, [
+        Trial("forward_stream@earlier+33554432cy", sleeps=2, probe=made),
+        Trial("forward_stream@earlier+268435456cy", sleeps=2, probe=made,
+              wrong="r = 1 (serial 2)")], None)
+    counts = gpu_report.summary([fixed, dict(escalated, site="other.py:3")])
+    assert counts["race_rows_wrong_or_made_crash"] == 2
+    assert counts["race_rows_wrong_only_escalated"] == 1

@@ -117,11 +117,28 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "timing_rows_cpu_misses": sum(1 for r in rows if r.get("why_reason") == "timing"
                                           and (r.get("cpu_verdict_checked") or {}).get(
                                               "cpu_misses")),
+            # ... of which every wrong or made-crashed trial held a delay past the fixed
+            # steps (table.outlasting_cycles), which the unmodified loop's control lacks
+            "race_rows_wrong_only_escalated": sum(
+                1 for r in necessary if (r["wrong_trials"] or r.get("made_crashed_trials"))
+                and _only_escalated(r)),
             # the access oracle's control: trials that did not make the race yet differ there
             "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
                                               for r in rows),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
+
+
+def _only_escalated(row: dict[str, Any]) -> bool:
+    """Every trial of the row that was wrong, or made the race and crashed, held a delay
+    longer than the fixed steps' longest (:data:`.gpu.table.RACE_CYCLES`)."""
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+    from overlap_harness.engines.sglang.gpu.table import RACE_CYCLES
+
+    shown = [t for t in row.get("trial_details", []) if t.get("wrong") or (
+        t.get("error") and (t.get("probe") or {}).get("later_pending"))]
+    return bool(shown) and all(
+        (parse_label(t["forcing"]) or ("", False, 0))[2] > RACE_CYCLES[-1] for t in shown)
 
 
 def problems(report: dict[str, Any], loop_report: dict[str, Any]) -> list[str]:
