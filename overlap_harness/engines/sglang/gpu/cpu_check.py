@@ -11,9 +11,10 @@ recorder recorded at that line:
 
 - ``instrument``: the GPU mode's own snapshot of a side's values (gpu/access_values.py: a
   non-blocking copy on the op's own stream, no host wait).
-- ``stand_in``: the call is in the harness's own stand-in code (``overlap_harness/...``): a
-  host read or blocking copy of a stand-in for SGLang's device work, which SGLang's own code
-  does not make; it orders the device run only.
+- ``stand_in``: the call is in the harness's own stand-in code (``overlap_harness/...``): if
+  it waits for the device (a host read, a blocking copy, not a dtype conversion on the
+  device: the probe knows only the call's name), a wait SGLang's own code does not make; it
+  orders the device run only.
 - ``recorded``: an SGLang line the CPU mode recorded (as a copy, a wait, a host sync ...):
   the CPU verdict already accounts for it, and the detector still finds the race.
 - ``inside_library``: a frame inside torch or Triton below another listed call (the recorder
@@ -119,10 +120,12 @@ def classify(calls: dict[str, int], recorded: dict[str, list[str]]) -> dict[str,
                    "it may miss (cpu_misses)")
     elif stand_ins:
         finding = ("the calls between the sides include the harness's stand-ins' own ("
-                   + ", ".join(stand_ins) + "): a host read or blocking copy there orders "
-                   "the device run alone, SGLang's code makes none; SGLang's calls between "
-                   "the sides are recorded by the CPU mode, or order nothing there "
-                   f"({_classes(entries)}): the CPU mode's race stands")
+                   + ", ".join(stand_ins) + "): where one waits for the device (a host read, "
+                   "a blocking copy; a dtype conversion on the device does not), it orders "
+                   "the device run alone, SGLang's code makes none (tools/gpu_host_syncs.py "
+                   "measures which do); SGLang's calls between the sides are recorded by the "
+                   f"CPU mode, or order nothing there ({_classes(entries)}): the CPU mode's "
+                   "race stands")
     else:
         finding = ("every call between the sides is recorded by the CPU mode, or orders "
                    f"nothing there ({_classes(entries)}), and its happens-before does not "
