@@ -409,3 +409,44 @@ def test_a_row_wrong_only_at_an_escalated_delay_is_counted_apart() -> None:
     counts = gpu_report.summary([fixed, dict(escalated, site="other.py:3")])
     assert counts["race_rows_wrong_or_made_crash"] == 2
     assert counts["race_rows_wrong_only_escalated"] == 1
+
+
+def test_the_requests_acceptance_record_is_observed_and_compared_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    drafted = types.SimpleNamespace(rid="r1", output_ids=[7, 8], spec_verify_ct=3,
+                                    spec_num_correct_drafts=5,
+                                    spec_correct_drafts_histogram=[0, 1, 2])
+    plain = types.SimpleNamespace(rid="r2", output_ids=[9], spec_verify_ct=0)
+    pool = types.SimpleNamespace(req_to_token=torch.zeros((1, 2), dtype=torch.int32))
+    run = types.SimpleNamespace(requests=[drafted, plain], scheduler=types.SimpleNamespace(
+        req_to_token_pool=pool))
+    values = gpu_loop.observe(run)
+    assert values["acceptance.r1"] == {"spec_verify_ct": 3, "spec_num_correct_drafts": 5,
+                                       "spec_correct_drafts_histogram": [0, 1, 2]}
+    assert "acceptance.r2" not in values  # no verify pass: nothing drafted
+    # a made race that cost accepted drafts, output right: wrong_acceptance, not wrong
+    made = {"earlier_issued": 1, "later_pending": 1, "later_done": 0, "later_first": 0}
+    unmade = dict(made, later_pending=0, later_done=1)
+    fewer = "acceptance.r1 = {'spec_verify_ct': 4} (serial {'spec_verify_ct': 3})"
+    row = gpu_table._row(RACE_ROW, [
+        Trial("forward_stream@earlier+2097152cy", sleeps=1, probe=unmade),
+        Trial("forward_stream@earlier+8388608cy", sleeps=1, probe=made,
+              acceptance_wrong=fewer)], None)
+    control = gpu_table._row(RACE_ROW, [Trial("forward_stream@earlier+2097152cy", sleeps=1,
+                                              probe=unmade, acceptance_wrong=fewer)], None)
+    report = gpu_report.document([row, dict(control, site="other.py:4")], version="0",
+                                 device="d", torch_version="t", date="x", command="c",
+                                 failures=[], seconds=0)
+    by_site = {r["site"]: r for r in report["rows"]}
+    first, second = by_site[RACE_ROW["site"]], by_site["other.py:4"]
+    assert (first["why_reason"], first["wrong_trials"]) == ("wrong_acceptance", 0)
+    assert "spec_verify_ct': 4" in first["why"]
+    assert second["why_reason"] != "wrong_acceptance"  # not made: no evidence
+    counts = report["summary"]
+    assert counts["race_rows_value_shown"] == 1 and counts["race_rows_wrong_or_made_crash"] == 0
+    assert counts["acceptance_wrong_unmade_trials"] == 1

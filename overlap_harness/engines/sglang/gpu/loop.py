@@ -308,15 +308,34 @@ class DeviceRun:
             self.sleeps = mode.sleeps + (self.probe.host_sleeps if self.probe else 0)
 
 
+#: the request's own record of speculative decoding that SGLang keeps and reports (its
+#: ``meta_info`` and metrics): verify passes, accepted drafts, the acceptance histogram, in
+#: the attributes the tree's ``Req`` has
+ACCEPTANCE_FIELDS = ("spec_verify_ct", "spec_num_correct_drafts",
+                     "spec_correct_drafts_histogram")
+#: the key prefix of those values, compared apart from the output (:attr:`Trial.acceptance_wrong`)
+ACCEPTANCE = "acceptance."
+
+
 def observe(loop_run: Any) -> dict[str, Any]:
     """What the run left in SGLang's own buffers: each request's ``output_ids`` and the
-    ``req_to_token`` table (read after a device synchronize)."""
+    ``req_to_token`` table (read after a device synchronize); and, under ``acceptance.RID``,
+    each request's record of its speculative decoding (:data:`ACCEPTANCE_FIELDS`): a race that
+    corrupts a draft leaves the output right (the target verifies every draft) and shows as
+    fewer accepted drafts, more verify passes: the throughput drop SGLang's users see."""
     torch.cuda.synchronize()
     values: dict[str, Any] = {}
     for request in loop_run.requests:
         values[f"{request.rid}.output_ids"] = [int(t) for t in request.output_ids]
     table = loop_run.scheduler.req_to_token_pool.req_to_token
     values["req_to_token"] = table.cpu().tolist()
+    for request in loop_run.requests:
+        record = {name: getattr(request, name) for name in ACCEPTANCE_FIELDS
+                  if hasattr(request, name)}
+        if record.get("spec_verify_ct"):
+            values[f"{ACCEPTANCE}{request.rid}"] = {
+                name: list(value) if isinstance(value, list) else int(value)
+                for name, value in record.items()}
     return values
 
 
@@ -354,6 +373,9 @@ class Trial:
     #: the first value at a race side's own op that differs from the serial run's
     #: (access_values), where output_ids and req_to_token may not show it
     access_wrong: str | None = None
+    #: the first value of the requests' acceptance record (:func:`observe`) that differs
+    #: from the serial run's
+    acceptance_wrong: str | None = None
 
     @property
     def slept(self) -> bool:
@@ -404,8 +426,11 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
                   stand_in_kernels=run.stand_in_kernels)
     if serial is not None:
         trial.wrong = first_difference(
-            {k: v for k, v in values.items() if not k.startswith("access")},
-            {k: v for k, v in serial.items() if not k.startswith("access")})
+            {k: v for k, v in values.items() if not k.startswith(("access", ACCEPTANCE))},
+            {k: v for k, v in serial.items() if not k.startswith(("access", ACCEPTANCE))})
+        trial.acceptance_wrong = first_difference(
+            {k: v for k, v in values.items() if k.startswith(ACCEPTANCE)},
+            {k: v for k, v in serial.items() if k.startswith(ACCEPTANCE)})
         if run.capture is not None and "access" in serial:
             trial.access_wrong = first_access_difference(
                 values["access"], serial["access"], access_locations,

@@ -15,6 +15,11 @@ from typing import Any
 
 #: a necessary row without a wrong value says why in ``why`` (its key in ``why_reason``)
 NO_WRONG_REASONS = {
+    "wrong_acceptance": "the race was made (probe) and the requests' acceptance record "
+                        "(SGLang's spec_verify_ct, spec_num_correct_drafts, the acceptance "
+                        "histogram) differs from the serial run's: a corrupted draft costs "
+                        "accepted tokens (throughput) while the target's verify keeps the "
+                        "output right",
     "wrong_at_access": "the race was made (probe) and the value at its own access differs "
                        "from the serial run's (access_values); it is overwritten or not read "
                        "before it reaches the compared buffers",
@@ -61,6 +66,15 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
         return "crashed", (f"{row['made_crashed_trials']} of {row['trials']} forced trials "
                            f"made the race and crashed instead of finishing with a wrong value "
                            f"({row.get('example_crash')}); the others equal the serial answer")
+    if row.get("made_acceptance_wrong_trials"):
+        made = next((t for t in row.get("trial_details", []) if t.get("acceptance_wrong")
+                     and (t.get("probe") or {}).get("later_pending")), {})
+        return "wrong_acceptance", (
+            f"{row['made_acceptance_wrong_trials']} of {row['trials']} forced trials made the "
+            f"race and left the requests' acceptance record different from the serial run's "
+            f"({made.get('forcing')}: {made.get('acceptance_wrong')}); output_ids and "
+            f"req_to_token equal the serial answer: a corrupted draft cost accepted tokens, "
+            f"the target's verify kept the output right")
     if row.get("made_access_wrong_trials"):
         return "wrong_at_access", (
             f"{row['made_access_wrong_trials']} of {row['trials']} forced trials made the race "
@@ -98,6 +112,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_rows_made": sum(1 for r in necessary if r.get("race_made_trials")),
             "race_rows_wrong_or_made_crash": sum(
                 1 for r in necessary if r["wrong_trials"] or r.get("made_crashed_trials")),
+            # ... or, in a trial that made the race, a different acceptance record or a
+            # different value at the race's own access (its controls below)
+            "race_rows_value_shown": sum(
+                1 for r in necessary if r["wrong_trials"] or r.get("made_crashed_trials")
+                or r.get("made_acceptance_wrong_trials") or r.get("made_access_wrong_trials")),
             "race_free_rows_all_equal": count("race_free", False)
             + count("race_free", False, released=True),
             "race_free_rows_wrong": count("race_free", True),
@@ -122,6 +141,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_rows_wrong_only_escalated": sum(
                 1 for r in necessary if (r["wrong_trials"] or r.get("made_crashed_trials"))
                 and _only_escalated(r)),
+            # the acceptance record's control: rows whose trials made no race (redundant,
+            # unmodified; not of a variant that races as released) yet differ there
+            "race_free_rows_acceptance_wrong": sum(
+                1 for r in rows if r["cpu_verdict"] != "race" and r.get("acceptance_wrong_trials")
+                and not r.get("races_as_released")),
+            "acceptance_wrong_unmade_trials": sum(
+                1 for r in necessary for t in r.get("trial_details", [])
+                if t.get("acceptance_wrong") and not (t.get("probe") or {}).get("later_pending")),
             # the access oracle's control: trials that did not make the race yet differ there
             "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
                                               for r in rows),

@@ -294,6 +294,10 @@ def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[st
         "made_access_wrong_trials": sum(1 for t in made if t.access_wrong is not None),
         "access_wrong_unmade_trials": sum(1 for t in trials
                                           if t.access_wrong is not None and not t.race_made),
+        "acceptance_wrong_trials": sum(1 for t in trials if t.acceptance_wrong is not None),
+        "made_acceptance_wrong_trials": sum(1 for t in made if t.acceptance_wrong is not None),
+        "example_acceptance_wrong": next((f"{t.forcing}: {t.acceptance_wrong}" for t in trials
+                                          if t.acceptance_wrong is not None), None),
         "example_wrong": f"{wrong[0].forcing}: {wrong[0].wrong}" if wrong else None,
         "example_crash": f"{crashed[0].forcing}: {crashed[0].error}" if crashed else None,
         "example_access_wrong": next((f"{t.forcing}: {t.access_wrong}" for t in made
