@@ -153,7 +153,8 @@ def test_a_resumed_row_planned_under_another_verdict_runs_again(tmp_path) -> Non
     control = {"site": None, "code": None, "cpu_verdict": None, "trials": 1,
                "wrong_trials": 0, "example_wrong": None, "slept_trials": 1,
                "race_made_trials": 0, "forced_delay": ["forward_stream+2097152cy"],
-               "trial_details": [{"forcing": f"forward_stream+{c}cy", "sleeps": 1}
+               "trial_details": [{"forcing": f"forward_stream+{c}cy", "sleeps": 1,
+                                  "acceptance_wrong": None}
                                  for c in gpu_table.CONTROL_CYCLES]}
     control["trials"] = len(control["trial_details"])
     control["forced_delay"] = [t["forcing"] for t in control["trial_details"]]
@@ -166,3 +167,9 @@ def test_a_resumed_row_planned_under_another_verdict_runs_again(tmp_path) -> Non
     assert [r["variant"] for r in kept] == ["e"]
     kept, _ = _resumed(path, "0.5.23", "unrun")  # without a plan: as before
     assert [r["variant"] for r in kept] == ["d", "e"]
+    # a control whose trials predate the acceptance record runs again (no control of it)
+    older = dict(control, variant="f", trial_details=[
+        {k: v for k, v in t.items() if k != "acceptance_wrong"}
+        for t in control["trial_details"]])
+    path.write_text(json.dumps(dict(earlier, rows=[*earlier["rows"], older])))
+    assert [r["variant"] for r in _resumed(path, "0.5.23", "unrun")[0]] == ["d", "e"]

@@ -247,7 +247,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     ``rerun="unrun"`` every row whose trials ran is kept (only errors and rows the deadline
     left run again). With ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
     verdict or released races differ from this loop report's plan runs again (its trials
-    were forced for another verdict: an unmodified loop that now races as released)."""
+    were forced for another verdict: an unmodified loop that now races as released). An
+    unmodified loop's row whose trials predate the acceptance record runs again."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -256,10 +257,18 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     if earlier["sglang_version"] != version:
         return (f"{path}: a report of sglang {earlier['sglang_version']}, not "
                 f"{version}"), None
+    # an unmodified loop's row from before the acceptance record (gpu.loop.observe) was
+    # compared holds no control of it: it runs again
+    compared = {(r["variant"], r["site"]) for r in earlier["rows"]
+                if r.get("trial_details") and all("acceptance_wrong" in t
+                                                  for t in r["trial_details"])}
     rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
             for r in earlier["rows"]]
+
     def keep(row: dict) -> bool:
         key = (row["variant"], row["site"])
+        if row["site"] is None and key not in compared:
+            return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):
             return False
