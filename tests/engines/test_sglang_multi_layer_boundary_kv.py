@@ -310,7 +310,11 @@ def test_the_window_without_the_multi_layer_worker_is_refused():
     with pytest.raises(ValueError, match="BoundaryKvWindow needs MultiLayerEagle"):
         configuration(Variant("single_layer_window", 12, {}, (Eagle(), BoundaryKvWindow())))
     windows = {name: configuration(v).get("boundary_kv") for name, v in ALL.items()}
-    assert {name for name, value in windows.items() if value == "on"} == set(VARIANTS)
+    # the eager ones and the four under the draft-extend graphs
+    # (test_sglang_multi_layer_boundary_kv_graph.py)
+    assert {name for name, value in windows.items() if value == "on"} == set(VARIANTS) | {
+        f"multi_layer_eagle_boundary_kv_{graphs}{plan}" for graphs in ("graph", "step_graphs")
+        for plan in ("", "_plan_off")}
     assert windows["multi_layer_eagle"] == windows["multi_layer_eagle_graph"] == "off"
     assert windows["eagle_topk1"] is None  # not a multi-layer variant: the key does not apply
 

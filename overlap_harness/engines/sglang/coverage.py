@@ -58,14 +58,6 @@ NOT_DRIVEN: tuple[NotDriven, ...] = (
               "plain pool shown to the worker as a `HybridReqToTokenPool` with a conv state's "
               "shape (stand_ins/hybrid_pool.py); the scheduler's own mamba paths and the "
               "target verify's mamba-state commit stay undriven"),
-    NotDriven("the boundary-KV window under the multi-layer draft-extend CUDA graphs",
-              "the graph runners capture the widened width (`num_front_tokens`, "
-              "speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py) and "
-              "`_draft_extend_for_decode` takes the staged window's slots from the runner's "
-              "buffers when staged",
-              "`BoundaryKvWindow` is composed with the eager draft extend only "
-              "(`multi_layer_eagle_boundary_kv`, `_plan_off`); the graph variants run "
-              "without the window"),
     NotDriven("multi-layer EAGLE draft-extend metadata staged before the verify",
               "`MultiLayerEagleDraftWorker._draft_extend_plan_for_decode` -> the runner's "
               "`stage_shared_reads` (speculative/multi_layer_eagle_worker_v2.py)",
@@ -73,7 +65,12 @@ NOT_DRIVEN: tuple[NotDriven, ...] = (
               "capturing its draft-extend metadata in the graph; in 0.5.23 only Inkling's "
               "short-conv hybrid backend (`inkling_sconv_backend.py`) answers so (FA3 "
               "captures it in the graph: the path the graph variants drive), and it needs "
-              "Inkling's backend and a hybrid model's state, which no feature builds"),
+              "Inkling's backend and a hybrid model's state, which no feature builds; with "
+              "the boundary-KV window on, a staged draft extend takes the window's slots "
+              "and positions from the runner's static buffers "
+              "(`_draft_extend_for_decode`), not driven either (the window under the "
+              "graphs is driven unstaged: `multi_layer_eagle_boundary_kv_graph`, "
+              "`_step_graphs`)"),
     NotDriven("`enable_multi_layer_eagle` with topk > 1, rejection sampling or a "
               "chain-hidden-state MTP model",
               "`MultiLayerEagleDraftWorker` (speculative/multi_layer_eagle_worker_v2.py)",

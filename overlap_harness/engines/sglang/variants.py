@@ -267,6 +267,24 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("multi_layer_eagle_step_graphs_plan_off", 12, EAGLE_ARRIVALS,
             (MultiLayerEagle(plan_stream=False), CudaGraphVerify(sizes=(1, 2)),
              CudaGraphMultiLayerDraftExtend(sizes=(1, 2), single_graph=False)), TWO_ROWS),
+    # the boundary-KV window (multi_layer_eagle_boundary_kv) under the draft-extend CUDA
+    # graphs (multi_layer_eagle_graph, _step_graphs): SGLang's runner captures each request
+    # widened by the window's front rows (captured_req_width), so every decode's widened draft
+    # extend replays; one graph and one per step, plan stream on and off
+    Variant("multi_layer_eagle_boundary_kv_graph", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(), BoundaryKvWindow(), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2))), TWO_ROWS),
+    Variant("multi_layer_eagle_boundary_kv_graph_plan_off", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(plan_stream=False), BoundaryKvWindow(),
+             CudaGraphVerify(sizes=(1, 2)), CudaGraphMultiLayerDraftExtend(sizes=(1, 2))),
+            TWO_ROWS),
+    Variant("multi_layer_eagle_boundary_kv_step_graphs", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(), BoundaryKvWindow(), CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2), single_graph=False)), TWO_ROWS),
+    Variant("multi_layer_eagle_boundary_kv_step_graphs_plan_off", 12, EAGLE_ARRIVALS,
+            (MultiLayerEagle(plan_stream=False), BoundaryKvWindow(),
+             CudaGraphVerify(sizes=(1, 2)),
+             CudaGraphMultiLayerDraftExtend(sizes=(1, 2), single_graph=False)), TWO_ROWS),
     # --enable-unified-memory: a hybrid-SWA model (window 4) whose full and SWA KV share one
     # 56-page buffer; a 40-token prompt prefilled in chunks of 10 by a backend whose prefill
     # reads end in its metadata init (PRE_REPLAY, as TRT-LLM MHA's), so the WAR barrier waits

@@ -20,11 +20,13 @@ what it asks for, and the run fails if SGLang leaves the window off). The harnes
 ``HybridReqToTokenPool`` with a conv state's shape (``hybrid_pool.py``), handed to the worker's
 own ``alloc_memory_pool`` as the scheduler hands its pool; the window's three Triton kernels,
 declared (``boundary_kv_kernels.py``); the hidden size both model configurations report
-(the fake forwards' width). Not driven: the scheduler's mamba paths of a hybrid model (its
-pool stays the plain one). Found by feature: a tree whose worker has no
-``_init_boundary_kv_fix_state`` or whose memory pool has no ``HybridReqToTokenPool`` lists
-the variant as not applicable (``release_features.MULTI_LAYER_BOUNDARY_KV``,
-``HYBRID_REQUEST_POOL``).
+(the fake forwards' width). Eager, or under the multi-layer draft-extend CUDA graphs when
+composed with :class:`.multi_layer_draft_extend_graph.CudaGraphMultiLayerDraftExtend`
+(SGLang's runner captures the widened width). Not driven: the scheduler's mamba paths of a
+hybrid model (its pool stays the plain one), a draft extend staged before the verify. Found
+by feature: a tree whose worker has no ``_init_boundary_kv_fix_state`` or whose memory pool
+has no ``HybridReqToTokenPool`` lists the variant as not applicable
+(``release_features.MULTI_LAYER_BOUNDARY_KV``, ``HYBRID_REQUEST_POOL``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ per step over one shared buffer set, the worker rotating between replays). The d
 and on the forward stream the runner's ``prepare`` fills the shared static buffers
 (``fill_draft_extend_prepare_buffers``) and each ``replay(step)`` replays.
 
+With the boundary-KV window on (:mod:`.boundary_kv`, composed with this feature), both
+runners capture each request widened by the window's front rows (``captured_req_width``:
+``resolve_num_tokens_per_req(phase="draft_extend") + num_front_tokens``, the worker's
+``draft_extend_num_front_tokens``) and ``can_run_graph`` replays a batch only at that width;
+the worker's widened draft extend says it (``num_tokens_per_req``), so every decode's window
+replays, its slots and positions copied into the static buffers by ``prepare``.
+
 SGLang's: ``_capture_cuda_graphs`` (the choice of runner, called here as the worker's
 ``init_cuda_graphs`` calls it at startup), both runner classes, their ``__init__``, buffers,
 capture on the FULL graph backend, ``can_run_graph``, ``prepare``, ``replay`` and the
@@ -78,6 +85,15 @@ def _prepare_step_runner(runner: Any, server_args: Any, config: Any, max_tokens:
     return backend
 
 
+def captured_request_width(draft: Any) -> int:
+    """The tokens per request SGLang's draft-extend graph runner captures and replays for
+    the multi-layer draft worker ``draft``: the chain's ``num_steps + 1`` rows, widened by
+    the boundary-KV window's front rows where the worker turned the window on (the runner's
+    ``captured_req_width``: ``resolve_num_tokens_per_req(phase="draft_extend") +
+    draft_extend_num_front_tokens``; a worker without the window has no front rows)."""
+    return draft.speculative_num_steps + 1 + getattr(draft, "draft_extend_num_front_tokens", 0)
+
+
 def attach(scheduler: Any, batch_sizes: tuple[int, ...]) -> Any:
     """Give the multi-layer draft worker SGLang's draft-extend graph runner, chosen and
     captured by its own ``_capture_cuda_graphs`` now, at startup. Returns the runner."""
@@ -87,7 +103,7 @@ def attach(scheduler: Any, batch_sizes: tuple[int, ...]) -> Any:
     draft = scheduler.draft_worker.draft_worker
     config = publish_decode_graphs(batch_sizes)
     rows = draft.req_to_token_pool.size
-    max_tokens = rows * (draft.speculative_num_steps + 1)
+    max_tokens = rows * captured_request_width(draft)
     draft.draft_extend_attn_backend_list = [
         _prepare_step_runner(runner, scheduler.server_args, config, max_tokens)
         for runner in draft.draft_runner_list]

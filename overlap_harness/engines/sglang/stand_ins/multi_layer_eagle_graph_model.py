@@ -4,8 +4,10 @@ needs weights or Triton (the feature: :mod:`..features.multi_layer_draft_extend_
 SGLang's runners (``MultiLayerEagleMultiStepDraftExtendCudaGraphRunner``, one graph per draft
 step, and ``OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner``, every step in one
 graph, ``SGLANG_ENABLE_SINGLE_CG_DRAFT``) capture each step's draft extend
-(``DRAFT_EXTEND_V2``, ``num_steps + 1`` tokens per request) over one shared set of static
-buffers. What stands in here:
+(``DRAFT_EXTEND_V2``, ``num_steps + 1`` tokens per request, widened by the boundary-KV
+window's front rows where the worker turned the window on: the runner's
+``captured_req_width``) over one shared set of static buffers; the model's hidden-state
+buffer is sized by that width (the feature's ``captured_request_width``). What stands in here:
 
 * :class:`StepGraphBackend`: step ``step``'s draft-extend attention backend, one object for
   the eager path and the graphs, as SGLang's is: its eager ``init_forward_metadata`` is the
