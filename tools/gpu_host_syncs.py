@@ -18,6 +18,7 @@ Usage, on a CUDA host with SGLang importable: ``python tools/gpu_host_syncs.py O
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -99,7 +100,12 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
+    from overlap_harness.engines.sglang import environment
+
     names = argv[1:] or list(VARIANTS)
+    # SGLang loaded as the table's children load it (the tree, the stand-ins of what this
+    # host lacks, e.g. the compiled sgl_kernel): without it every variant's import fails
+    environment.load(os.environ.get("OVERLAP_HARNESS_SGLANG_SRC") or None)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "command": "python tools/gpu_host_syncs.py "
            + " ".join(["OUT.json", *argv[1:]]), "variants": []}
