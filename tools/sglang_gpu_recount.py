@@ -2,32 +2,73 @@
 run): the per-row counts a newer harness keeps (``slept_trials``, ``race_made_trials``,
 ``not_exercised``, ``repro``) and the computed whys, so an older report reads under today's
 rules. Usage: ``python tools/sglang_gpu_recount.py reports/conformance/sglang-0.5.23-loop-gpu.json``
-(rewrites the .json and its .md beside it)."""
+(rewrites the .json and its .md beside it).
+
+With ``--earlier OLD.json``: a row the report's last run did not run (its deadline came first:
+no trials) takes OLD's row of the same variant and site instead, where that one ran trials
+under the same plan (CPU verdict, released races): the evidence an earlier device run left is
+not lost because a later run, started to improve it, ran out of time. Each such row keeps the
+device and torch it ran on, and the report's command says how many rows came so.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 from overlap_harness.engines.sglang.gpu import report as gpu_report
 from overlap_harness.engines.sglang.gpu.table import recounted
 
 
-def main(path: Path) -> None:
-    """Rewrite ``path`` (and the .md beside it) with every row recounted."""
-    report = json.loads(path.read_text())
-    rows = [recounted(row) for row in report["rows"]]
+def with_earlier(rows: list[dict[str, Any]], earlier: dict[str, Any]
+                 ) -> tuple[list[dict[str, Any]], int]:
+    """``rows`` with each unrun row replaced by ``earlier``'s ran row of the same (variant,
+    site) and plan; how many were replaced."""
+    ran = {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
+    out, taken = [], 0
+    for row in rows:
+        old = ran.get((row["variant"], row["site"]))
+        same_plan = old is not None and (old["cpu_verdict"], bool(old.get(
+            "races_as_released"))) == (row["cpu_verdict"], bool(row.get("races_as_released")))
+        if not row.get("trials") and same_plan:
+            out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
+            taken += 1
+        else:
+            out.append(row)
+    return out, taken
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite the report (and the .md beside it) with every row recounted."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--earlier", type=Path, help="an earlier report of the same tree: its "
+                        "ran rows stand in for this one's unrun rows")
+    args = parser.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    rows = report["rows"]
+    command = report["command"]
+    if args.earlier is not None:
+        earlier = json.loads(args.earlier.read_text())
+        if earlier["sglang_version"] != report["sglang_version"]:
+            parser.error(f"{args.earlier}: sglang {earlier['sglang_version']}, not "
+                         f"{report['sglang_version']}")
+        rows, taken = with_earlier(rows, earlier)
+        command += (f"; then {taken} rows its deadline left unrun taken from the report before "
+                    "it (tools/sglang_gpu_recount.py --earlier)")
+    rows = [recounted(row) for row in rows]
     fresh = gpu_report.document(
         rows, version=report["sglang_version"], device=report["device"],
-        torch_version=report["torch"], date=report["date"], command=report["command"],
+        torch_version=report["torch"], date=report["date"], command=command,
         failures=report["child_failures"], seconds=report["seconds"])
     for key in ("runs",):
         if key in report:
             fresh[key] = report[key]
-    gpu_report.write(fresh, path.parent)
+    gpu_report.write(fresh, args.report.parent)
     print(json.dumps(fresh["summary"]))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

@@ -173,3 +173,32 @@ def test_a_resumed_row_planned_under_another_verdict_runs_again(tmp_path) -> Non
         for t in control["trial_details"]])
     path.write_text(json.dumps(dict(earlier, rows=[*earlier["rows"], older])))
     assert [r["variant"] for r in _resumed(path, "0.5.23", "unrun")[0]] == ["d", "e"]
+
+
+def test_a_d2h_copys_pinned_destination_is_snapshotted_back_on_the_device(
+        monkeypatch) -> None:
+    """A device op's host output (a relay's or a result's D2H copy into pinned memory) is
+    kept too: copied back to the device, stream-ordered, never read on the host."""
+    import torch
+
+    from overlap_harness.engines.sglang.gpu.access_values import AccessCapture
+
+    moved: list[tuple[str, bool]] = []
+
+    def to_device(tensor, device, non_blocking=False):
+        moved.append((device, non_blocking))
+        return tensor.clone()
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: True)
+    monkeypatch.setattr(torch.Tensor, "to", to_device)
+    capture = AccessCapture(["sglang/srt/managers/overlap_utils.py:243"])
+    host = torch.tensor([0.5, 0.25])
+    capture.capture("sglang/srt/managers/overlap_utils.py:243", host)
+    host.fill_(0.0)  # what the host does with it afterwards is not in the snapshot
+    assert moved == [("cuda", True)]
+    assert capture._snapshots["sglang/srt/managers/overlap_utils.py:243"][0].tolist() == [
+        0.5, 0.25]
+    # an unpinned host tensor (no device op wrote it) is not kept
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: False)
+    capture.capture("sglang/srt/managers/overlap_utils.py:243", torch.tensor([1.0]))
+    assert len(capture._snapshots["sglang/srt/managers/overlap_utils.py:243"]) == 1

@@ -63,13 +63,22 @@ class AccessCapture:
         return None
 
     def capture(self, location: str, out: Any) -> None:
-        """Queue a device-side copy of each device tensor of ``out`` on the current stream,
-        right after the op that made it: stream-ordered, and nothing on the host (a pinned
+        """Queue a device-side copy of each device tensor of ``out`` (and of each pinned host
+        tensor: a D2H copy's destination) on the current stream, right after the op that
+        made it: stream-ordered, and nothing on the host (a pinned
         snapshot, as the first device run of 2026-12-07 took, allocates page-locked memory
         per op, which the driver may serialise with the device)."""
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if tensor.is_cuda:
                 self._snapshots.setdefault(location, []).append(tensor.detach().clone())
+            elif tensor.device.type == "cpu" and tensor.is_pinned():
+                # a device op's host output (a D2H copy into pinned memory, SGLang's relays
+                # and result copies): copied back to the device on the same stream, right
+                # after the op, so it holds what the copy left, with no host wait
+                self._snapshots.setdefault(location, []).append(
+                    tensor.detach().to("cuda", non_blocking=True))
 
     def values(self) -> dict[str, list[Any]]:
         """Every snapshot's values, after the device finished (call once the run is over)."""
