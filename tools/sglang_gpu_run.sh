@@ -36,7 +36,15 @@
 # reports/conformance/sglang-0.5.23-loop-gpu.json" (the loop report of 39 variants takes more
 # than 200 s there), then STEP=table with VARIANTS="--loop-json $H/loop3.json --gpu-resume
 # $H/prev3.json --gpu-rerun unrun"; then, on a CPU machine, --gpu-check-cpu on the report.
-# Next: the same, resuming the committed report (the access values' new serial-twice control).
+# The third session (escalated delays, the acceptance record; 45 variants): STEP=syncs,table
+# TABLE_S=430 DEADLINE=360 SYNCS_S=240 VARIANTS="--loop-json
+# reports/conformance/sglang-0.5.23-loop.json --gpu-resume
+# reports/conformance/sglang-0.5.23-loop-gpu.json" (H100, 396 s), then on the CPU
+# tools/sglang_gpu_recount.py REPORT --earlier <the committed report> and --gpu-check-cpu.
+# Next: STEP=syncs,table with VARIANTS="--loop-json reports/conformance/sglang-0.5.23-loop.json
+# --gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json --gpu-rerun unrun" (the rows
+# the deadline left, the unmodified rows without the acceptance record), then the same two
+# CPU steps.
 # STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
 # the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
