@@ -259,6 +259,16 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s.get('timing_rows_cpu_checked', 0)} of {s.get('race_rows_why_timing', 0)}; with "
         f"an ordering the CPU mode does not record: {s.get('timing_rows_cpu_misses', 0)}.",
         "",
+        "Of the rows with a wrong value or a made crash, shown only at an escalated delay (past "
+        "the fixed steps; no unmodified control of that length): "
+        f"{s.get('race_rows_wrong_only_escalated', 0)}. Necessary rows with a wrong value, a "
+        "made crash, or, in a made trial, a different acceptance record or access value: "
+        f"{s.get('race_rows_value_shown', '?')}. Controls: redundant and unmodified rows with a "
+        f"different acceptance record {s.get('race_free_rows_acceptance_wrong', '?')}; trials "
+        "that did not make their race yet differ in the acceptance record "
+        f"{s.get('acceptance_wrong_unmade_trials', '?')}, at an access "
+        f"{s.get('access_wrong_unmade_trials', '?')}.",
+        "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",
         "|---|---|---|---|---|---|---|---|---|---|",
