@@ -21,7 +21,7 @@ import torch
 
 from overlap_harness.engines.core.strict import StrictStub
 from overlap_harness.engines.sglang.scheduler_build import DEVICE
-from overlap_harness.engines.sglang.stand_ins.eagle_models import peek
+from overlap_harness.engines.sglang.stand_ins.eagle_models import fill_slots, peek
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, reads, writes
 
 if TYPE_CHECKING:
@@ -84,10 +84,10 @@ def _verify_and_accept(worker: DsparkWorker, batch: Any, draft_tokens: torch.Ten
     ``verify_tokens`` per request), commit lengths (1 to ``verify_tokens``), bonus tokens and
     the new committed lengths."""
     width = worker.config.verify_tokens
-    rows_lengths = _verify_window(worker, batch)
-    req_to_token = worker.req_to_token_pool.req_to_token
-    for row, length in rows_lengths:
-        worker.target.kv_buffer[req_to_token[row, length:length + width].to(torch.int64)] = 1.0
+    # the window's KV written on the device, its slots gathered there too: a host read of
+    # the rows and lengths would make the host wait for the stream, which SGLang's verify
+    # does not (and on a GPU it would order the very sides a forced trial means to race)
+    fill_slots(worker.target.kv_buffer, _window_slots(worker, batch, width), 1.0)
     bonus_in = batch.spec_info.bonus_tokens.to(torch.int64).view(-1, 1)
     anchor_and_drafts = torch.cat([bonus_in, draft_tokens], dim=1)
     out_tokens = (anchor_and_drafts * 3 + 1) % 97 + 1
@@ -228,3 +228,14 @@ def _by_signature(constructor: Any, **given: Any) -> dict[str, Any]:
             raise TypeError(f"{constructor.__qualname__} takes {name!r}, which the driver "
                             "does not know how to give (a changed constructor of the release)")
     return taken
+
+
+def _window_slots(worker: DsparkWorker, batch: Any, width: int) -> torch.Tensor:
+    """The verify window's KV slots, ``req_to_token[row, length : length + width]`` of each
+    request, gathered on the device (the real verify reads them there: a host read of the
+    rows and lengths would make the host wait for the stream, as SGLang's does not)."""
+    req_to_token = worker.req_to_token_pool.req_to_token
+    rows = batch.req_pool_indices.to(torch.int64).view(-1, 1)
+    offsets = torch.arange(width, dtype=torch.int64, device=rows.device).view(1, -1)
+    columns = batch.seq_lens.to(torch.int64).view(-1, 1) + offsets
+    return req_to_token[rows, columns].reshape(-1).to(torch.int64)
