@@ -202,3 +202,28 @@ def test_a_d2h_copys_pinned_destination_is_snapshotted_back_on_the_device(
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda tensor: False)
     capture.capture("sglang/srt/managers/overlap_utils.py:243", torch.tensor([1.0]))
     assert len(capture._snapshots["sglang/srt/managers/overlap_utils.py:243"]) == 1
+
+
+def test_the_allocator_cache_is_dirtied_with_a_pattern_of_every_block_size(monkeypatch) -> None:
+    """Between the two serial runs: blocks of the small pool's sizes and a few large ones,
+    filled with the pattern and freed, so that an element no op writes differs the second
+    time."""
+    import torch
+
+    from overlap_harness.engines.sglang.gpu import access_values
+
+    filled: list[tuple[int, int]] = []
+    real_full = torch.full
+
+    def recording_full(size, value, **kwargs):
+        filled.append((size[0], value))
+        return real_full(size, value, **{**kwargs, "device": "cpu"})
+
+    monkeypatch.setattr(torch, "full", recording_full)
+    total = access_values.dirty_allocator_cache("cuda")
+    sizes = {size for size, _ in filled}
+    assert {512, 1 << 20, 32 << 20} <= sizes
+    assert {value for _, value in filled} == {access_values.DIRTY_BYTE}
+    assert total == sum(size for size, _ in filled)
+    assert len(filled) == len(access_values.DIRTY_BLOCK_BYTES) * \
+        access_values.DIRTY_BLOCKS_PER_SIZE

@@ -11,9 +11,10 @@ so it holds exactly what the op left, and the host does not wait (no ordering is
 between the race's sides). After the run, each line's values, in the order its ops were
 issued, are compared with the serial run's.
 
-Controls: the serial run is made twice, and an op whose values differ between the two (an
-address, memory an op leaves unwritten, a line reached a different number of times) is not
-compared (:func:`unstable_accesses`). And a trial whose probe did not see the race made must
+Controls: the serial run is made twice, the allocator's cached blocks dirtied in between
+(:func:`dirty_allocator_cache`), and an op whose values differ between the two (an address,
+memory an op leaves unwritten, a line reached a different number of times) is not compared
+(:func:`unstable_accesses`). And a trial whose probe did not see the race made must
 show no difference here (the report counts those that do, ``access_wrong_unmade_trials``):
 values that differ from run to run for another reason would show there first.
 """
@@ -85,6 +86,30 @@ class AccessCapture:
         torch.cuda.synchronize()
         return {location: [snapshot.tolist() for snapshot in snapshots]
                 for location, snapshots in self._snapshots.items()}
+
+
+#: sizes (bytes) of the blocks :func:`dirty_allocator_cache` fills: the caching allocator's
+#: small pool (up to 1 MiB, carved from 2 MiB segments) and a few large blocks
+DIRTY_BLOCK_BYTES = (*(1 << k for k in range(9, 21)), 2 << 20, 8 << 20, 32 << 20)
+DIRTY_BLOCKS_PER_SIZE = 8
+DIRTY_BYTE = 0xA5
+
+
+def dirty_allocator_cache(device: str = "cuda") -> int:
+    """Fill blocks of the caching allocator's cache with :data:`DIRTY_BYTE` and give them
+    back (cached, not released): the next run's fresh tensors then start from that pattern
+    where the run before left its own values. Made before the second serial run, so that an
+    op's output element it never writes (a ``torch.empty`` read before it is written) differs
+    between the two serial runs and is not compared (the first device run of the
+    serial-twice control, 2026-12-07, still showed such elements: both serial runs got the
+    same reused memory). Returns the number of bytes filled."""
+    import torch
+
+    blocks = [torch.full((size,), DIRTY_BYTE, dtype=torch.uint8, device=device)
+              for size in DIRTY_BLOCK_BYTES for _ in range(DIRTY_BLOCKS_PER_SIZE)]
+    filled = sum(block.numel() for block in blocks)
+    del blocks
+    return filled
 
 
 def unstable_accesses(first: dict[str, list[Any]], second: dict[str, list[Any]]
