@@ -137,7 +137,6 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
     what the intact runs of ``baseline`` reached, probed as they ran (no probed pass)."""
     mutable = [s for s in sites if s.kind in MUTABLE_KINDS]
     _parse_before_forking(mutable)
-    load_compiled_checks()
     progress = Progress("necessity")
     _STATE.update(run=run, variants=list(variants), sites=mutable, progress=progress, done=0)
     try:
@@ -160,20 +159,6 @@ def necessity_table(sites: Sequence[SyncSite], variants: Sequence[str],
                   f"({sum(len(p) for p in plans)} of {len(mutable) * len(variants)} "
                   "variant runs; the others never reached)")
     return _rows(mutable, variants, plans, baseline, ran)
-
-
-def load_compiled_checks() -> None:
-    """Load the race detector's compiled shadow-memory pass in this process, once, when numba
-    is installed, so the runs made here and in the children forked from here check their
-    accesses with it. Each run alone would check one access at a time: a short run does not
-    pay the pass's loading (about 0.5 CPU s, :mod:`overlap_harness.model.shadow_per_access`),
-    but once loaded it is the cheaper of the two, with the same pairs in the same order
-    (SGLang's 45 variants, each run twice both ways in one process, alternating: 5% less
-    CPU). Imported here: the table's importers need not load numpy and numba."""
-    from overlap_harness.model.shadow import compiled_available, compiled_loaded, warm_up
-
-    if compiled_available() and not compiled_loaded():
-        warm_up()
 
 
 def _parse_before_forking(sites: Sequence[SyncSite]) -> None:

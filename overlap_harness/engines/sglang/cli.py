@@ -165,10 +165,6 @@ def run(args: argparse.Namespace) -> int:
     not_applicable = _not_applicable(names)
     sites = path_sites() if args.necessity else []
     reach = IntactReach(sites) if args.necessity else None
-    if args.necessity:  # the intact runs and every site's child check with the compiled pass
-        from overlap_harness.engines.core.necessity import load_compiled_checks
-
-        load_compiled_checks()
     stopped = False  # Ctrl-C: what finished is written, marked partial
     try:
         outcomes, errors = run_variants([n for n in names if n not in not_applicable],
