@@ -137,10 +137,11 @@ class FakeCudaFunctionMode(TorchFunctionMode):
                                     or func is getattr(torch.Tensor, name, None)):
             return handler(self, *args, **kwargs)
         placement = Placement.INFER
-        if _is_cuda(kwargs.get("device")):
+        device = kwargs.get("device")
+        if device is not None and _is_cuda(device):  # (None is no CUDA device)
             kwargs["device"] = "cpu"
             placement = Placement.DEVICE
-        elif kwargs.get("device") is not None and not kwargs.get("pin_memory"):
+        elif device is not None and not kwargs.get("pin_memory"):
             with self.memory.placed(Placement.HOST):  # ``device="cpu"`` beside a device
                 return func(*args, **kwargs)  # tensor (``empty_like(x, device="cpu")``)
         if kwargs.get("pin_memory"):

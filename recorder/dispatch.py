@@ -31,11 +31,12 @@ from overlap_harness.model.trace import OpKind
 from overlap_harness.recorder.compile_guard import skipped_by_dynamo
 from overlap_harness.recorder.core import Access, Recording, StorageInfo
 from overlap_harness.recorder.elements import (
+    arguments_accessed,
     element_ids,
     fresh_returns,
     index_elements,
     is_view_or_metadata,
-    schema_accesses,
+    schema_arguments,
     to_storage_elements,
 )
 from overlap_harness.recorder.iterations import untraced
@@ -81,6 +82,39 @@ _ALLOCATES = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_l
 # recorder.storages)
 _REBINDS = {aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
             aten.set_.source_Tensor, aten.set_.default}
+
+
+class _OpFacts:
+    """What the dispatch layer asks of an aten op on every call, worked out once per op:
+    each ``func in SET`` and each ``functools.cache`` lookup hashed the op through
+    ``OpOverload.__hash__``, a Python method (about four a call; SGLang's necessity table
+    dispatches over two million ops)."""
+
+    __slots__ = ("allocates", "arguments", "copy", "fresh", "func", "like", "name", "passes",
+                 "value_shaped", "view")
+
+    def __init__(self, func: Any) -> None:
+        self.func = func  # kept alive: its id stays its own while it is a key
+        self.view = is_view_or_metadata(func)
+        self.passes = func in _NO_ACCESS or func in _REBINDS or self.view  # nothing recorded
+        self.like = func in _LIKE_OPS
+        self.allocates = func in _ALLOCATES
+        self.copy = func in _COPY_OPS
+        self.value_shaped = func in _VALUE_SHAPED
+        self.name = op_name(func)
+        self.arguments = schema_arguments(func)
+        self.fresh = fresh_returns(func)
+
+
+_FACTS: dict[int, _OpFacts] = {}  # id(func) -> its facts (a dict keyed by the op hashes it)
+
+
+def op_facts(func: Any) -> _OpFacts:
+    """The :class:`_OpFacts` of ``func``, kept per op."""
+    facts = _FACTS.get(id(func))
+    if facts is None or facts.func is not func:
+        facts = _FACTS[id(func)] = _OpFacts(func)
+    return facts
 
 
 class Placement(StrEnum):
@@ -170,10 +204,10 @@ class RecordingDispatchMode(TorchDispatchMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         device_views = getattr(self.memory, "device_views", None)
-        if (not self.live or self.paused or func in _NO_ACCESS or func in _REBINDS
-                or is_view_or_metadata(func)):
+        facts = op_facts(func)
+        if not self.live or self.paused or facts.passes:
             out = func(*args, **kwargs)
-            if device_views is not None and is_view_or_metadata(func):
+            if device_views is not None and facts.view:
                 device_views.propagate(args, out)  # a view of a device view is one too
             return out
         if func is aten.record_stream.default:
@@ -184,12 +218,12 @@ class RecordingDispatchMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             for t, pinned in self._fresh_outputs(func, out, memory.placement == Placement.DEVICE
                                                  or self._any_device(func, args, kwargs)):
-                memory.register(t, pinned, memory.current_agent(), op_name(func))
+                memory.register(t, pinned, memory.current_agent(), facts.name)
             return out
         inputs = []
         device_involved = memory.placement == Placement.DEVICE
         host_involved = False
-        for t, write in schema_accesses(func, args, kwargs):
+        for t, write in arguments_accessed(facts.arguments, args, kwargs):
             info = memory.lookup(t)
             if info is None:
                 host_involved = True
@@ -198,7 +232,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                 host_involved = True
             else:  # device memory, or pinned memory a kernel reads through a device view
                 device_involved = True
-            if not (func in _LIKE_OPS and args and t is args[0]):
+            if not (facts.like and args and t is args[0]):
                 inputs.append((t, info, write))
         capture = self.recording.capture  # a CUDA graph capture runs nothing (recorder.graphs)
         if capture is not None and device_involved and capture.takes(memory.current_agent()):
@@ -216,7 +250,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                             host_involved, capture)
 
     def _any_device(self, func: Any, args: tuple, kwargs: dict) -> bool:
-        for t, _write in schema_accesses(func, args, kwargs):
+        for t, _write in arguments_accessed(op_facts(func).arguments, args, kwargs):
             info = self.memory.lookup(t)
             if info is not None and not info.pinned:
                 return True
@@ -226,7 +260,7 @@ class RecordingDispatchMode(TorchDispatchMode):
         """Fresh tensors the op returned, with where they live (watched ones only)."""
         values = out if isinstance(out, tuple | list) else (out,)
         fresh = []
-        for fresh_return, value in zip(fresh_returns(func), values, strict=False):
+        for fresh_return, value in zip(op_facts(func).fresh, values, strict=False):
             if not fresh_return or not isinstance(value, torch.Tensor):
                 continue
             if value.numel() == 0:
@@ -261,7 +295,8 @@ class RecordingDispatchMode(TorchDispatchMode):
                 capture: Any = None) -> Any:
         recording = self.recording
         memory = self.memory
-        name = op_name(func)
+        facts = op_facts(func)
+        name = facts.name
         on_device = device_involved or any(not pinned for _t, pinned in fresh)
         agent = memory.current_agent() if on_device else HOST_AGENT
         site = user_site()
@@ -276,7 +311,7 @@ class RecordingDispatchMode(TorchDispatchMode):
             info = memory.register(t, pinned, agent,
                                    tensor_label(name, site, position, len(outputs), targets),
                                    site)
-            if func not in _ALLOCATES:
+            if not facts.allocates:
                 written.append(access_of(info, t, True))
         accesses += written
         if not accesses:  # an allocation alone: watched from now on, no node
@@ -286,14 +321,14 @@ class RecordingDispatchMode(TorchDispatchMode):
                              for t, info, _write in inputs) or any(p for _t, p in fresh)
         if agent == HOST_AGENT:
             kind = OpKind.HOST_WRITE if any(a.write for a in accesses) else OpKind.HOST_READ
-        elif touches_pinned or func in _COPY_OPS:
+        elif touches_pinned or facts.copy:
             kind = OpKind.COPY
         else:
             kind = OpKind.KERNEL
         replay = None if capture is None else capture.replayable(self, func, args, kwargs, out,
                                                                  inputs, written)
         op = recording.op(name, agent, accesses, kind, site=site, replay=replay)
-        if func in _COPY_OPS and host_involved and agent != HOST_AGENT:
+        if facts.copy and host_involved and agent != HOST_AGENT:
             note_pageable_copy(recording, memory, func, args, kwargs, out, op, agent, site)
         if agent != HOST_AGENT and self._blocks_host(func, args, kwargs, out, host_involved):
             recording.host_sync(f"{name} (blocking)", [op])
@@ -303,7 +338,7 @@ class RecordingDispatchMode(TorchDispatchMode):
                      host_involved: bool) -> bool:
         """A blocking host<->device copy (``copy_``, ``.to``, ``.cpu()``) or a scalar read of
         device memory."""
-        if func is aten._local_scalar_dense.default or func in _VALUE_SHAPED:
+        if func is aten._local_scalar_dense.default or op_facts(func).value_shaped:
             return True
         if func is aten.repeat_interleave.Tensor:
             return kwargs.get("output_size") is None

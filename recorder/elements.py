@@ -159,9 +159,15 @@ def fresh_returns(func: Any) -> tuple[bool, ...]:
 
 def schema_accesses(func: Any, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, bool]]:
     """``(tensor, write)`` for every tensor argument of an aten op call, by its schema."""
+    return arguments_accessed(schema_arguments(func), args, kwargs)
+
+
+def arguments_accessed(arguments: tuple[tuple[int, str, bool, bool], ...], args: tuple,
+                       kwargs: dict) -> list[tuple[torch.Tensor, bool]]:
+    """:func:`schema_accesses` with the op's :func:`schema_arguments` already at hand."""
     out: list[tuple[torch.Tensor, bool]] = []
     count = len(args)
-    for index, name, kwarg_only, write in schema_arguments(func):
+    for index, name, kwarg_only, write in arguments:
         value = args[index] if not kwarg_only and index < count else kwargs.get(name)
         if value is None:
             continue

@@ -33,6 +33,10 @@ class PerThread:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
+        try:  # the common case in one step (the recorder reads a switch several times an op)
+            return getattr(obj.__dict__["_per_thread"], self.name)
+        except (KeyError, AttributeError):
+            pass
         local = self._local(obj)
         try:
             return getattr(local, self.name)
