@@ -147,8 +147,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
                 1 for r in rows if r["cpu_verdict"] != "race" and r.get("acceptance_wrong_trials")
                 and not r.get("races_as_released")),
             "acceptance_wrong_unmade_trials": sum(
-                1 for r in necessary for t in r.get("trial_details", [])
-                if t.get("acceptance_wrong") and not (t.get("probe") or {}).get("later_pending")),
+                r.get("acceptance_wrong_trials", 0) - r.get("made_acceptance_wrong_trials", 0)
+                for r in necessary),
             # the access oracle's control: trials that did not make the race yet differ there
             "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
                                               for r in rows),
