@@ -190,9 +190,8 @@ class SideProbe:
             self.later_first += 1
         elif self._event.query():
             self.later_done += 1
-            gap = time.perf_counter() - self._earlier_at
-            if self.least_done_gap_s is None or gap < self.least_done_gap_s:
-                self.least_done_gap_s = gap
+            self.least_done_gap_s = _least(self.least_done_gap_s,
+                                           time.perf_counter() - self._earlier_at)
             for call in dict.fromkeys(self._since_earlier):
                 self.orderings[call] = self.orderings.get(call, 0) + 1
         else:
@@ -211,9 +210,8 @@ class SideProbe:
         if not event.query():
             self.later_all_pending += 1
             return
-        gap = time.perf_counter() - issued_at
-        if self.least_first_done_gap_s is None or gap < self.least_first_done_gap_s:
-            self.least_first_done_gap_s = gap
+        self.least_first_done_gap_s = _least(self.least_first_done_gap_s,
+                                             time.perf_counter() - issued_at)
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -224,6 +222,11 @@ class SideProbe:
             yield
         finally:
             sys.setprofile(previous)
+
+
+def _least(shortest: float | None, gap: float) -> float:
+    """The shorter of a probe's shortest gap so far (None: none yet) and ``gap``."""
+    return gap if shortest is None else min(shortest, gap)
 
 
 def _short(frame: FrameType) -> str:
