@@ -335,30 +335,38 @@ def test_a_delay_shorter_than_the_hosts_gap_gets_one_trial_that_outlasts_it(
     assert len(gpu_table._race_trials(0, RACE_ROW, {})) == 1 and len(asked) == 1
 
 
-def test_the_probe_measures_the_hosts_gap_to_a_finished_earlier_side(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
+def _event_class(finished: bool) -> type:
+    """A stand-in for ``torch.cuda.Event`` whose work is always done (or never)."""
 
-    import torch
-
-    from overlap_harness.engines.sglang.gpu import probe as gpu_probe
-
-    class _Finished:
-        """A CUDA event whose work is always done."""
-
+    class _Event:
         def record(self) -> None:
             pass
 
         def query(self) -> bool:
-            return True
+            return finished
+    return _Event
+
+
+def _later_side_frame() -> object:
+    """A frame at EXAMPLE's later side (sglang/srt/alloc.py:452), as sys.setprofile hands it."""
+    import types
+
+    code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
+    return types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
+
+
+def test_the_probe_measures_the_hosts_gap_to_a_finished_earlier_side(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from overlap_harness.engines.sglang.gpu import probe as gpu_probe
 
     clock = iter([10.0, 10.1, 10.25, 10.25, 10.4])
-    monkeypatch.setattr(torch.cuda, "Event", _Finished)
+    monkeypatch.setattr(torch.cuda, "Event", _event_class(finished=True))
     monkeypatch.setattr(gpu_probe.time, "perf_counter", lambda: next(clock))
     probe = probes([EXAMPLE], "forward_stream")
     assert "least_done_gap_s" not in probe.counts()  # nothing measured yet
-    code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
-    later = types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
+    later = _later_side_frame()
     probe.after_op(True)  # the earlier side's first op, at 10.0
     probe.after_op(True)  # and its second, at 10.1
     probe._profile(later, "c_call", len)  # the later side reached at 10.25: finished
@@ -373,23 +381,11 @@ def test_the_probe_measures_the_hosts_gap_to_a_finished_earlier_side(
 
 def test_a_reach_that_finds_the_first_earlier_op_pending_counts_every_op_pending(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
     import torch
 
-    class _Pending:
-        """A CUDA event whose work never finishes."""
-
-        def record(self) -> None:
-            pass
-
-        def query(self) -> bool:
-            return False
-
-    monkeypatch.setattr(torch.cuda, "Event", _Pending)
+    monkeypatch.setattr(torch.cuda, "Event", _event_class(finished=False))
     probe = probes([EXAMPLE], "forward_stream")
-    code = types.SimpleNamespace(co_filename="/x/sglang/srt/alloc.py")
-    later = types.SimpleNamespace(f_code=code, f_lineno=452, f_back=None)
+    later = _later_side_frame()
     probe.after_op(True)
     probe._profile(later, "c_call", len)
     probe._profile(later, "c_call", len)  # no earlier op since: not counted again
