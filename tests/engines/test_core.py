@@ -108,6 +108,67 @@ def test_removed_wait_races_at_the_programs_own_lines_and_the_twin_is_clean(prog
     assert mutated[0][2].rsplit(":", 1)[0].endswith(str(program))
 
 
+def _races_removed_then_restored(path):
+    """In a forked child: the program's races with its wait removed, then with the removal
+    undone (the GPU table's twin trials run the unmodified code in the same child)."""
+    import torch
+
+    import overlap_harness.recorder as recorder
+
+    found = []
+    undo = remove_site(scan(path)[0], Coverage())
+    for _ in range(2):
+        with recorder.watch(mode="cpu") as watch:
+            sys.modules["stream_program"].Loop().step(torch.cuda.Stream(), torch.cuda.Stream())
+            torch.cuda.synchronize()
+        found.append([str(r.kind) for r in watch.races])
+        undo()
+    return found
+
+
+def test_a_removed_method_is_put_back_by_the_undo_it_returns(program):
+    [(removed, restored)] = forked_map(_races_removed_then_restored, [str(program)], jobs=1)
+    assert removed == ["RAW"] and restored == []
+
+
+def _helper_removed_then_restored(_):
+    """In a forked child: the helper, through the module that imported it by name, with its
+    wait removed and then put back."""
+    import torch
+
+    import overlap_harness.recorder as recorder
+
+    helper = sys.modules["stream_helper"]
+    found = []
+    undo = remove_site(scan(helper.__file__)[0], Coverage())
+    for _ in range(2):
+        with recorder.watch(mode="cpu") as watch:
+            sys.modules["stream_user"].handed_over(torch.cuda.Stream(), torch.cuda.Stream())
+            torch.cuda.synchronize()
+        found.append([str(r.kind) for r in watch.races])
+        undo()
+    return found, sys.modules["stream_user"].handed_over is helper.handed_over
+
+
+def test_a_module_function_is_put_back_where_it_was_imported_by_name(tmp_path):
+    (tmp_path / "stream_helper.py").write_text(HELPER)
+    (tmp_path / "stream_user.py").write_text(USER)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import stream_helper
+        import stream_user
+
+        original = stream_helper.handed_over
+        [((removed, restored), same)] = forked_map(_helper_removed_then_restored, [None],
+                                                   jobs=1)
+        assert stream_user.handed_over is original  # the parent never changed
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("stream_user", None)
+        sys.modules.pop("stream_helper", None)
+    assert removed == ["RAW"] and restored == [] and same
+
+
 def _run_helper(remove):
     """In a forked child: the helper called through a module that imported it by name."""
     import torch

@@ -7,7 +7,8 @@ site's coverage: a site never reached cannot be judged); a keep-alive ring write
 slot an empty list (nothing kept alive, the slot still there for later appends). The new
 function replaces the old one wherever the old one is bound (its class, or its module and every
 module that imported it).
-Meant for a forked child: nothing is restored.
+Meant for a forked child; :func:`remove_site` returns what puts the old function back (the
+GPU table runs a race row's twin trials on the unmodified code in the same child).
 
 Beside it, for code that must stay in one process: :func:`removed` swaps one function of a
 live class or module for its mutant inside a block and restores it after (:func:`site` finds
@@ -105,9 +106,12 @@ def _remove_statement(function: ast.AST, site: SyncSite) -> None:
     raise MutationError(f"{site.key}: no statement at that line in {site.function}")
 
 
-def remove_site(site: SyncSite, coverage: Coverage) -> None:
-    """Recompile the function holding ``site`` without it, and bind it where the old one was."""
-    recompile(site, coverage, lambda function: _remove_statement(function, site))
+def remove_site(site: SyncSite, coverage: Coverage) -> Callable[[], None]:
+    """Recompile the function holding ``site`` without it, and bind it where the old one was;
+    returns a call that binds the old one back (the same object, wherever it was bound)."""
+    undo: list[Callable[[], None]] = []
+    recompile(site, coverage, lambda function: _remove_statement(function, site), undo)
+    return undo[0]
 
 
 def parsed(file: str) -> ast.Module:
@@ -131,10 +135,12 @@ def _parsed(file: str, size: int, modified_ns: int) -> ast.Module:
         return ast.parse(source.read(), file)
 
 
-def recompile(site: SyncSite, coverage: Coverage, edit: Callable[[ast.AST], T]) -> T:
+def recompile(site: SyncSite, coverage: Coverage, edit: Callable[[ast.AST], T],
+              undo: list[Callable[[], None]] | None = None) -> T:
     """Recompile the function holding ``site`` from its file after ``edit`` changed its tree
     (its calls of the reached hook count into ``coverage``), and bind it where the old one
-    was; returns what ``edit`` returned."""
+    was; returns what ``edit`` returned. With ``undo``, a call that binds the old function
+    back is appended to it."""
     module = _module_of(site.file)
     classes, function = _find(parsed(site.file), site)
     function = copy.deepcopy(function)  # the parsed file stays as it is on disk
@@ -155,9 +161,13 @@ def recompile(site: SyncSite, coverage: Coverage, edit: Callable[[ast.AST], T]) 
         for name in classes:
             owner = getattr(owner, name)
         setattr(owner, function.name, new)
+        if undo is not None:
+            undo.append(functools.partial(setattr, owner, function.name, old))
     else:
         new = namespace[function.name]
         _rebind(old, new)
+        if undo is not None:
+            undo.append(functools.partial(_rebind, new, old))
     return edited
 
 

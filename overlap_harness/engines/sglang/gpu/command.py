@@ -67,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(kept, str):
         return fail(PROG, kept)
     skip = frozenset((r["variant"], r["site"]) for r in kept)
+    from overlap_harness.engines.sglang.gpu import twins
+
     rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
-                                         args.gpu_deadline, progress, skip)
+                                         args.gpu_deadline, progress, skip,
+                                         twins.twin_work(kept, loop_document))
+    kept, rows = twins.merged(kept, rows)  # the kept rows' twins, run now
     for row in rows:  # each row names the device and torch its trials ran on
         row["device"], row["torch"] = device, torch.__version__
     command = relative_command(sys.argv[1:])

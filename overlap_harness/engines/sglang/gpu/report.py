@@ -100,6 +100,8 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
     those exercised), and so on."""
+    from overlap_harness.engines.sglang.gpu import twins
+
     def count(verdict: str | None, wrong: bool, released: bool = False) -> int:
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
                    and not r.get("error") and bool(r["wrong_trials"]) == wrong
@@ -152,6 +154,20 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             # the access oracle's control: trials that did not make the race yet differ there
             "access_wrong_unmade_trials": sum(r.get("access_wrong_unmade_trials", 0)
                                               for r in rows),
+            # twin trials (gpu/twins.py): a race row's forcing on the unmodified code, the
+            # control of what the fixed one does not cover; those that did not stay equal
+            "twin_trials": sum(len(r.get("twin_trials", [])) for r in rows),
+            "twin_trials_differing": sum(1 for r in rows for t in r.get("twin_trials", [])
+                                         if twins.differs(t)),
+            # rows with evidence that still needs its twin (not run yet)
+            "race_rows_twin_missing": sum(1 for r in necessary if twins.missing_twins(r)),
+            # a wrong value, a made crash, or, in a made trial, a different acceptance record
+            # or access value, whose control stayed equal: the fixed control of the
+            # unmodified loop, or the trial's own twin
+            "race_rows_value_shown_controlled": sum(
+                1 for r in necessary if not r.get("races_as_released") and any(
+                    twins.shown(t) and twins.controlled(r, t)
+                    for t in r.get("trial_details", []))),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
 
@@ -268,6 +284,14 @@ def markdown(report: dict[str, Any]) -> str:
         "that did not make their race yet differ in the acceptance record "
         f"{s.get('acceptance_wrong_unmade_trials', '?')}, at an access "
         f"{s.get('access_wrong_unmade_trials', '?')}.",
+        "",
+        "Twin trials (a race row's forcing on the unmodified code, where the fixed control "
+        "does not cover its evidence: an escalated delay, a value at an access or in the "
+        f"acceptance record; gpu/twins.py): {s.get('twin_trials', 0)}, of which differ from "
+        f"the serial answer {s.get('twin_trials_differing', 0)}; rows still waiting for a "
+        f"twin {s.get('race_rows_twin_missing', 0)}. Necessary rows (of variants race-free as "
+        "released) with a value shown whose control stayed equal (the fixed control or the "
+        f"trial's twin): {s.get('race_rows_value_shown_controlled', 0)}.",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",

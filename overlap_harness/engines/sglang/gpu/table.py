@@ -64,11 +64,14 @@ def earlier_streams(race_examples: Sequence[str]) -> list[str]:
 
 
 def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
-         skip: frozenset[tuple[str, str | None]] = frozenset()
+         skip: frozenset[tuple[str, str | None]] = frozenset(),
+         twin_rows: Sequence[dict[str, Any]] = ()
          ) -> dict[str | None, list[dict[str, Any]]]:
     """Site -> its rows to run (None -> the unmodified loop's rows, one per variant: a race
-    row where the loop report lists the variant's ``released_races``), less the (variant,
-    site) pairs in ``skip`` (rows an earlier run already has)."""
+    row where the loop report lists the variant's ``released_races``; and ``twin_rows``,
+    an earlier report's rows that need twin trials, which remove nothing:
+    :func:`.gpu.twins.twin_work`), less the (variant, site) pairs in ``skip`` (rows an
+    earlier run already has)."""
     chosen = list(variants or loop_document["variants"])
     released = loop_document.get("released_races", {})  # absent in reports before 2026-12-07
     by_site: dict[str | None, list[dict[str, Any]]] = {None: [
@@ -77,7 +80,8 @@ def plan(loop_document: dict[str, Any], variants: Sequence[str] | None = None,
         {"variant": v, "site": None, "code": None, "cpu_verdict": "race",
          "delay": earlier_streams(released[v]), "race_examples": released[v],
          "races_as_released": True}
-        for v in chosen if (v, None) not in skip]}
+        for v in chosen if (v, None) not in skip] + [
+        row for row in twin_rows if row["variant"] in chosen]}
     for row in loop_document["rows"]:
         if row["real"] not in ("race", "race_free") or row["variant"] not in chosen \
                 or (row["variant"], row["site"]) in skip:
@@ -162,17 +166,21 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
                 [location, None] for location in locations]
         serial[row["variant"]], streams[row["variant"]] = values, seen
     coverage = Coverage()
-    site = None
+    site = undo = None
     if site_key is not None:
         try:
             site = find_site(site_key)
-            remove_site(site, coverage)
+            undo = remove_site(site, coverage)
         except Exception as exc:  # the row says so; never dropped
             return [dict(row, error=f"{type(exc).__name__}: {exc}", trials=0) for row in rows]
-    out = []
+    out: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         if row["variant"] in failed:
             out.append(dict(row, error=failed[row["variant"]], trials=0))
+            continue
+        if row.get("twin_only"):  # an earlier report's row: its twins only (below)
+            out.append({key: row[key] for key in ("variant", "site", "code", "cpu_verdict")}
+                       | {"twin_only": True, "twin_trials": []})
             continue
         before = coverage.reached.get(site.key, 0) if site else 0
         if row["cpu_verdict"] == "race" and row["delay"]:
@@ -186,6 +194,27 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
         reached = (coverage.reached.get(site.key, 0) - before) // max(1, len(trials)) if site \
             else None
         out.append(_row(row, trials, reached))
+    return _with_twins(rows, out, serial, undo)
+
+
+def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
+                serial: dict[str, Any], undo: Any) -> list[dict[str, Any]]:
+    """The rows' twin trials (:mod:`.gpu.twins`), run after every row's own trials with the
+    site put back (``undo``): each race row's trials that need one, and a twin-only row's
+    ``twin_forcings``; none for a variant that races as released (its own race may make
+    any value differ, so no twin can control it)."""
+    from overlap_harness.engines.sglang.gpu import twins
+
+    pending = [(index, row, row["twin_forcings"] if row.get("twin_only")
+                else twins.twin_labels(done))
+               for index, (row, done) in enumerate(zip(rows, out, strict=True))
+               if not done.get("error") and not row.get("races_as_released")
+               and (done.get("twin_only") or row.get("cpu_verdict") == "race")]
+    pending = [(index, row, labels) for index, row, labels in pending if labels]
+    if pending and undo is not None:
+        undo()
+    for index, row, labels in pending:
+        out[index]["twin_trials"] = twins.run_twins(index, row, labels, serial[row["variant"]])
     return out
 
 
@@ -375,14 +404,16 @@ def _child(spec_path: str, out_path: str) -> None:
 def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, jobs: int,
               timeout_s: float, deadline_s: float = float("inf"),
               progress: Path | None = None,
-              skip: frozenset[tuple[str, str | None]] = frozenset()
+              skip: frozenset[tuple[str, str | None]] = frozenset(),
+              twin_rows: Sequence[dict[str, Any]] = ()
               ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
     most rows first); the rows and the sites whose child failed (their rows kept, with the
     failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
     kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
     lines) as they come."""
-    work = pieces({site: rows for site, rows in plan(loop_document, variants, skip).items()
+    work = pieces({site: rows for site, rows in plan(loop_document, variants, skip,
+                                                     twin_rows).items()
                    if rows}, lightest_first=deadline_s != float("inf"))
     end = time.monotonic() + deadline_s
     rows: list[dict[str, Any]] = []
@@ -499,10 +530,17 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
     finished: dict[int, list[Any]] = {}
     started: dict[int, str] = {}
     made: dict[int, str] = {}
+    twins: dict[int, list[dict[str, Any]]] = {}  # twin trials (gpu.twins), finished or
+    twin_started: dict[int, str] = {}  # the one it died in
     if journal.is_file():
         for line in journal.read_text().splitlines():
             entry = json.loads(line)
-            if "trial" in entry:
+            if "twin" in entry:
+                twins.setdefault(entry["row"], []).append(entry["twin"])
+                twin_started.pop(entry["row"], None)
+            elif "twin_starting" in entry:
+                twin_started[entry["row"]] = entry["twin_starting"]
+            elif "trial" in entry:
                 finished.setdefault(entry["row"], []).append(Trial(**entry["trial"]))
                 started.pop(entry["row"], None)
                 made.pop(entry["row"], None)
@@ -512,6 +550,13 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
                 started[entry["row"]] = entry["starting"]
     out = []
     for index, row in enumerate(site_rows):
+        twin_trials = twins.get(index, []) + [
+            asdict(Trial(label, error=why)) for label in [twin_started.get(index)]
+            if label and died_in_trial]
+        if row.get("twin_only"):
+            out.append({key: row[key] for key in ("variant", "site", "code", "cpu_verdict")}
+                       | {"twin_only": True, "twin_trials": twin_trials})
+            continue
         # the trial it died in: crashed; it held work back and made the race if the probe
         # journalled that before the abort (``made``), else neither is known
         trials = finished.get(index, []) + [
@@ -521,7 +566,8 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
         if not trials:
             out.append(dict(row, error=why, trials=0))
             continue
-        out.append(dict(_row(row, trials, None), aborted=why))
+        out.append(dict(_row(row, trials, None), aborted=why,
+                        **({"twin_trials": twin_trials} if twin_trials else {})))
     return out
 
 

@@ -1,0 +1,141 @@
+"""Twin trials: a race row's forcing run again on the unmodified code, its control.
+
+The unmodified loop's own control (gpu.table) runs each stream it holds at the fixed delays,
+before every op. Two kinds of a race row's evidence lie outside it:
+
+- a wrong value or a made crash shown only at an escalated delay (``table.outlasting_cycles``:
+  2^27-2^31 cycles before the earlier side's ops): the unmodified loop never ran that long;
+- a value that differs only at the race's own access or in the acceptance record
+  (``access_values``, ``loop.observe``): the unmodified loop captures neither.
+
+So such a trial gets its twin: the same forcing (stream, targeted lines, cycles), the same
+probe and the same captured lines, on the tree with the row's site back in place. A twin
+equal to the serial answer everywhere (output, access values, acceptance record) says the
+difference is the removal's; a twin that differs says the forcing alone makes it, and the
+row's evidence does not count (:func:`controlled`). Twins run in the race row's own child
+after its trials, the removal undone, or, for a row an earlier report already holds, in a
+child of their own with nothing removed (:func:`twin_work`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+
+def needs_twin(trial: dict[str, Any]) -> bool:
+    """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
+    it held work back and showed a wrong value or a made crash at an escalated delay, or made
+    the race and differed only at an access or in the acceptance record."""
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+    from overlap_harness.engines.sglang.gpu.table import RACE_CYCLES
+
+    parsed = parse_label(trial["forcing"])
+    if parsed is None or not trial.get("sleeps"):
+        return False
+    made = bool((trial.get("probe") or {}).get("later_pending"))
+    if trial.get("wrong") or (trial.get("error") and made):
+        return parsed[2] > RACE_CYCLES[-1]
+    return made and not trial.get("error") and bool(
+        trial.get("access_wrong") or trial.get("acceptance_wrong"))
+
+
+def twin_labels(row: dict[str, Any]) -> list[str]:
+    """The forcings of the row's trials that need a twin, each once, in trial order."""
+    return list(dict.fromkeys(t["forcing"] for t in row.get("trial_details", [])
+                              if needs_twin(t)))
+
+
+def missing_twins(row: dict[str, Any]) -> list[str]:
+    """The row's twin forcings that its ``twin_trials`` do not hold yet."""
+    have = {t["forcing"] for t in row.get("twin_trials", [])}
+    return [label for label in twin_labels(row) if label not in have]
+
+
+def shown(trial: dict[str, Any]) -> bool:
+    """The trial shows the race: a wrong value, or, where it made the race, a crash or a
+    different access value or acceptance record."""
+    made = bool((trial.get("probe") or {}).get("later_pending"))
+    return bool(trial.get("wrong")) or (made and any(
+        trial.get(key) for key in ("error", "access_wrong", "acceptance_wrong")))
+
+
+def differs(trial: dict[str, Any]) -> bool:
+    """The twin did not finish equal to the serial answer in everything compared."""
+    return any(trial.get(key) for key in ("wrong", "error", "access_wrong",
+                                          "acceptance_wrong"))
+
+
+def controlled(row: dict[str, Any], trial: dict[str, Any]) -> bool:
+    """``trial``'s evidence stands: it needs no twin, or its twin ran and stayed equal."""
+    if not needs_twin(trial):
+        return True
+    twins = [t for t in row.get("twin_trials", []) if t["forcing"] == trial["forcing"]]
+    return bool(twins) and not any(differs(t) for t in twins)
+
+
+def run_twins(index: int, row: dict[str, Any], labels: Sequence[str], serial: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+    """In the child, the site back in place: one trial per label, forced, probed and
+    captured as the row's own trials were; journaled (``twin``) so a child that dies keeps
+    the ones that finished."""
+    from overlap_harness.engines.sglang.gpu.access_values import side_locations
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+    from overlap_harness.engines.sglang.gpu.table import _journal
+
+    out = []
+    for label in labels:
+        parsed = parse_label(label)
+        if parsed is None:
+            continue
+        stream, targeted, cycles = parsed
+        _journal({"row": index, "twin_starting": label})
+        trial = run_trial(row["variant"], Forcing((stream,), cycles, targeted=targeted), serial,
+                          probes(row["race_examples"], stream),
+                          side_locations(row["race_examples"]))[0]
+        out.append(asdict(trial))
+        _journal({"row": index, "twin": out[-1]})
+    return out
+
+
+def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+    """For a resumed run: the kept race rows whose trials need twins they lack, as rows to run
+    with nothing removed (``twin_only``; the loop report gives their race's sides)."""
+    from overlap_harness.engines.sglang.gpu.table import earlier_streams
+
+    examples = {(r["variant"], r["site"]): r.get("race_examples", [])
+                for r in loop_document["rows"]}
+    out = []
+    for row in kept:
+        labels = missing_twins(row) if row["cpu_verdict"] == "race" and row["site"] else []
+        race = examples.get((row["variant"], row["site"]))
+        if not labels or not race or row.get("races_as_released"):
+            continue
+        out.append({"variant": row["variant"], "site": row["site"], "code": row["code"],
+                    "cpu_verdict": "race", "delay": earlier_streams(race),
+                    "race_examples": race, "twin_only": True, "twin_forcings": labels})
+    return out
+
+
+def merged(kept: list[dict[str, Any]], ran: list[dict[str, Any]]
+           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The kept rows with the twin trials of ``ran``'s twin-only rows added, and ``ran``'s
+    other rows; a twin-only row that did not finish adds nothing (its row keeps
+    :func:`missing_twins`)."""
+    twins: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    rows = []
+    for row in ran:
+        if row.get("twin_only"):
+            twins.setdefault((row["variant"], row["site"]), []).extend(
+                row.get("twin_trials", []))
+        else:
+            rows.append(row)
+    out = []
+    for row in kept:
+        extra = twins.get((row["variant"], row["site"]))
+        out.append({**row, "twin_trials": [*row.get("twin_trials", []), *extra]} if extra
+                   else row)
+    return out, rows
