@@ -133,3 +133,26 @@ def test_a_child_that_dies_in_a_twin_keeps_the_row_and_fails_its_control(
     assert row["trials"] == 1 and row["wrong_trials"] == 1  # the row's own trial stands
     assert [t["error"] for t in row["twin_trials"]] == ["exit -6: CUDA error"]
     assert not twins.controlled(row, row["trial_details"][0])
+
+
+def test_a_twin_only_row_runs_its_twins_in_a_child_that_removes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.sglang import environment
+    from overlap_harness.engines.sglang.gpu import access_values
+
+    asked: list[Forcing] = []
+
+    def fake(variant: str, forcing: Forcing, serial: dict | None, probe: object = None,
+             access_locations: tuple = ()) -> tuple:
+        asked.append(forcing)
+        return Trial(forcing.label(), sleeps=0 if forcing.serial else 2), {"access": {}}, []
+
+    monkeypatch.setattr(environment, "load", lambda source=None: None)
+    monkeypatch.setattr(access_values, "dirty_allocator_cache", lambda: 0)  # needs CUDA
+    monkeypatch.setattr(gpu_loop, "run_trial", fake)
+    monkeypatch.setattr(gpu_table, "_journal", lambda entry: None)
+    work = dict(RACE_ROW, twin_only=True, twin_forcings=[ESCALATED])
+    [row] = gpu_table.run_site(None, [work])
+    assert row["twin_only"] and [t["forcing"] for t in row["twin_trials"]] == [ESCALATED]
+    assert [f.serial for f in asked] == [True, True, False]  # the serial twice, the twin
+    assert "trials" not in row  # no trial of its own: the kept row keeps its own
