@@ -158,7 +158,7 @@ def _prefill_accesses(out: Any, worker: FakeTargetWorker, batch: Any, **kwargs: 
 @declared(_prefill_accesses, name="target_prefill_forward")
 def _target_prefill(worker: FakeTargetWorker, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled tokens (one per request) and hidden states (one per token) of a prefill."""
-    worker.kv_buffer[batch.out_cache_loc] = 1.0  # set_kv_buffer
+    fill_slots(worker.kv_buffer, batch.out_cache_loc, 1.0)  # set_kv_buffer
     seq_lens = batch.seq_lens.to(torch.int64)
     tokens = (seq_lens * 7) % 97 + 1
     hidden = batch.input_ids.to(torch.float32).view(-1, 1).expand(-1, HIDDEN).contiguous()
