@@ -446,3 +446,23 @@ def test_the_requests_acceptance_record_is_observed_and_compared_apart(
     counts = report["summary"]
     assert counts["race_rows_value_shown"] == 1 and counts["race_rows_wrong_or_made_crash"] == 0
     assert counts["acceptance_wrong_unmade_trials"] == 1
+
+
+def test_a_crash_that_did_not_make_the_race_does_not_stop_the_delay_growing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlap_harness.engines.sglang.gpu.command import stopped_at_unmade_crash
+
+    unmade = {"earlier_issued": 2, "later_pending": 0, "later_done": 2, "later_first": 0}
+    made = dict(unmade, later_pending=1, later_done=1)
+    asked = _scripted(monkeypatch, [{"sleeps": 2, "probe": unmade, "error": "IndexError"},
+                                    {"sleeps": 2, "probe": made, "error": "IndexError"}])
+    trials = gpu_table._race_trials(0, RACE_ROW, {})
+    assert [f.cycles for f in asked] == list(gpu_table.RACE_CYCLES[:2])
+    row = gpu_table._row(RACE_ROW, trials, None)
+    assert row["made_crashed_trials"] == 1 and not stopped_at_unmade_crash(row)
+    # an earlier report's row that stopped at its first, unmade crash runs again
+    stopped = gpu_table._row(RACE_ROW, trials[:1], None)
+    assert stopped_at_unmade_crash(stopped)
+    died = gpu_table._row(RACE_ROW, [Trial(trials[0].forcing, sleeps=2, probe=unmade,
+                                           error="child failed: exit -6")], None)
+    assert not stopped_at_unmade_crash(died)  # a dead child would die there again

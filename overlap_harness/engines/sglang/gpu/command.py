@@ -243,6 +243,16 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
+def stopped_at_unmade_crash(row: dict) -> bool:
+    """A race row that never made its race and whose delays stopped growing at a crash the
+    probe did not see make it (the rule before 2026-12-07's fourth session): run again, its
+    delays now grow past such a crash (:func:`.gpu.table._race_trials`)."""
+    if row["cpu_verdict"] != "race" or row.get("race_made_trials"):
+        return False
+    return any(t.get("error") and not (t.get("probe") or {}).get("later_pending")
+               and "child failed" not in t["error"] for t in row.get("trial_details", []))
+
+
 def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
              planned: dict | None = None) -> tuple[list[dict] | str, dict | None]:
     """The settled rows of an earlier report (``--gpu-resume``; counts recomputed from their
@@ -252,7 +262,9 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     left run again). With ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
     verdict or released races differ from this loop report's plan runs again (its trials
     were forced for another verdict: an unmodified loop that now races as released). An
-    unmodified loop's row whose trials predate the acceptance record runs again."""
+    unmodified loop's row whose trials predate the acceptance record runs again, and so
+    does a race row that stopped at a crash which did not make its race
+    (:func:`stopped_at_unmade_crash`)."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -272,6 +284,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     def keep(row: dict) -> bool:
         key = (row["variant"], row["site"])
         if row["site"] is None and key not in compared:
+            return False
+        if stopped_at_unmade_crash(row):
             return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):

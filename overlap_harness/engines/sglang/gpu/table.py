@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 #: a race row's targeted delays (GPU clock cycles of ``torch.cuda._sleep`` before each op of
-#: the race's earlier side), tried in turn until a trial shows a wrong value or crashes: as
-#: long as the later side needs
+#: the race's earlier side), tried in turn until a trial shows a wrong value or a crash that
+#: made the race: as long as the later side needs
 RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
 #: past :data:`RACE_CYCLES`, one more trial whose delay outlasts the host time the probe
 #: measured from the earlier side's op to a reach of the later side that found it finished
@@ -222,12 +222,12 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     """A race row's trials, forced from the race itself: for each stream (or the host) of
     an earlier side, that side alone delayed, immediately before each of its ops, with a
     probe on the race's sides in every trial; the delay grows through :data:`RACE_CYCLES`
-    until a trial shows a wrong value or crashes. Where the targeted delay holds nothing
-    (the earlier side's op is not a dispatched op of that stream: a graph replay's, a
-    launcher's), the whole stream is delayed instead. Where every delay held the earlier
-    side and none showed a wrong value or crashed, one more trial outlasts the host's own
-    time between the sides, as the probe measured it (:func:`outlasting_cycles`): a delay
-    shorter than that cannot make the race at all."""
+    until a trial shows a wrong value or crashes having made the race. Where the targeted
+    delay holds nothing (the earlier side's op is not a dispatched op of that stream: a
+    graph replay's, a launcher's), the whole stream is delayed instead. Where every delay
+    held the earlier side and none showed a wrong value or a made crash, one more trial
+    outlasts the host's own time between the sides, as the probe measured it
+    (:func:`outlasting_cycles`): a delay shorter than that cannot make the race at all."""
     from overlap_harness.engines.sglang.gpu.loop import Forcing
 
     trials = []
@@ -241,7 +241,9 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
                 if trial.slept or not targeted or stream == "host":
                     break
                 targeted = False  # nothing held at the earlier side: the whole stream
-            if trial.wrong or trial.error or not trial.slept:
+            # a crash the probe did not see make the race is no evidence (issue 45): the
+            # delay grows on past it, as past a trial that equals the serial answer
+            if trial.wrong or (trial.error and trial.race_made) or not trial.slept:
                 break
         else:
             longer = outlasting_cycles(trial, cycles) if stream != "host" else None
