@@ -41,10 +41,14 @@
 # reports/conformance/sglang-0.5.23-loop.json --gpu-resume
 # reports/conformance/sglang-0.5.23-loop-gpu.json" (H100, 396 s), then on the CPU
 # tools/sglang_gpu_recount.py REPORT --earlier <the committed report> and --gpu-check-cpu.
-# Next: STEP=syncs,table with VARIANTS="--loop-json reports/conformance/sglang-0.5.23-loop.json
-# --gpu-resume reports/conformance/sglang-0.5.23-loop-gpu.json --gpu-rerun unrun" (the rows
-# the deadline left, the unmodified rows without the acceptance record), then the same two
-# CPU steps.
+# The fourth session (twin trials, the delay growing past an unmade crash): first
+# STEP=syncs,table JOBS=15 TABLE_S=430 DEADLINE=360 SYNCS_S=240 VARIANTS="--loop-json
+# reports/conformance/sglang-0.5.23-loop.json --gpu-resume
+# reports/conformance/sglang-0.5.23-loop-gpu.json --gpu-rerun unrun" (H100, 401 s; the
+# syncs' output is reports/gpu/2026-12-07-h100-sglang-0.5.23-host-syncs.json), then the same
+# two CPU steps; then STEP=table TABLE_S=460 DEADLINE=410 with the same VARIANTS (the kept
+# rows' twins, the rows the deadline left, the rows that stopped at an unmade crash).
+# Keep H (with the checkout) under the device's 64 MiB: move older prevN.json out of it.
 # STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
 # the loop report in CPU mode first (LOOP_VARIANTS: its --variant list, default every variant);
