@@ -9,11 +9,18 @@ no trials) takes OLD's row of the same variant and site instead, where that one 
 under the same plan (CPU verdict, released races): the evidence an earlier device run left is
 not lost because a later run, started to improve it, ran out of time. Each such row keeps the
 device and torch it ran on, and the report's command says how many rows came so.
+
+With ``--progress ROWS.jsonl --run "COMMAND"``: the rows a later device run finished before it
+was stopped without writing its report (its ``gpu-rows.jsonl``, written as each child
+finishes) replace the report's rows of the same variant and site; its twin-only rows add
+their twin trials to the report's rows (gpu/twins.py). The report's command and ``runs`` name
+that run, ``COMMAND`` as it was called.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -40,16 +47,50 @@ def with_earlier(rows: list[dict[str, Any]], earlier: dict[str, Any]
     return out, taken
 
 
+def with_progress(rows: list[dict[str, Any]], progress: list[dict[str, Any]], device: str,
+                  torch_version: str) -> tuple[list[dict[str, Any]], int]:
+    """``rows`` with each of ``progress``'s finished rows in place of the row of the same
+    (variant, site) and its twin-only rows' twins added (each finished row names ``device``
+    and ``torch_version`` where it lacks them); how many rows of ``progress`` came in."""
+    from overlap_harness.engines.sglang.gpu import twins
+
+    kept, ran = twins.merged(rows, progress)
+    fresh = {(r["variant"], r["site"]): {"device": device, "torch": torch_version, **r}
+             for r in ran}
+    out = [fresh.pop((r["variant"], r["site"]), r) for r in kept]
+    return out + list(fresh.values()), len(progress)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Rewrite the report (and the .md beside it) with every row recounted."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path)
     parser.add_argument("--earlier", type=Path, help="an earlier report of the same tree: its "
                         "ran rows stand in for this one's unrun rows")
+    parser.add_argument("--progress", type=Path, help="a stopped device run's gpu-rows.jsonl: "
+                        "its finished rows come in")
+    parser.add_argument("--run", help="with --progress: that run's command, as called")
+    parser.add_argument("--device", help="with --progress: the device it ran on")
+    parser.add_argument("--torch", help="with --progress: its torch version")
+    parser.add_argument("--seconds", type=float, help="with --progress: its wall seconds")
     args = parser.parse_args(argv)
+    if args.progress is not None and not (args.run and args.device and args.torch
+                                          and args.seconds is not None):
+        parser.error("--progress needs --run, --device, --torch and --seconds")
     report = json.loads(args.report.read_text())
     rows = report["rows"]
     command = report["command"]
+    if args.progress is not None:
+        progress = [json.loads(line) for line in args.progress.read_text().splitlines()
+                    if line.strip()]
+        rows, came = with_progress(rows, progress, args.device, args.torch)
+        note = (f"{args.run} (stopped before writing its report: its {came} finished rows "
+                "taken from its gpu-rows.jsonl by tools/sglang_gpu_recount.py --progress)")
+        command += f"; then {note}"
+        report.setdefault("runs", []).append({
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": note, "seconds": args.seconds})
+        report["seconds"] += args.seconds
     if args.earlier is not None:
         earlier = json.loads(args.earlier.read_text())
         if earlier["sglang_version"] != report["sglang_version"]:
