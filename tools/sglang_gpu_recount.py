@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("report", type=Path)
     parser.add_argument("--earlier", type=Path, help="an earlier report of the same tree: its "
                         "ran rows stand in for this one's unrun rows")
+    parser.add_argument("--loop-json", type=Path, help="the loop report the rows were planned "
+                        "from: each row of a variant in its released_races is marked "
+                        "races_as_released (rows a run wrote before gpu.table._row kept the "
+                        "mark lack it)")
     parser.add_argument("--progress", type=Path, help="a stopped device run's gpu-rows.jsonl: "
                         "its finished rows come in")
     parser.add_argument("--run", help="with --progress: that run's command, as called")
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> None:
         rows, taken = with_earlier(rows, earlier)
         command += (f"; then {taken} rows its deadline left unrun taken from the report before "
                     "it (tools/sglang_gpu_recount.py --earlier)")
+    if args.loop_json is not None:
+        released = json.loads(args.loop_json.read_text()).get("released_races", {})
+        rows = [dict(row, races_as_released=True) if released.get(row["variant"]) else row
+                for row in rows]
     rows = [recounted(row) for row in rows]
     fresh = gpu_report.document(
         rows, version=report["sglang_version"], device=report["device"],

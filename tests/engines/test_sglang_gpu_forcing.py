@@ -19,6 +19,7 @@ from overlap_harness.engines.sglang.gpu.probe import probes
 
 EXAMPLE = ("WAR x@a.py:1: model_forward on self.forward_stream at /m/overlap_harness/engines/"
            "sglang/worker.py:158 / write on self.schedule_stream at sglang/srt/alloc.py:452")
+FIXED_LABEL = "forward_stream@earlier+2097152cy"
 RACE_ROW = {"variant": "v", "site": "sglang/srt/s.py:9", "code": "wait()",
             "cpu_verdict": "race", "delay": ["forward_stream"], "race_examples": [EXAMPLE]}
 
@@ -466,3 +467,10 @@ def test_a_crash_that_did_not_make_the_race_does_not_stop_the_delay_growing(
     died = gpu_table._row(RACE_ROW, [Trial(trials[0].forcing, sleeps=2, probe=unmade,
                                            error="child failed: exit -6")], None)
     assert not stopped_at_unmade_crash(died)  # a dead child would die there again
+
+
+def test_a_row_of_a_variant_that_races_as_released_keeps_the_mark() -> None:
+    planned = dict(RACE_ROW, races_as_released=True)
+    row = gpu_table._row(planned, [Trial(FIXED_LABEL, sleeps=1)], None)
+    assert row["races_as_released"] is True
+    assert "races_as_released" not in gpu_table._row(RACE_ROW, [Trial(FIXED_LABEL)], None)

@@ -160,7 +160,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "twin_trials_differing": sum(1 for r in rows for t in r.get("twin_trials", [])
                                          if twins.differs(t)),
             # rows with evidence that still needs its twin (not run yet)
-            "race_rows_twin_missing": sum(1 for r in necessary if twins.missing_twins(r)),
+            "race_rows_twin_missing": sum(1 for r in necessary if twins.missing_twins(r)
+                                          and not r.get("races_as_released")),
             # a wrong value, a made crash, or, in a made trial, a different acceptance record
             # or access value, whose control stayed equal: the fixed control of the
             # unmodified loop, or the trial's own twin

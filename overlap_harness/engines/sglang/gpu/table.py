@@ -339,6 +339,8 @@ def _row(row: dict[str, Any], trials: list[Any], reached: int | None) -> dict[st
         "seconds": round(sum(t.seconds for t in trials), 2),
         "trial_details": [asdict(t) for t in trials],
     }
+    if row.get("races_as_released"):  # the plan's mark, kept (report.summary counts by it)
+        fields["races_as_released"] = True
     if row["cpu_verdict"] == "race":
         sides = [probes(row.get("race_examples", []), stream) for stream in row["delay"]]
         fields["probes"] = [{"stream": p.stream, "earlier": list(p.earlier),
