@@ -95,18 +95,23 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": note, "seconds": args.seconds})
         report["seconds"] += args.seconds
+    released = json.loads(args.loop_json.read_text()).get("released_races", {}) \
+        if args.loop_json is not None else {}
+
+    def marked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(row, races_as_released=True) if released.get(row["variant"]) else row
+                for row in rows]
+
+    rows = marked(rows)
     if args.earlier is not None:
         earlier = json.loads(args.earlier.read_text())
+        earlier["rows"] = marked(earlier["rows"])
         if earlier["sglang_version"] != report["sglang_version"]:
             parser.error(f"{args.earlier}: sglang {earlier['sglang_version']}, not "
                          f"{report['sglang_version']}")
         rows, taken = with_earlier(rows, earlier)
         command += (f"; then {taken} rows its deadline left unrun taken from the report before "
                     "it (tools/sglang_gpu_recount.py --earlier)")
-    if args.loop_json is not None:
-        released = json.loads(args.loop_json.read_text()).get("released_races", {})
-        rows = [dict(row, races_as_released=True) if released.get(row["variant"]) else row
-                for row in rows]
     rows = [recounted(row) for row in rows]
     fresh = gpu_report.document(
         rows, version=report["sglang_version"], device=report["device"],
