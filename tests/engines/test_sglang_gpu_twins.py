@@ -108,7 +108,7 @@ def test_a_resumed_run_twins_the_kept_rows_and_merges_what_ran() -> None:
     loop = {"rows": [{"variant": "v", "site": RACE_ROW["site"], "race_examples": [EXAMPLE]},
                      {"variant": "v", "site": "sglang/srt/t.py:3",
                       "race_examples": [EXAMPLE]}]}
-    work = twins.twin_work([kept, done], loop)
+    work = gpu_table.twin_work([kept, done], loop)
     assert [(w["site"], w["twin_forcings"], w["delay"]) for w in work] == [
         (RACE_ROW["site"], [ESCALATED], ["forward_stream"])]
     plan = gpu_table.plan({"variants": ["v"], "rows": []}, twin_rows=work)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows, failures = gpu_table.run_table(loop_document, names, args.jobs, args.gpu_timeout,
                                          args.gpu_deadline, progress, skip,
-                                         twins.twin_work(kept, loop_document))
+                                         gpu_table.twin_work(kept, loop_document))
     kept, rows = twins.merged(kept, rows)  # the kept rows' twins, run now
     for row in rows:  # each row names the device and torch its trials ran on
         row["device"], row["torch"] = device, torch.__version__

@@ -175,9 +175,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def _only_escalated(row: dict[str, Any]) -> bool:
     """Every trial of the row that was wrong, or made the race and crashed, held a delay
-    longer than the fixed steps' longest (:data:`.gpu.table.RACE_CYCLES`)."""
+    longer than the fixed steps' longest (:data:`.gpu.delays.RACE_CYCLES`)."""
+    from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
-    from overlap_harness.engines.sglang.gpu.table import RACE_CYCLES
 
     shown = [t for t in row.get("trial_details", []) if t.get("wrong") or (
         t.get("error") and (t.get("probe") or {}).get("later_pending"))]

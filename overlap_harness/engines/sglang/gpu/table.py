@@ -25,24 +25,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-#: a race row's targeted delays (GPU clock cycles of ``torch.cuda._sleep`` before each op of
-#: the race's earlier side), tried in turn until a trial shows a wrong value or a crash that
-#: made the race: as long as the later side needs
-RACE_CYCLES = (1 << 21, 1 << 23, 1 << 25)
-#: past :data:`RACE_CYCLES`, one more trial whose delay outlasts the host time the probe
-#: measured from the earlier side's op to a reach of the later side that found it finished
-#: (``least_done_gap_s``), counted at the fastest clock a Hopper SM runs (about 2 GHz, so the
-#: sleep is at least that long), twice over; never longer than this (about a second)
-LONGEST_RACE_CYCLES = 1 << 31
-FASTEST_CLOCK_HZ = 2.0e9
-#: ... nor a trial that would sleep longer than this in all (each earlier op held, at the
-#: slowest clock a busy Hopper SM runs, about 1.5 GHz): the row then stays as it is
-LONGEST_HELD_S = 90.0
-SLOWEST_CLOCK_HZ = 1.5e9
-#: a redundant row: each stream the loop holds delayed in turn (before every op it issues)
-SWEEP_CYCLES = (1 << 21,)
-#: the unmodified loop: each stream in turn at every delay the rows use
-CONTROL_CYCLES = tuple(sorted(set(RACE_CYCLES) | set(SWEEP_CYCLES)))
+from overlap_harness.engines.sglang.gpu.delays import (
+    CONTROL_CYCLES,
+    FASTEST_CLOCK_HZ,
+    LONGEST_HELD_S,
+    LONGEST_RACE_CYCLES,
+    RACE_CYCLES,
+    SLOWEST_CLOCK_HZ,
+    SWEEP_CYCLES,
+)
 
 _AGENT = re.compile(r" on (.+?) at ")
 
@@ -214,7 +205,51 @@ def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
     if pending and undo is not None:
         undo()
     for index, row, labels in pending:
-        out[index]["twin_trials"] = twins.run_twins(index, row, labels, serial[row["variant"]])
+        out[index]["twin_trials"] = run_twins(index, row, labels, serial[row["variant"]])
+    return out
+
+
+def run_twins(index: int, row: dict[str, Any], labels: Sequence[str], serial: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+    """Twin trials (gpu/twins.py) in the child, the site back in place: one trial per label,
+    forced, probed and captured as the row's own trials were; journaled (``twin``) so a
+    child that dies keeps the ones that finished."""
+    from overlap_harness.engines.sglang.gpu.access_values import side_locations
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label, run_trial
+    from overlap_harness.engines.sglang.gpu.probe import probes
+
+    out = []
+    for label in labels:
+        parsed = parse_label(label)
+        if parsed is None:
+            continue
+        stream, targeted, cycles = parsed
+        _journal({"row": index, "twin_starting": label})
+        trial = run_trial(row["variant"], Forcing((stream,), cycles, targeted=targeted), serial,
+                          probes(row["race_examples"], stream),
+                          side_locations(row["race_examples"]))[0]
+        out.append(asdict(trial))
+        _journal({"row": index, "twin": out[-1]})
+    return out
+
+
+def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+    """For a resumed run: the kept race rows whose trials need twins they lack, as rows to run
+    with nothing removed (``twin_only``; the loop report gives their race's sides)."""
+    from overlap_harness.engines.sglang.gpu.twins import missing_twins
+
+    examples = {(r["variant"], r["site"]): r.get("race_examples", [])
+                for r in loop_document["rows"]}
+    out = []
+    for row in kept:
+        labels = missing_twins(row) if row["cpu_verdict"] == "race" and row["site"] else []
+        race = examples.get((row["variant"], row["site"]))
+        if not labels or not race or row.get("races_as_released"):
+            continue
+        out.append({"variant": row["variant"], "site": row["site"], "code": row["code"],
+                    "cpu_verdict": "race", "delay": earlier_streams(race),
+                    "race_examples": race, "twin_only": True, "twin_forcings": labels})
     return out
 
 

@@ -14,13 +14,12 @@ equal to the serial answer everywhere (output, access values, acceptance record)
 difference is the removal's; a twin that differs says the forcing alone makes it, and the
 row's evidence does not count (:func:`controlled`). Twins run in the race row's own child
 after its trials, the removal undone, or, for a row an earlier report already holds, in a
-child of their own with nothing removed (:func:`twin_work`).
+child of their own with nothing removed (``table.twin_work``; ``table.run_twins`` runs
+them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 
@@ -28,8 +27,8 @@ def needs_twin(trial: dict[str, Any]) -> bool:
     """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
     it held work back and showed a wrong value or a made crash at an escalated delay, or made
     the race and differed only at an access or in the acceptance record."""
+    from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
-    from overlap_harness.engines.sglang.gpu.table import RACE_CYCLES
 
     parsed = parse_label(trial["forcing"])
     if parsed is None or not trial.get("sleeps"):
@@ -73,51 +72,6 @@ def controlled(row: dict[str, Any], trial: dict[str, Any]) -> bool:
         return True
     twins = [t for t in row.get("twin_trials", []) if t["forcing"] == trial["forcing"]]
     return bool(twins) and not any(differs(t) for t in twins)
-
-
-def run_twins(index: int, row: dict[str, Any], labels: Sequence[str], serial: dict[str, Any]
-              ) -> list[dict[str, Any]]:
-    """In the child, the site back in place: one trial per label, forced, probed and
-    captured as the row's own trials were; journaled (``twin``) so a child that dies keeps
-    the ones that finished."""
-    from overlap_harness.engines.sglang.gpu.access_values import side_locations
-    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label, run_trial
-    from overlap_harness.engines.sglang.gpu.probe import probes
-    from overlap_harness.engines.sglang.gpu.table import _journal
-
-    out = []
-    for label in labels:
-        parsed = parse_label(label)
-        if parsed is None:
-            continue
-        stream, targeted, cycles = parsed
-        _journal({"row": index, "twin_starting": label})
-        trial = run_trial(row["variant"], Forcing((stream,), cycles, targeted=targeted), serial,
-                          probes(row["race_examples"], stream),
-                          side_locations(row["race_examples"]))[0]
-        out.append(asdict(trial))
-        _journal({"row": index, "twin": out[-1]})
-    return out
-
-
-def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
-              ) -> list[dict[str, Any]]:
-    """For a resumed run: the kept race rows whose trials need twins they lack, as rows to run
-    with nothing removed (``twin_only``; the loop report gives their race's sides)."""
-    from overlap_harness.engines.sglang.gpu.table import earlier_streams
-
-    examples = {(r["variant"], r["site"]): r.get("race_examples", [])
-                for r in loop_document["rows"]}
-    out = []
-    for row in kept:
-        labels = missing_twins(row) if row["cpu_verdict"] == "race" and row["site"] else []
-        race = examples.get((row["variant"], row["site"]))
-        if not labels or not race or row.get("races_as_released"):
-            continue
-        out.append({"variant": row["variant"], "site": row["site"], "code": row["code"],
-                    "cpu_verdict": "race", "delay": earlier_streams(race),
-                    "race_examples": race, "twin_only": True, "twin_forcings": labels})
-    return out
 
 
 def merged(kept: list[dict[str, Any]], ran: list[dict[str, Any]]
