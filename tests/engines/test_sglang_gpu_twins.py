@@ -156,3 +156,15 @@ def test_a_twin_only_row_runs_its_twins_in_a_child_that_removes_nothing(
     assert row["twin_only"] and [t["forcing"] for t in row["twin_trials"]] == [ESCALATED]
     assert [f.serial for f in asked] == [True, True, False]  # the serial twice, the twin
     assert "trials" not in row  # no trial of its own: the kept row keeps its own
+
+
+def test_a_variant_that_races_as_released_has_no_fixed_control() -> None:
+    wrong = _trial(FIXED, probe=MADE, wrong="r = 1 (serial 2)")
+    assert not twins.needs_twin(wrong) and twins.needs_twin(wrong, released=True)
+    released = dict(gpu_table._row(dict(RACE_ROW, races_as_released=True), [
+        Trial(FIXED, sleeps=2, probe=MADE, wrong="r = 1 (serial 2)")], None))
+    assert twins.twin_labels(released) == [FIXED]
+    counts = _summary([released, dict(released, site="b.py:2",
+                                      twin_trials=[asdict(Trial(FIXED, sleeps=2))])])
+    assert counts["race_rows_value_shown_controlled"] == 1  # b: its twin stayed equal
+    assert counts["race_rows_twin_missing"] == 1

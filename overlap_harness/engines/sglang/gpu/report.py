@@ -160,15 +160,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "twin_trials_differing": sum(1 for r in rows for t in r.get("twin_trials", [])
                                          if twins.differs(t)),
             # rows with evidence that still needs its twin (not run yet)
-            "race_rows_twin_missing": sum(1 for r in necessary if twins.missing_twins(r)
-                                          and not r.get("races_as_released")),
+            "race_rows_twin_missing": sum(1 for r in necessary if twins.missing_twins(r)),
             # a wrong value, a made crash, or, in a made trial, a different acceptance record
             # or access value, whose control stayed equal: the fixed control of the
             # unmodified loop, or the trial's own twin
             "race_rows_value_shown_controlled": sum(
-                1 for r in necessary if not r.get("races_as_released") and any(
-                    twins.shown(t) and twins.controlled(r, t)
-                    for t in r.get("trial_details", []))),
+                1 for r in necessary if any(twins.shown(t) and twins.controlled(r, t)
+                                            for t in r.get("trial_details", []))),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
 
@@ -290,9 +288,10 @@ def markdown(report: dict[str, Any]) -> str:
         "does not cover its evidence: an escalated delay, a value at an access or in the "
         f"acceptance record; gpu/twins.py): {s.get('twin_trials', 0)}, of which differ from "
         f"the serial answer {s.get('twin_trials_differing', 0)}; rows still waiting for a "
-        f"twin {s.get('race_rows_twin_missing', 0)}. Necessary rows (of variants race-free as "
-        "released) with a value shown whose control stayed equal (the fixed control or the "
-        f"trial's twin): {s.get('race_rows_value_shown_controlled', 0)}.",
+        f"twin {s.get('race_rows_twin_missing', 0)}. Necessary rows with a value shown whose "
+        "control stayed equal (the fixed control of the unmodified loop, or, where that does "
+        "not cover it, the trial's twin; a variant that races as released has no fixed "
+        f"control): {s.get('race_rows_value_shown_controlled', 0)}.",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",

@@ -192,14 +192,13 @@ def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
                 serial: dict[str, Any], undo: Any) -> list[dict[str, Any]]:
     """The rows' twin trials (:mod:`.gpu.twins`), run after every row's own trials with the
     site put back (``undo``): each race row's trials that need one, and a twin-only row's
-    ``twin_forcings``; none for a variant that races as released (its own race may make
-    any value differ, so no twin can control it)."""
+    ``twin_forcings``."""
     from overlap_harness.engines.sglang.gpu import twins
 
     pending = [(index, row, row["twin_forcings"] if row.get("twin_only")
                 else twins.twin_labels(done))
                for index, (row, done) in enumerate(zip(rows, out, strict=True))
-               if not done.get("error") and not row.get("races_as_released")
+               if not done.get("error")
                and (done.get("twin_only") or row.get("cpu_verdict") == "race")]
     pending = [(index, row, labels) for index, row, labels in pending if labels]
     if pending and undo is not None:
@@ -245,7 +244,7 @@ def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
     for row in kept:
         labels = missing_twins(row) if row["cpu_verdict"] == "race" and row["site"] else []
         race = examples.get((row["variant"], row["site"]))
-        if not labels or not race or row.get("races_as_released"):
+        if not labels or not race:
             continue
         out.append({"variant": row["variant"], "site": row["site"], "code": row["code"],
                     "cpu_verdict": "race", "delay": earlier_streams(race),

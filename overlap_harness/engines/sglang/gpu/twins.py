@@ -1,12 +1,14 @@
 """Twin trials: a race row's forcing run again on the unmodified code, its control.
 
 The unmodified loop's own control (gpu.table) runs each stream it holds at the fixed delays,
-before every op. Two kinds of a race row's evidence lie outside it:
+before every op. Three kinds of a race row's evidence lie outside it:
 
 - a wrong value or a made crash shown only at an escalated delay (``table.outlasting_cycles``:
   2^27-2^31 cycles before the earlier side's ops): the unmodified loop never ran that long;
 - a value that differs only at the race's own access or in the acceptance record
-  (``access_values``, ``loop.observe``): the unmodified loop captures neither.
+  (``access_values``, ``loop.observe``): the unmodified loop captures neither;
+- any evidence of a variant whose tree as released races (``races_as_released``): its
+  unmodified loop is forced as a race row itself, no control.
 
 So such a trial gets its twin: the same forcing (stream, targeted lines, cycles), the same
 probe and the same captured lines, on the tree with the row's site back in place. A twin
@@ -23,10 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def needs_twin(trial: dict[str, Any]) -> bool:
+def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
-    it held work back and showed a wrong value or a made crash at an escalated delay, or made
-    the race and differed only at an access or in the acceptance record."""
+    it held work back and showed a wrong value or a made crash at an escalated delay (at any
+    delay where the variant races as released: ``released``), or made the race and differed
+    only at an access or in the acceptance record."""
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
 
@@ -35,15 +38,16 @@ def needs_twin(trial: dict[str, Any]) -> bool:
         return False
     made = bool((trial.get("probe") or {}).get("later_pending"))
     if trial.get("wrong") or (trial.get("error") and made):
-        return parsed[2] > RACE_CYCLES[-1]
+        return released or parsed[2] > RACE_CYCLES[-1]
     return made and not trial.get("error") and bool(
         trial.get("access_wrong") or trial.get("acceptance_wrong"))
 
 
 def twin_labels(row: dict[str, Any]) -> list[str]:
     """The forcings of the row's trials that need a twin, each once, in trial order."""
+    released = bool(row.get("races_as_released"))
     return list(dict.fromkeys(t["forcing"] for t in row.get("trial_details", [])
-                              if needs_twin(t)))
+                              if needs_twin(t, released)))
 
 
 def missing_twins(row: dict[str, Any]) -> list[str]:
@@ -68,7 +72,7 @@ def differs(trial: dict[str, Any]) -> bool:
 
 def controlled(row: dict[str, Any], trial: dict[str, Any]) -> bool:
     """``trial``'s evidence stands: it needs no twin, or its twin ran and stayed equal."""
-    if not needs_twin(trial):
+    if not needs_twin(trial, bool(row.get("races_as_released"))):
         return True
     twins = [t for t in row.get("twin_trials", []) if t["forcing"] == trial["forcing"]]
     return bool(twins) and not any(differs(t) for t in twins)
