@@ -474,3 +474,40 @@ def test_a_row_of_a_variant_that_races_as_released_keeps_the_mark() -> None:
     row = gpu_table._row(planned, [Trial(FIXED_LABEL, sleeps=1)], None)
     assert row["races_as_released"] is True
     assert "races_as_released" not in gpu_table._row(RACE_ROW, [Trial(FIXED_LABEL)], None)
+
+
+def test_sigterm_stops_the_table_and_keeps_every_row_with_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    killed: list[str] = []
+
+    class Endless:
+        """A child that never finishes until killed."""
+
+        def __init__(self, argv: list[str], **options: object) -> None:
+            self.returncode = None
+
+        def poll(self) -> None:
+            return None
+
+        def kill(self) -> None:
+            killed.append("kill")
+
+        def communicate(self) -> tuple[bytes, bytes]:
+            return b"", b""
+
+    monkeypatch.setattr(subprocess, "Popen", Endless)
+    loop = {"variants": ["v"], "rows": [{"variant": "v", "site": RACE_ROW["site"],
+                                         "code": "wait()", "real": "race",
+                                         "race_examples": [EXAMPLE]}]}
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    rows, failures = gpu_table.run_table(loop, ["v"], jobs=2, timeout_s=60)
+    assert killed == ["kill", "kill"]  # both children: the unmodified loop, the site
+    assert {r["error"] for r in rows} == {"not run: the run was stopped (SIGTERM)"}
+    assert len(rows) == 2 and all(f.endswith("stopped (SIGTERM)") for f in failures)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler put back

@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -447,30 +449,53 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
               ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every planned row, each site in a child process, ``jobs`` at a time (sites with the
     most rows first); the rows and the sites whose child failed (their rows kept, with the
-    failure). Past ``deadline_s`` no child starts and running ones are stopped (their rows
-    kept, marked not run); each finished site's rows are appended to ``progress`` (JSON
-    lines) as they come."""
+    failure). Past ``deadline_s``, or on SIGTERM (a ``timeout``'s) or Ctrl-C, no child
+    starts and running ones are stopped (their finished trials kept, the rest marked not run,
+    with why), so the caller still writes its report; each finished site's rows are appended
+    to ``progress`` (JSON lines) as they come."""
     work = pieces({site: rows for site, rows in plan(loop_document, variants, skip,
                                                      twin_rows).items()
                    if rows}, lightest_first=deadline_s != float("inf"))
     end = time.monotonic() + deadline_s
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
+    stop: list[str] = []  # why the run stops early: SIGTERM (a `timeout`) or Ctrl-C
+    names = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+    previous = {number: signal.signal(number, lambda got, frame: stop.append(names[got]))
+                for number in names} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        return _run_pieces(work, jobs, timeout_s, end, progress, stop, rows, failures)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _run_pieces(work: list[tuple[str | None, list[dict[str, Any]]]], jobs: int,
+                timeout_s: float, end: float, progress: Path | None, stop: list[str],
+                rows: list[dict[str, Any]], failures: list[str]
+                ) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`run_table`'s loop. At the deadline, or when ``stop`` gets a reason (SIGTERM or
+    Ctrl-C, :func:`run_table`'s handlers), running children are stopped (their finished
+    trials kept from their journals) and every row not run says why: the report is written
+    either way, nothing lost."""
     with tempfile.TemporaryDirectory() as scratch:
         running: list[tuple[subprocess.Popen[bytes], str | None, list[dict[str, Any]], str,
                             float]] = []
         index = 0
         while work or running:
-            if time.monotonic() > end:
+            if time.monotonic() > end or stop:
+                why = "the run's deadline" if not stop else f"the run was stopped ({stop[0]})"
                 for _, site, _, _, _ in running:
-                    failures.append(f"{site}: stopped at the deadline")
+                    failures.append(f"{site}: stopped at the deadline" if not stop
+                                    else f"{site}: stopped ({stop[0]})")
                 for child, *_ in running:
                     child.kill()
                     child.communicate()
                 for _, _, site_rows, out, _ in running:  # their finished trials kept
-                    rows.extend(from_journal(site_rows, _journal_of(out),
-                                             "not run: the run's deadline", False))
-                rows.extend(dict(r, error="not run: the run's deadline", trials=0)
+                    rows.extend(from_journal(site_rows, _journal_of(out), f"not run: {why}",
+                                             False))
+                rows.extend(dict(r, error=f"not run: {why}", trials=0)
                             for _, site_rows in work for r in site_rows)
                 break
             while work and len(running) < max(1, jobs):
@@ -483,7 +508,8 @@ def run_table(loop_document: dict[str, Any], variants: Sequence[str] | None, job
                 child = subprocess.Popen(
                     [sys.executable, "-m", __name__, str(spec), out],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    env={**os.environ, "OVERLAP_HARNESS_GPU_JOURNAL": str(journal)})
+                    env={**os.environ, "OVERLAP_HARNESS_GPU_JOURNAL": str(journal)},
+                    start_new_session=True)  # a terminal's Ctrl-C reaches the parent only
                 running.append((child, site, site_rows, out, time.monotonic()))
             time.sleep(0.2)
             for entry in list(running):
