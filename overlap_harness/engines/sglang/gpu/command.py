@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         command=(f"{without_local_paths(earlier['command'])}; then {command}" if earlier
                  else command),
         failures=[f for f in (earlier or {}).get("child_failures", [])
-                  if not f.endswith("stopped at the deadline")] + failures,
+                  if not re.search(r": stopped (at the deadline|\(.*\))$", f)] + failures,
         seconds=time.perf_counter() - started + (earlier or {}).get("seconds", 0.0))
     if earlier:
         before = [{**run, "command": without_local_paths(run["command"])} for run in
