@@ -234,6 +234,10 @@ def test_a_device_run_takes_sglangs_kernel_and_stands_in_only_where_it_cannot_ru
     assert sink.implementation(harness_only, triton_kernel)(1) == 2
     assert calls == ["sglang", "sglang-compiled", "stand-in", "stand-in", "sglang"]
     assert sink.stood_in == {"missing"}
+    # each declared kernel's calls are counted; one that answers False declined to launch
+    declines = KernelDeclaration("small_copy", lambda *a: [], torch_implementation)
+    assert sink.implementation(declines, lambda x: False)(1) is False
+    assert sink.calls == {"runs": 1, "small_copy (declined)": 1}
     calls.clear()
     assert _StandInSink("stand_in").implementation(runs, triton_kernel)(1) == 2
     assert calls == ["stand-in"]
@@ -511,3 +515,16 @@ def test_sigterm_stops_the_table_and_keeps_every_row_with_why(
     assert {r["error"] for r in rows} == {"not run: the run was stopped (SIGTERM)"}
     assert len(rows) == 2 and all(f.endswith("stopped (SIGTERM)") for f in failures)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler put back
+
+
+def test_a_timing_row_names_the_declared_kernels_that_declined() -> None:
+    unmade = {"earlier_issued": 0, "later_pending": 0, "later_done": 0, "later_first": 4}
+    row = gpu_table._row(RACE_ROW, [Trial(FIXED_LABEL, sleeps=0, probe=unmade,
+                                          declared_kernel_calls={"small_copy (declined)": 3})],
+                         None)
+    report = gpu_report.document([row], version="0", device="d", torch_version="t",
+                                 date="x", command="c", failures=[], seconds=0)
+    [done] = report["rows"]
+    assert done["why_reason"] == "timing"
+    assert done["why"].endswith("declared kernels that declined to launch: small_copy "
+                                "(declined)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class _StandInSink:
     def __init__(self, kernels: str = "sglang") -> None:
         self.kernels = kernels
         self.stood_in: set[str] = set()
+        #: calls of each declared kernel, ``NAME (declined)`` where it answered False without
+        #: launching (SGLang's ``try_small_copy`` declines tensors its kernel cannot take):
+        #: which path the device took where the CPU mode's race names a kernel's line
+        self.calls: Counter[str] = Counter()
         #: the trial's forcing mode while the loop runs (:meth:`DeviceRun.forcing`): SGLang's
         #: own kernel is a Triton launch, which no dispatch mode sees, so it is handed to the
         #: mode as one device op (delayed, probed, snapshotted, synchronized in a serial run)
@@ -80,12 +85,13 @@ class _StandInSink:
             from overlap_harness.engines.core.strict import UnplannedUseError
 
             try:
-                if self.mode is None:
-                    return original(*args, **kwargs)
-                return self.mode.kernel(original, args, kwargs)
+                out = original(*args, **kwargs) if self.mode is None else \
+                    self.mode.kernel(original, args, kwargs)
             except UnplannedUseError:  # a compiled sgl_kernel op this host does not have
                 self.stood_in.add(declaration.name)
                 return stand_in(*args, **kwargs)
+            self.calls[declaration.name + (" (declined)" if out is False else "")] += 1
+            return out
         return run
 
     def quiet(self) -> Any:
@@ -267,6 +273,7 @@ class DeviceRun:
     sleeps: int = 0
     kernels: str = field(default_factory=lambda: os.environ.get(KERNELS_VARIABLE, "sglang"))
     stand_in_kernels: list[str] = field(default_factory=list)
+    declared_kernel_calls: dict[str, int] = field(default_factory=dict)
     capture: Any = None  # an access_values.AccessCapture, or None
     _sink: Any = field(default=None, repr=False)  # the kernel sink while the run watches
 
@@ -279,6 +286,7 @@ class DeviceRun:
                 yield _DeviceWatch()
         finally:
             self.stand_in_kernels = sorted(sink.stood_in)
+            self.declared_kernel_calls = dict(sorted(sink.calls.items()))
 
     @contextmanager
     def forcing(self, scheduler: Any) -> Iterator[None]:
@@ -376,6 +384,9 @@ class Trial:
     #: the first value of the requests' acceptance record (:func:`observe`) that differs
     #: from the serial run's
     acceptance_wrong: str | None = None
+    #: calls of each declared SGLang kernel in the run (_StandInSink.calls); None in trials
+    #: of runs before it was kept (not known)
+    declared_kernel_calls: dict[str, int] | None = None
 
     @property
     def slept(self) -> bool:
@@ -418,12 +429,14 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
         return Trial(forcing.label(), error=without_machine_paths(format_error(exc)),
                      seconds=time.perf_counter() - started, sleeps=run.sleeps,
                      probe=probe.counts() if probe is not None else None,
-                     stand_in_kernels=run.stand_in_kernels), None, run.streams_seen
+                     stand_in_kernels=run.stand_in_kernels,
+                     declared_kernel_calls=run.declared_kernel_calls), None, run.streams_seen
     trial = Trial(forcing.label() + ("+probe" if probe is not None and not forcing.targeted
                                      else ""),
                   seconds=time.perf_counter() - started, sleeps=run.sleeps,
                   probe=probe.counts() if probe is not None else None,
-                  stand_in_kernels=run.stand_in_kernels)
+                  stand_in_kernels=run.stand_in_kernels,
+                  declared_kernel_calls=run.declared_kernel_calls)
     if serial is not None:
         trial.wrong = first_difference(
             {k: v for k, v in values.items() if not k.startswith(("access", ACCEPTANCE))},

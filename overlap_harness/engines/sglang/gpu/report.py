@@ -92,6 +92,11 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
                f"({row.get('example_crash')})") if row.get("crashed_trials") else ""
     made = [text for key, text in found if key == "overwritten"]
     key, text = ("overwritten", made[0]) if made else ("timing", found[-1][1])
+    declined = sorted({name for t in row.get("trial_details", [])
+                       for name in t.get("declared_kernel_calls") or {}
+                       if name.endswith("(declined)")})
+    if declined and key == "timing":  # the device took another path than the kernel's line
+        text += f"; declared kernels that declined to launch: {', '.join(declined)}"
     delays = ", ".join(sorted(set(row.get("forced_delay", []))))
     return key, f"all {row['trials']} forced trials ({delays}) equal the serial answer" \
         f"{crashed}; {text}"
