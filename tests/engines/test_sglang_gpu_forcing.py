@@ -528,3 +528,14 @@ def test_a_timing_row_names_the_declared_kernels_that_declined() -> None:
     assert done["why_reason"] == "timing"
     assert done["why"].endswith("declared kernels that declined to launch: small_copy "
                                 "(declined)")
+
+
+def test_a_row_whose_delays_grew_past_its_unmade_crash_is_not_run_again() -> None:
+    from overlap_harness.engines.sglang.gpu.command import stopped_at_unmade_crash
+
+    unmade = {"earlier_issued": 2, "later_pending": 0, "later_done": 2, "later_first": 0}
+    grew = gpu_table._row(RACE_ROW, [
+        Trial(f"forward_stream@earlier+{cycles}cy", sleeps=2, probe=unmade,
+              error="IndexError" if cycles == gpu_table.RACE_CYCLES[0] else None)
+        for cycles in gpu_table.RACE_CYCLES], None)
+    assert not stopped_at_unmade_crash(grew)

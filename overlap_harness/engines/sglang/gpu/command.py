@@ -245,12 +245,22 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
 
 def stopped_at_unmade_crash(row: dict) -> bool:
     """A race row that never made its race and whose delays stopped growing at a crash the
-    probe did not see make it (the rule before 2026-12-07's fourth session): run again, its
+    probe did not see make it, short of the longest fixed delay (the rule before
+    2026-12-07's fourth session; a child that died there would die again): run again, its
     delays now grow past such a crash (:func:`.gpu.table._race_trials`)."""
+    from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+
     if row["cpu_verdict"] != "race" or row.get("race_made_trials"):
         return False
-    return any(t.get("error") and not (t.get("probe") or {}).get("later_pending")
-               and "child failed" not in t["error"] for t in row.get("trial_details", []))
+    last: dict[str, dict] = {}  # each delayed stream's last trial
+    for trial in row.get("trial_details", []):
+        parsed = parse_label(trial["forcing"])
+        if parsed is not None:
+            last[parsed[0]] = trial
+    return any(t.get("error") and "child failed" not in t["error"]
+               and not (t.get("probe") or {}).get("later_pending")
+               and parse_label(t["forcing"])[2] < RACE_CYCLES[-1] for t in last.values())
 
 
 def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
