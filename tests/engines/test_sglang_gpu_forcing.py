@@ -539,3 +539,14 @@ def test_a_row_whose_delays_grew_past_its_unmade_crash_is_not_run_again() -> Non
               error="IndexError" if cycles == gpu_table.RACE_CYCLES[0] else None)
         for cycles in gpu_table.RACE_CYCLES], None)
     assert not stopped_at_unmade_crash(grew)
+
+
+def test_a_row_whose_child_died_before_its_probe_answered_says_so() -> None:
+    died = gpu_table._row(RACE_ROW, [Trial(FIXED_LABEL, error="child failed: exit -6: "
+                                           "CUDA error: an illegal memory access")], None)
+    report = gpu_report.document([died], version="0", device="d", torch_version="t",
+                                 date="x", command="c", failures=[], seconds=0)
+    [row] = report["rows"]
+    assert row["why_reason"] == "unprobed"
+    assert "crashed before their probe could count" in row["why"]
+    assert "illegal memory access" in row["why"]

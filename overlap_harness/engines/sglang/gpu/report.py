@@ -28,7 +28,7 @@ NO_WRONG_REASONS = {
     "timing": "the race needs a timing the delay of its earlier side cannot make (probe)",
     "crashed": "a forced trial that made the race (probe) crashed: the race broke the loop "
                "instead of finishing with a wrong value",
-    "unprobed": "every forced trial equals the serial answer; no probe ran",
+    "unprobed": "every forced trial equals the serial answer or crashed; no probe answered",
     "not_run": "the row's trials did not run (error or budget): see error",
 }
 
@@ -87,6 +87,12 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
              for t in row.get("trial_details", []) if t.get("probe") and "earlier_issued"
              in t["probe"]]
     if not found:
+        died = [t for t in row.get("trial_details", []) if t.get("error")]
+        if died:  # the child died before any probe could count: made or not, unknown
+            return "unprobed", (
+                f"no probe answered: {len(died)} of {row['trials']} forced trials crashed "
+                f"before their probe could count ({died[0]['forcing']}: "
+                f"{died[0]['error']}); whether the race was made is not known")
         return "unprobed", NO_WRONG_REASONS["unprobed"]
     crashed = (f"; {row['crashed_trials']} crashed without the probe seeing the race made "
                f"({row.get('example_crash')})") if row.get("crashed_trials") else ""
