@@ -250,6 +250,7 @@ def stopped_at_unmade_crash(row: dict) -> bool:
     delays now grow past such a crash (:func:`.gpu.table._race_trials`)."""
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
+    from overlap_harness.engines.sglang.gpu.twins import made
 
     if row["cpu_verdict"] != "race" or row.get("race_made_trials"):
         return False
@@ -259,7 +260,7 @@ def stopped_at_unmade_crash(row: dict) -> bool:
         if parsed is not None:
             last[parsed[0]] = trial
     return any(t.get("error") and "child failed" not in t["error"]
-               and not (t.get("probe") or {}).get("later_pending")
+               and not made(t)
                and parse_label(t["forcing"])[2] < RACE_CYCLES[-1] for t in last.values())
 
 

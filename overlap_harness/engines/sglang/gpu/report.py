@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from overlap_harness.engines.sglang.gpu import twins
+
 #: a necessary row without a wrong value says why in ``why`` (its key in ``why_reason``)
 NO_WRONG_REASONS = {
     "wrong_acceptance": "the race was made (probe) and the requests' acceptance record "
@@ -68,7 +70,7 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
                            f"({row.get('example_crash')}); the others equal the serial answer")
     if row.get("made_acceptance_wrong_trials"):
         made = next((t for t in row.get("trial_details", []) if t.get("acceptance_wrong")
-                     and (t.get("probe") or {}).get("later_pending")), {})
+                     and twins.made(t)), {})
         return "wrong_acceptance", (
             f"{row['made_acceptance_wrong_trials']} of {row['trials']} forced trials made the "
             f"race and left the requests' acceptance record different from the serial run's "
@@ -111,8 +113,6 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
     those exercised), and so on."""
-    from overlap_harness.engines.sglang.gpu import twins
-
     def count(verdict: str | None, wrong: bool, released: bool = False) -> int:
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
                    and not r.get("error") and bool(r["wrong_trials"]) == wrong
@@ -189,7 +189,7 @@ def _only_escalated(row: dict[str, Any]) -> bool:
     from overlap_harness.engines.sglang.gpu.loop import parse_label
 
     shown = [t for t in row.get("trial_details", []) if t.get("wrong") or (
-        t.get("error") and (t.get("probe") or {}).get("later_pending"))]
+        t.get("error") and twins.made(t))]
     return bool(shown) and all(
         (parse_label(t["forcing"]) or ("", False, 0))[2] > RACE_CYCLES[-1] for t in shown)
 
@@ -237,7 +237,7 @@ def _trial_count_problems(row: dict[str, Any], where: str) -> list[str]:
     """The row's trial counts recomputed from its trial details."""
     details = row.get("trial_details", [])
     slept = sum(1 for t in details if t.get("sleeps"))
-    made = sum(1 for t in details if (t.get("probe") or {}).get("later_pending"))
+    made = sum(1 for t in details if twins.made(t))
     out = []
     if slept != row["slept_trials"] or made != row["race_made_trials"]:
         out.append(f"{where}: slept/made {row['slept_trials']}/{row['race_made_trials']} but "

@@ -25,6 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def made(trial: dict[str, Any]) -> bool:
+    """The trial record's probe saw the later side run while the earlier side's work was
+    pending (``Trial.race_made`` of a report's ``trial_details`` entry)."""
+    return bool((trial.get("probe") or {}).get("later_pending"))
+
+
 def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
     it held work back and showed a wrong value or a made crash at an escalated delay (at any
@@ -36,10 +42,9 @@ def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     parsed = parse_label(trial["forcing"])
     if parsed is None or not trial.get("sleeps"):
         return False
-    made = bool((trial.get("probe") or {}).get("later_pending"))
-    if trial.get("wrong") or (trial.get("error") and made):
+    if trial.get("wrong") or (trial.get("error") and made(trial)):
         return released or parsed[2] > RACE_CYCLES[-1]
-    return made and not trial.get("error") and bool(
+    return made(trial) and not trial.get("error") and bool(
         trial.get("access_wrong") or trial.get("acceptance_wrong"))
 
 
@@ -59,8 +64,7 @@ def missing_twins(row: dict[str, Any]) -> list[str]:
 def shown(trial: dict[str, Any]) -> bool:
     """The trial shows the race: a wrong value, or, where it made the race, a crash or a
     different access value or acceptance record."""
-    made = bool((trial.get("probe") or {}).get("later_pending"))
-    return bool(trial.get("wrong")) or (made and any(
+    return bool(trial.get("wrong")) or (made(trial) and any(
         trial.get(key) for key in ("error", "access_wrong", "acceptance_wrong")))
 
 
