@@ -172,8 +172,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
             out.append(dict(row, error=failed[row["variant"]], trials=0))
             continue
         if row.get("twin_only"):  # an earlier report's row: its twins only (below)
-            out.append({key: row[key] for key in ("variant", "site", "code", "cpu_verdict")}
-                       | {"twin_only": True, "twin_trials": []})
+            out.append(_twin_only(row, []))
             continue
         before = coverage.reached.get(site.key, 0) if site else 0
         if row["cpu_verdict"] == "race" and row["delay"]:
@@ -213,25 +212,20 @@ def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
 def run_twins(index: int, row: dict[str, Any], labels: Sequence[str], serial: dict[str, Any]
               ) -> list[dict[str, Any]]:
     """Twin trials (gpu/twins.py) in the child, the site back in place: one trial per label,
-    forced, probed and captured as the row's own trials were; journaled (``twin``) so a
-    child that dies keeps the ones that finished."""
-    from overlap_harness.engines.sglang.gpu.access_values import side_locations
-    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label, run_trial
-    from overlap_harness.engines.sglang.gpu.probe import probes
+    forced, probed and captured as the row's own trials were (:func:`_probed_trial`);
+    journaled as ``twin`` so a child that dies keeps the ones that finished."""
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label
 
-    out = []
-    for label in labels:
-        parsed = parse_label(label)
-        if parsed is None:
-            continue
-        stream, targeted, cycles = parsed
-        _journal({"row": index, "twin_starting": label})
-        trial = run_trial(row["variant"], Forcing((stream,), cycles, targeted=targeted), serial,
-                          probes(row["race_examples"], stream),
-                          side_locations(row["race_examples"]))[0]
-        out.append(asdict(trial))
-        _journal({"row": index, "twin": out[-1]})
-    return out
+    return [asdict(_probed_trial(index, row, Forcing((stream,), cycles, targeted=targeted),
+                                 serial, twin=True))
+            for stream, targeted, cycles in filter(None, map(parse_label, labels))]
+
+
+def _twin_only(row: dict[str, Any], twin_trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a twin-only row (:func:`twin_work`) gives back: its key and its twin trials
+    (:func:`.gpu.twins.merged` adds them to the earlier report's row)."""
+    return {key: row[key] for key in ("variant", "site", "code", "cpu_verdict")} | {
+        "twin_only": True, "twin_trials": twin_trials}
 
 
 def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
@@ -289,21 +283,24 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
     return trials
 
 
-def _probed_trial(index: int, row: dict[str, Any], forcing: Any, serial: dict[str, Any]
-                  ) -> Any:
+def _probed_trial(index: int, row: dict[str, Any], forcing: Any, serial: dict[str, Any],
+                  twin: bool = False) -> Any:
     """One trial of a race row under ``forcing``, probed on the race's sides of its stream,
-    with the values of both sides' ops; journaled before and after."""
+    with the values of both sides' ops; journaled before and after (a ``twin``'s under its
+    own keys, :func:`from_journal`; the moment its probe sees the race made only for the
+    row's own trials)."""
     from overlap_harness.engines.sglang.gpu.access_values import side_locations
     from overlap_harness.engines.sglang.gpu.loop import run_trial
     from overlap_harness.engines.sglang.gpu.probe import probes
 
     probe = probes(row["race_examples"], forcing.streams[0])
     label = forcing.label()
-    probe.on_made = lambda: _journal({"row": index, "made": label})
-    _journal({"row": index, "starting": label})
+    if not twin:
+        probe.on_made = lambda: _journal({"row": index, "made": label})
+    _journal({"row": index, "twin_starting" if twin else "starting": label})
     trial = run_trial(row["variant"], forcing, serial, probe,
                       side_locations(row["race_examples"]))[0]
-    _journal({"row": index, "trial": asdict(trial)})
+    _journal({"row": index, "twin" if twin else "trial": asdict(trial)})
     return trial
 
 
@@ -618,8 +615,7 @@ def from_journal(site_rows: list[dict[str, Any]], journal: Path, why: str,
             asdict(Trial(label, error=why)) for label in [twin_started.get(index)]
             if label and died_in_trial]
         if row.get("twin_only"):
-            out.append({key: row[key] for key in ("variant", "site", "code", "cpu_verdict")}
-                       | {"twin_only": True, "twin_trials": twin_trials})
+            out.append(_twin_only(row, twin_trials))
             continue
         # the trial it died in: crashed; it held work back and made the race if the probe
         # journalled that before the abort (``made``), else neither is known
