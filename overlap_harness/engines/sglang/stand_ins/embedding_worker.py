@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from overlap_harness.engines.sglang.stand_ins import model_worker
+from overlap_harness.engines.sglang.stand_ins import eagle_models, model_worker
 from overlap_harness.recorder.kernels import DeclaredAccess, declared, writes
 
 EMBEDDING_WIDTH = 4
@@ -29,7 +29,7 @@ def _embedding_forward(fake: FakeEmbeddingWorker, batch: Any) -> torch.Tensor:
     """One pooled vector per request: a function of the KV the forward reads (device work
     only, as a real forward launches)."""
     req_to_token = fake.req_to_token_pool.req_to_token
-    fake.kv_buffer.index_fill_(0, batch.out_cache_loc, 1.0)  # set_kv_buffer, no host wait
+    eagle_models.fill_slots(fake.kv_buffer, batch.out_cache_loc, 1.0)  # set_kv_buffer
     rows = [fake.kv_buffer[req_to_token[row, :seq_len].to(torch.int64)].sum() + seq_len
             for row, seq_len in model_worker._rows_and_lengths(batch)]
     if not rows:
