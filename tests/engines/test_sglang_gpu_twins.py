@@ -148,7 +148,7 @@ def test_a_twin_only_row_runs_its_twins_in_a_child_that_removes_nothing(
         return Trial(forcing.label(), sleeps=0 if forcing.serial else 2), {"access": {}}, []
 
     monkeypatch.setattr(environment, "load", lambda source=None: None)
-    monkeypatch.setattr(access_values, "dirty_allocator_cache", lambda: 0)  # needs CUDA
+    monkeypatch.setattr(access_values, "dirty_caches", lambda: 0)  # needs CUDA
     monkeypatch.setattr(gpu_loop, "run_trial", fake)
     monkeypatch.setattr(gpu_table, "_journal", lambda entry: None)
     work = dict(RACE_ROW, twin_only=True, twin_forcings=[ESCALATED])

@@ -71,11 +71,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "harness's torch implementation only where a compiled sgl_kernel op "
                         "is missing, named in each trial) or 'stand_in': the harness's torch "
                         "implementations throughout (they read index values on the host)")
-    parser.add_argument("--gpu-rerun", choices=("unsettled", "unrun"), default="unsettled",
+    parser.add_argument("--gpu-rerun", choices=("unsettled", "unrun", "unshown"),
+                        default="unsettled",
                         help="with --gpu-resume: which of its rows run again: 'unsettled' "
-                        "(default: every row not yet evidence, docs/sglang-loop.md) or "
+                        "(default: every row not yet evidence, docs/sglang-loop.md), "
                         "'unrun' (only rows whose trials did not run: an error or the "
-                        "deadline), so a device call finishes the table before retrying")
+                        "deadline), so a device call finishes the table before retrying, or "
+                        "'unshown' (those, and race rows whose race was made but showed "
+                        "nothing, run before forced trials started from dirtied caches)")
     parser.add_argument("--repro", nargs=2, metavar=("VARIANT", "SITE"), default=None,
                         help="with --gpu: one row of the GPU table as a maintainer's repro: "
                         "the serial answer, then VARIANT with SITE (file:line, or - for none) "

@@ -112,6 +112,38 @@ def dirty_allocator_cache(device: str = "cuda") -> int:
     return filled
 
 
+#: sizes (bytes) of the page-locked blocks :func:`dirty_host_cache` fills: torch's host
+#: caching allocator rounds a request up to a power of two and hands out the block of that
+#: size freed last (a LIFO list per size), so these cover SGLang's pinned D2H destinations
+#: (a batch's token ids, lengths, flags) up to 1 MiB
+DIRTY_HOST_BLOCK_BYTES = tuple(1 << k for k in range(3, 21))
+
+
+def dirty_host_cache() -> int:
+    """Fill page-locked blocks of torch's host caching allocator with :data:`DIRTY_BYTE` and
+    give them back: the next pinned tensor of each size (SGLang's ``async_d2h`` destination,
+    ``torch.empty(..., pin_memory=True)``) starts from that pattern. Without it a forced
+    trial's pinned block is the one the serial run before it freed last, still holding the
+    serial run's own values: a host read that runs before its D2H copy lands (a removed
+    ``copy_done.synchronize()``) then reads the right value by accident, and the made race
+    shows nothing (2026-12-07: 22 EAGLE rows at the prefill result's synchronize, ``made``
+    in every trial, equal every time, while the same row of every non-EAGLE variant showed
+    a wrong token). Returns the number of bytes filled."""
+    blocks = [torch.empty((size,), dtype=torch.uint8, pin_memory=True).fill_(DIRTY_BYTE)
+              for size in DIRTY_HOST_BLOCK_BYTES for _ in range(DIRTY_BLOCKS_PER_SIZE)]
+    filled = sum(block.numel() for block in blocks)
+    del blocks
+    return filled
+
+
+def dirty_caches(device: str = "cuda") -> int:
+    """Both caches dirtied (:func:`dirty_allocator_cache`, :func:`dirty_host_cache`): what
+    a forced trial and the second serial run start from, so that memory read before it is
+    written holds the pattern, never an earlier run's right answer. Returns the bytes
+    filled."""
+    return dirty_allocator_cache(device) + dirty_host_cache()
+
+
 def unstable_accesses(first: dict[str, list[Any]], second: dict[str, list[Any]]
                       ) -> list[list[Any]]:
     """``[location, op index]`` of each op whose values differ between two serial runs, and

@@ -243,6 +243,20 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
+def made_unshown(row: dict) -> bool:
+    """A race row whose trials made the race and showed nothing (no wrong value, no made
+    crash, no access or acceptance difference), none of them from dirtied caches
+    (``Trial.dirtied``): its made race may have read an earlier run's right answer left in
+    a reused block. ``--gpu-rerun unshown`` runs it again, each trial from dirtied
+    caches."""
+    from overlap_harness.engines.sglang.gpu.twins import made, shown
+
+    trials = row.get("trial_details", [])
+    return (row["cpu_verdict"] == "race" and row["site"] is not None
+            and any(made(t) for t in trials) and not any(shown(t) for t in trials)
+            and not any(t.get("dirtied") for t in trials))
+
+
 def stopped_at_unmade_crash(row: dict) -> bool:
     """A race row that never made its race and whose delays stopped growing at a crash the
     probe did not see make it, short of the longest fixed delay (the rule before
@@ -270,7 +284,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
     that report; an error text when it is of another tree. Its other rows run again. With
     ``rerun="unrun"`` every row whose trials ran is kept (only errors and rows the deadline
-    left run again). With ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
+    left run again); ``rerun="unshown"`` runs :func:`made_unshown` rows again as well. With
+    ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
     verdict or released races differ from this loop report's plan runs again (its trials
     were forced for another verdict: an unmodified loop that now races as released). An
     unmodified loop's row whose trials predate the acceptance record runs again, and so
@@ -301,7 +316,9 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):
             return False
-        if rerun == "unrun":
+        if rerun == "unshown" and made_unshown(row):
+            return False
+        if rerun in ("unrun", "unshown"):
             return bool(row.get("trials")) and not row.get("error")
         return settled(row)
 

@@ -387,6 +387,10 @@ class Trial:
     #: calls of each declared SGLang kernel in the run (_StandInSink.calls); None in trials
     #: of runs before it was kept (not known)
     declared_kernel_calls: dict[str, int] | None = None
+    #: the trial started from dirtied caches (access_values.dirty_caches): memory it read
+    #: before writing held a pattern, not an earlier run's values; False in trials of runs
+    #: before forced trials dirtied them (2026-12-07, fifth session)
+    dirtied: bool = False
 
     @property
     def slept(self) -> bool:
@@ -409,6 +413,7 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
     ``"access"``) and compared with the serial run's (``Trial.access_wrong``)."""
     from overlap_harness.engines.core.necessity import format_error
     from overlap_harness.engines.sglang.driver import run_variant
+    from overlap_harness.engines.sglang.gpu import access_values
     from overlap_harness.engines.sglang.gpu.access_values import (
         AccessCapture,
         first_access_difference,
@@ -416,6 +421,9 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
     from overlap_harness.engines.sglang.gpu.probe import without_machine_paths
     from overlap_harness.engines.sglang.variants import VARIANTS
 
+    # a forced trial starts from dirtied caches: a read that runs before its write lands
+    # reads the pattern, not what the serial run before it left in the same block
+    dirtied = not forcing.serial and access_values.dirty_caches() > 0
     run = DeviceRun(forcing, probe,
                     capture=AccessCapture(access_locations) if access_locations else None)
     started = time.perf_counter()
@@ -430,13 +438,14 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
                      seconds=time.perf_counter() - started, sleeps=run.sleeps,
                      probe=probe.counts() if probe is not None else None,
                      stand_in_kernels=run.stand_in_kernels,
-                     declared_kernel_calls=run.declared_kernel_calls), None, run.streams_seen
+                     declared_kernel_calls=run.declared_kernel_calls, dirtied=dirtied), None, \
+            run.streams_seen
     trial = Trial(forcing.label() + ("+probe" if probe is not None and not forcing.targeted
                                      else ""),
                   seconds=time.perf_counter() - started, sleeps=run.sleeps,
                   probe=probe.counts() if probe is not None else None,
                   stand_in_kernels=run.stand_in_kernels,
-                  declared_kernel_calls=run.declared_kernel_calls)
+                  declared_kernel_calls=run.declared_kernel_calls, dirtied=dirtied)
     if serial is not None:
         trial.wrong = first_difference(
             {k: v for k, v in values.items() if not k.startswith(("access", ACCEPTANCE))},

@@ -178,6 +178,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_rows_value_shown_controlled": sum(
                 1 for r in necessary if any(twins.shown(t) and twins.controlled(r, t)
                                             for t in r.get("trial_details", []))),
+            # trials that started from dirtied caches (access_values.dirty_caches; every
+            # forced trial since 2026-12-07's fifth session), twins included
+            "trials_dirtied": sum(1 for r in rows for t in [*r.get("trial_details", []),
+                                                          *r.get("twin_trials", [])]
+                                  if t.get("dirtied")),
             **{f"race_rows_why_{key}": sum(1 for r in rows if r.get("why_reason") == key)
                for key in NO_WRONG_REASONS}}
 
@@ -296,13 +301,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"{s.get('access_wrong_unmade_trials', '?')}.",
         "",
         "Twin trials (a race row's forcing on the unmodified code, where the fixed control "
-        "does not cover its evidence: an escalated delay, a value at an access or in the "
-        f"acceptance record; gpu/twins.py): {s.get('twin_trials', 0)}, of which differ from "
+        "does not cover its evidence: an escalated delay, dirtied caches, a value at an "
+        f"access or in the acceptance record; gpu/twins.py): {s.get('twin_trials', 0)}, of "
+        "which differ from "
         f"the serial answer {s.get('twin_trials_differing', 0)}; rows still waiting for a "
         f"twin {s.get('race_rows_twin_missing', 0)}. Necessary rows with a value shown whose "
         "control stayed equal (the fixed control of the unmodified loop, or, where that does "
         "not cover it, the trial's twin; a variant that races as released has no fixed "
-        f"control): {s.get('race_rows_value_shown_controlled', 0)}.",
+        f"control): {s.get('race_rows_value_shown_controlled', 0)}. Trials that started from "
+        "dirtied caches (device and page-locked host blocks filled with a pattern, so a read "
+        "before its write lands never finds an earlier run's right answer; their evidence "
+        f"needs a twin): {s.get('trials_dirtied', 0)}.",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",

@@ -127,7 +127,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
     from overlap_harness.engines.core.mutation import Coverage, remove_site
     from overlap_harness.engines.sglang import environment
     from overlap_harness.engines.sglang.gpu.access_values import (
-        dirty_allocator_cache,
+        dirty_caches,
         side_locations,
         unstable_accesses,
     )
@@ -151,7 +151,7 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
         if values is None:
             failed[row["variant"]] = f"serial run failed: {trial.error}"
         elif locations:  # the access values' control: what differs between two serial runs
-            dirty_allocator_cache()  # memory an op leaves unwritten then differs
+            dirty_caches()  # memory an op leaves unwritten then differs
             again = run_trial(row["variant"], Forcing(serial=True), None,
                               access_locations=locations)[1]
             values["access_unstable"] = unstable_accesses(

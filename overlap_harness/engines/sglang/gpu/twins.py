@@ -8,7 +8,10 @@ before every op. Three kinds of a race row's evidence lie outside it:
 - a value that differs only at the race's own access or in the acceptance record
   (``access_values``, ``loop.observe``): the unmodified loop captures neither;
 - any evidence of a variant whose tree as released races (``races_as_released``): its
-  unmodified loop is forced as a race row itself, no control.
+  unmodified loop is forced as a race row itself, no control;
+- any evidence of a trial that started from dirtied caches (``Trial.dirtied``,
+  ``access_values.dirty_caches``): the unmodified loop's control trials of the earlier
+  report did not.
 
 So such a trial gets its twin: the same forcing (stream, targeted lines, cycles), the same
 probe and the same captured lines, on the tree with the row's site back in place. A twin
@@ -34,8 +37,9 @@ def made(trial: dict[str, Any]) -> bool:
 def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
     it held work back and showed a wrong value or a made crash at an escalated delay (at any
-    delay where the variant races as released: ``released``), or made the race and differed
-    only at an access or in the acceptance record."""
+    delay where the variant races as released, ``released``, or where the trial started from
+    dirtied caches), or made the race and differed only at an access or in the acceptance
+    record."""
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
 
@@ -43,7 +47,7 @@ def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     if parsed is None or not trial.get("sleeps"):
         return False
     if trial.get("wrong") or (trial.get("error") and made(trial)):
-        return released or parsed[2] > RACE_CYCLES[-1]
+        return released or bool(trial.get("dirtied")) or parsed[2] > RACE_CYCLES[-1]
     return made(trial) and not trial.get("error") and bool(
         trial.get("access_wrong") or trial.get("acceptance_wrong"))
 

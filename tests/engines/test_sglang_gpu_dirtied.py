@@ -1,0 +1,122 @@
+"""Forced trials start from dirtied caches (gpu/access_values.dirty_caches): a read that runs
+before its write lands finds a pattern, never the serial run's right answer left in a reused
+block. No device: the allocations are recorded on the CPU, the trials are scripted, and what
+is checked is what the harness's code computes from them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from overlap_harness.engines.sglang.gpu import access_values, twins
+from overlap_harness.engines.sglang.gpu import loop as gpu_loop
+from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu.command import _resumed, made_unshown
+from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
+from overlap_harness.engines.sglang.gpu.loop import Forcing, Trial
+
+FIXED = f"copy_stream@earlier+{RACE_CYCLES[0]}cy"
+MADE = {"earlier_issued": 2, "later_pending": 1, "later_done": 0, "later_first": 0}
+UNMADE = dict(MADE, later_pending=0, later_done=2)
+
+
+def test_the_host_cache_is_dirtied_in_every_power_of_two_block(monkeypatch) -> None:
+    """Page-locked blocks of each power-of-two size from 8 bytes to 1 MiB, several of each
+    (the host allocator reuses the last freed block of a size first), filled with the
+    pattern."""
+    made: list[tuple[int, bool]] = []
+    filled: list[int] = []
+    real_empty = torch.empty
+
+    class Recorded(torch.Tensor):
+        def fill_(self, value):  # the fill the allocator's next user starts from
+            filled.append(int(value))
+            return super().fill_(value)
+
+    def recording_empty(size, **kwargs):
+        made.append((size[0], kwargs.pop("pin_memory", False)))
+        return real_empty(size, **kwargs).as_subclass(Recorded)
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    total = access_values.dirty_host_cache()
+    sizes = sorted({size for size, _ in made})
+    assert sizes[0] == 8 and sizes[-1] == 1 << 20
+    assert all(size & (size - 1) == 0 for size in sizes)  # powers of two only
+    assert all(pinned for _, pinned in made)
+    assert len(made) == len(sizes) * access_values.DIRTY_BLOCKS_PER_SIZE
+    assert filled == [access_values.DIRTY_BYTE] * len(made)
+    assert total == sum(size for size, _ in made)
+
+
+def test_a_forced_trial_starts_from_dirtied_caches_and_the_serial_run_does_not(
+        monkeypatch) -> None:
+    """run_trial dirties both caches before a forced run (the trial says so in ``dirtied``),
+    never before the serial answer; a crashed forced trial says it too."""
+    from overlap_harness.engines.sglang import driver
+
+    calls: list[str] = []
+    monkeypatch.setattr(access_values, "dirty_caches", lambda: calls.append("dirty") or 64)
+
+    def crashing_run(variant, run):
+        calls.append(run.plan.label())
+        raise RuntimeError("the loop stopped")
+
+    monkeypatch.setattr(driver, "run_variant", crashing_run)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    forced, _, _ = gpu_loop.run_trial("non_spec_decode", Forcing(("copy_stream",), 8), None)
+    serial, _, _ = gpu_loop.run_trial("non_spec_decode", Forcing(serial=True), None)
+    assert calls == ["dirty", "copy_stream+8cy", "serial"]
+    assert forced.dirtied and forced.error and not serial.dirtied
+
+
+def test_evidence_from_dirtied_caches_needs_a_twin_at_any_delay() -> None:
+    """The unmodified loop's kept control trials did not start from dirtied caches, so a
+    dirtied trial's wrong value or made crash is controlled only by its twin."""
+    wrong = asdict(Trial(FIXED, sleeps=2, probe=MADE, wrong="r1.output_ids[0] = 5"))
+    assert not twins.needs_twin(wrong)
+    assert twins.needs_twin({**wrong, "dirtied": True})
+    crash = asdict(Trial(FIXED, sleeps=2, probe=MADE, error="IndexError", dirtied=True))
+    assert twins.needs_twin(crash)
+    assert not twins.needs_twin({**crash, "probe": UNMADE})  # unmade crash: no evidence
+    assert not twins.needs_twin(asdict(Trial(FIXED, sleeps=2, probe=MADE, dirtied=True)))
+
+
+def _row(site: str, **trial: object) -> dict:
+    details = [asdict(Trial(FIXED, sleeps=2, probe=trial.pop("probe", MADE), **trial))]
+    return {"variant": "v", "site": site, "code": "x.synchronize()", "cpu_verdict": "race",
+            "trials": 1, "wrong_trials": int(bool(details[0]["wrong"])),
+            "trial_details": details, "probes": []}
+
+
+@pytest.mark.parametrize(("row", "runs_again"), [
+    (_row("a.py:1"), True),  # made, nothing shown, not dirtied
+    (_row("a.py:2", dirtied=True), False),  # already from dirtied caches
+    (_row("a.py:3", wrong="r1.output_ids[0] = 5 (serial 60)"), False),
+    (_row("a.py:4", access_wrong="a.py:4, its op 1: [0] (serial [1])"), False),
+    (_row("a.py:5", probe=UNMADE), False),  # not made: a timing row, not this rerun's
+])
+def test_rerun_unshown_runs_made_rows_that_showed_nothing_again(
+        tmp_path: Path, row: dict, runs_again: bool) -> None:
+    assert made_unshown(row) is runs_again
+    earlier = {"sglang_version": "0.5.23", "device": "d", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "t", "rows": [row]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept = _resumed(path, "0.5.23", "unshown")[0]
+    assert [r["site"] for r in kept] == ([] if runs_again else [row["site"]])
+    assert [r["site"] for r in _resumed(path, "0.5.23", "unrun")[0]] == [row["site"]]
+
+
+def test_the_summary_counts_dirtied_trials_twins_included() -> None:
+    row = _row("a.py:1", dirtied=True, wrong="r1.output_ids[0] = 5 (serial 60)")
+    row["twin_trials"] = [asdict(Trial(FIXED, sleeps=2, probe=MADE, dirtied=True))]
+    plain = _row("a.py:2", wrong="r1.output_ids[0] = 5 (serial 60)")
+    summary = gpu_report.document([row, plain], version="0.5.23", device="d",
+                                  torch_version="t", date="d", command="c", failures=[],
+                                  seconds=1.0)["summary"]
+    assert summary["trials_dirtied"] == 2
+    assert summary["race_rows_value_shown_controlled"] == 2  # a.py:1 by its equal twin
