@@ -15,7 +15,11 @@ import torch
 from overlap_harness.engines.sglang.gpu import access_values, twins
 from overlap_harness.engines.sglang.gpu import loop as gpu_loop
 from overlap_harness.engines.sglang.gpu import report as gpu_report
-from overlap_harness.engines.sglang.gpu.command import _resumed, made_unshown
+from overlap_harness.engines.sglang.gpu.command import (
+    _resumed,
+    unshown_before_dirtying,
+    with_earlier_trials,
+)
 from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
 from overlap_harness.engines.sglang.gpu.loop import Forcing, Trial
 
@@ -96,12 +100,13 @@ def _row(site: str, **trial: object) -> dict:
     (_row("a.py:1"), True),  # made, nothing shown, not dirtied
     (_row("a.py:2", dirtied=True), False),  # already from dirtied caches
     (_row("a.py:3", wrong="r1.output_ids[0] = 5 (serial 60)"), False),
-    (_row("a.py:4", access_wrong="a.py:4, its op 1: [0] (serial [1])"), False),
-    (_row("a.py:5", probe=UNMADE), False),  # not made: a timing row, not this rerun's
+    (_row("a.py:4", access_wrong="a.py:4, its op 1: [0] (serial [1])"), True),  # no wrong
+    (_row("a.py:5", probe=UNMADE), True),  # not made: another chance, from dirtied caches
+    (_row("a.py:6", error="IndexError"), False),  # a made crash
 ])
-def test_rerun_unshown_runs_made_rows_that_showed_nothing_again(
+def test_rerun_unshown_runs_rows_without_a_wrong_value_or_made_crash_again(
         tmp_path: Path, row: dict, runs_again: bool) -> None:
-    assert made_unshown(row) is runs_again
+    assert unshown_before_dirtying(row) is runs_again
     earlier = {"sglang_version": "0.5.23", "device": "d", "command": "c", "date": "d",
                "seconds": 1.0, "child_failures": [], "torch": "t", "rows": [row]}
     path = tmp_path / "earlier.json"
@@ -109,6 +114,27 @@ def test_rerun_unshown_runs_made_rows_that_showed_nothing_again(
     kept = _resumed(path, "0.5.23", "unshown")[0]
     assert [r["site"] for r in kept] == ([] if runs_again else [row["site"]])
     assert [r["site"] for r in _resumed(path, "0.5.23", "unrun")[0]] == [row["site"]]
+
+
+def test_a_row_run_again_keeps_its_earlier_trials_and_names_both_devices() -> None:
+    """The earlier trial's access value stays shown beside the new dirtied trial's wrong
+    value; the counts are recomputed from both; a row that ran nothing now stays as it
+    was."""
+    old = dict(_row("a.py:1", access_wrong="a.py:1, its op 1: [0] (serial [1])"),
+               device="H100", torch="2.11")
+    gone = dict(_row("a.py:2"), device="H100", torch="2.11")
+    earlier = {"device": "H100", "torch": "2.11", "rows": [old, gone]}
+    new = dict(_row("a.py:1", dirtied=True, wrong="r1.output_ids[0] = 5 (serial 60)"),
+               device="H200", torch="2.11")
+    unrun = {"variant": "v", "site": "a.py:2", "code": "x", "cpu_verdict": "race",
+             "trials": 0, "error": "not run: the run's deadline", "device": "H200",
+             "torch": "2.11"}
+    merged, kept = with_earlier_trials([new, unrun], earlier)
+    assert merged["trials"] == 2 and merged["wrong_trials"] == 1
+    assert merged["made_access_wrong_trials"] == 1
+    assert [t["dirtied"] for t in merged["trial_details"]] == [False, True]
+    assert merged["device"] == "H100, H200" and merged["torch"] == "2.11"
+    assert kept == gone
 
 
 def test_the_summary_counts_dirtied_trials_twins_included() -> None:

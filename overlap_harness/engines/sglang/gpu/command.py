@@ -75,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
     kept, rows = twins.merged(kept, rows)  # the kept rows' twins, run now
     for row in rows:  # each row names the device and torch its trials ran on
         row["device"], row["torch"] = device, torch.__version__
+    if args.gpu_rerun == "unshown" and earlier:  # nothing the earlier trials showed is lost
+        rows = with_earlier_trials(rows, earlier)
     command = relative_command(sys.argv[1:])
     report = gpu_report.document(
         kept + rows, version=tree.version,
-        device=", ".join(sorted({r["device"] for r in kept + rows})) or device,
-        torch_version=", ".join(sorted({r["torch"] for r in kept + rows})) or torch.__version__,
+        device=", ".join(sorted({d for r in kept + rows for d in r["device"].split(", ")}))
+        or device,
+        torch_version=", ".join(sorted({v for r in kept + rows for v in r["torch"].split(", ")}))
+        or torch.__version__,
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=(f"{without_local_paths(earlier['command'])}; then {command}" if earlier
                  else command),
@@ -243,18 +247,47 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
-def made_unshown(row: dict) -> bool:
-    """A race row whose trials made the race and showed nothing (no wrong value, no made
-    crash, no access or acceptance difference), none of them from dirtied caches
-    (``Trial.dirtied``): its made race may have read an earlier run's right answer left in
-    a reused block. ``--gpu-rerun unshown`` runs it again, each trial from dirtied
-    caches."""
-    from overlap_harness.engines.sglang.gpu.twins import made, shown
+def unshown_before_dirtying(row: dict) -> bool:
+    """A race row none of whose trials showed a wrong value or crashed having made the race,
+    and none of them from dirtied caches (``Trial.dirtied``): a made race may have read an
+    earlier run's right answer left in a reused block. ``--gpu-rerun unshown`` runs it
+    again, each trial from dirtied caches, its earlier trials kept beside the new ones
+    (:func:`with_earlier_trials`)."""
+    from overlap_harness.engines.sglang.gpu.twins import made
 
     trials = row.get("trial_details", [])
-    return (row["cpu_verdict"] == "race" and row["site"] is not None
-            and any(made(t) for t in trials) and not any(shown(t) for t in trials)
+    return (row["cpu_verdict"] == "race" and row["site"] is not None and bool(trials)
+            and not any(t.get("wrong") or (t.get("error") and made(t)) for t in trials)
             and not any(t.get("dirtied") for t in trials))
+
+
+def with_earlier_trials(rows: list[dict], earlier: dict) -> list[dict]:
+    """``rows`` (a run with ``--gpu-rerun unshown``) where each row that ran again because of
+    :func:`unshown_before_dirtying` also holds the earlier report's trials and twin trials of
+    that row, first, its counts recomputed from all of them: each trial is its own
+    experiment, and a value the earlier ones showed at an access stays shown. The row names
+    both runs' devices and torch versions; a row that ran no trial now is the earlier one."""
+    from overlap_harness.engines.sglang.gpu.table import recounted
+
+    before = {(r["variant"], r["site"]): r for r in earlier["rows"]
+              if unshown_before_dirtying(r)}
+    out = []
+    for row in rows:
+        old = before.get((row["variant"], row["site"]))
+        if old is None or row.get("twin_only"):
+            out.append(row)
+            continue
+        if not row.get("trials"):
+            out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
+            continue
+        both = {**row, "trial_details": [*old["trial_details"], *row["trial_details"]],
+                "twin_trials": [*old.get("twin_trials", []), *row.get("twin_trials", [])],
+                "trials": old["trials"] + row["trials"]}
+        for key in ("device", "torch"):
+            names = [*old.get(key, earlier[key]).split(", "), *row[key].split(", ")]
+            both[key] = ", ".join(dict.fromkeys(names))
+        out.append(recounted(both))
+    return out
 
 
 def stopped_at_unmade_crash(row: dict) -> bool:
@@ -284,7 +317,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     trials, :func:`.gpu_table.settled`; each row keeps the device and torch it ran on) and
     that report; an error text when it is of another tree. Its other rows run again. With
     ``rerun="unrun"`` every row whose trials ran is kept (only errors and rows the deadline
-    left run again); ``rerun="unshown"`` runs :func:`made_unshown` rows again as well. With
+    left run again); ``rerun="unshown"`` runs :func:`unshown_before_dirtying` rows again as
+    well (:func:`with_earlier_trials` keeps their earlier trials). With
     ``planned`` (:func:`.gpu_table.planned_verdicts`), a row whose CPU
     verdict or released races differ from this loop report's plan runs again (its trials
     were forced for another verdict: an unmodified loop that now races as released). An
@@ -316,7 +350,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):
             return False
-        if rerun == "unshown" and made_unshown(row):
+        if rerun == "unshown" and unshown_before_dirtying(row):
             return False
         if rerun in ("unrun", "unshown"):
             return bool(row.get("trials")) and not row.get("error")
