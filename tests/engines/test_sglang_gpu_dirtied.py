@@ -89,7 +89,7 @@ def test_evidence_from_dirtied_caches_needs_a_twin_at_any_delay() -> None:
     assert not twins.needs_twin(asdict(Trial(FIXED, sleeps=2, probe=MADE, dirtied=True)))
 
 
-def _row(site: str, **trial: object) -> dict:
+def _row(site: str | None, **trial: object) -> dict:
     details = [asdict(Trial(FIXED, sleeps=2, probe=trial.pop("probe", MADE), **trial))]
     return {"variant": "v", "site": site, "code": "x.synchronize()", "cpu_verdict": "race",
             "trials": 1, "wrong_trials": int(bool(details[0]["wrong"])),
@@ -103,6 +103,7 @@ def _row(site: str, **trial: object) -> dict:
     (_row("a.py:4", access_wrong="a.py:4, its op 1: [0] (serial [1])"), True),  # no wrong
     (_row("a.py:5", probe=UNMADE), True),  # not made: another chance, from dirtied caches
     (_row("a.py:6", error="IndexError"), False),  # a made crash
+    (_row(None), True),  # a released race's own unmodified loop, made, nothing shown
 ])
 def test_rerun_unshown_runs_rows_without_a_wrong_value_or_made_crash_again(
         tmp_path: Path, row: dict, runs_again: bool) -> None:
@@ -146,3 +147,16 @@ def test_the_summary_counts_dirtied_trials_twins_included() -> None:
                                   seconds=1.0)["summary"]
     assert summary["trials_dirtied"] == 2
     assert summary["race_rows_value_shown_controlled"] == 2  # a.py:1 by its equal twin
+
+
+def test_a_row_without_a_site_has_no_twin_and_its_evidence_no_control() -> None:
+    """A released race's own unmodified loop: putting nothing back would run the same loop
+    again, so no twin is asked for and a dirtied wrong value stays uncontrolled."""
+    row = dict(_row(None, dirtied=True, wrong="r1.output_ids[0] = 5 (serial 60)"),
+               races_as_released=True)
+    trial = row["trial_details"][0]
+    assert twins.needs_twin(trial, released=True)
+    assert twins.twin_labels(row) == [] and twins.missing_twins(row) == []
+    assert not twins.controlled(row, trial)
+    assert twins.controlled(dict(row, site="a.py:1", twin_trials=[
+        asdict(Trial(FIXED, sleeps=2, probe=MADE, dirtied=True))]), trial)

@@ -78,7 +78,8 @@ def test_what_the_device_run_showed(reports: tuple[dict, dict]) -> None:
 
 def test_each_why_follows_from_the_rows_trials_and_probes(reports: tuple[dict, dict]) -> None:
     """Recomputed here from each trial's own record (not by gpu_report): a crash of a trial
-    that made the race wins; else a probed trial that saw the later side run while the
+    that made the race wins, then a different acceptance record, then a different access
+    value, in a made trial; else a probed trial that saw the later side run while the
     earlier side was pending says the race was made (overwritten); probed trials that never
     saw it say the delay cannot make it (timing); no probed trial: unprobed. Every row's
     slept and made counts are its trials'."""
@@ -97,6 +98,8 @@ def test_each_why_follows_from_the_rows_trials_and_probes(reports: tuple[dict, d
             expected = "not_run"
         elif any(t["error"] for t in made):
             expected = "crashed"
+        elif any(t.get("acceptance_wrong") for t in made):
+            expected = "wrong_acceptance"
         elif any(t.get("access_wrong") for t in made):
             expected = "wrong_at_access"
         elif not any("earlier_issued" in p for p in probed):

@@ -256,7 +256,7 @@ def unshown_before_dirtying(row: dict) -> bool:
     from overlap_harness.engines.sglang.gpu.twins import made
 
     trials = row.get("trial_details", [])
-    return (row["cpu_verdict"] == "race" and row["site"] is not None and bool(trials)
+    return (row["cpu_verdict"] == "race" and bool(trials)
             and not any(t.get("wrong") or (t.get("error") and made(t)) for t in trials)
             and not any(t.get("dirtied") for t in trials))
 

@@ -53,7 +53,11 @@ def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
 
 
 def twin_labels(row: dict[str, Any]) -> list[str]:
-    """The forcings of the row's trials that need a twin, each once, in trial order."""
+    """The forcings of the row's trials that need a twin, each once, in trial order; none
+    for a row without a site (a released race's own unmodified loop): nothing to put back,
+    its twin would be the same run again, so its evidence stays without a control."""
+    if row.get("site") is None:
+        return []
     released = bool(row.get("races_as_released"))
     return list(dict.fromkeys(t["forcing"] for t in row.get("trial_details", [])
                               if needs_twin(t, released)))
@@ -79,9 +83,12 @@ def differs(trial: dict[str, Any]) -> bool:
 
 
 def controlled(row: dict[str, Any], trial: dict[str, Any]) -> bool:
-    """``trial``'s evidence stands: it needs no twin, or its twin ran and stayed equal."""
+    """``trial``'s evidence stands: it needs no twin, or its twin ran and stayed equal (a
+    row without a site has no twin: :func:`twin_labels`)."""
     if not needs_twin(trial, bool(row.get("races_as_released"))):
         return True
+    if row.get("site") is None:
+        return False
     twins = [t for t in row.get("twin_trials", []) if t["forcing"] == trial["forcing"]]
     return bool(twins) and not any(differs(t) for t in twins)
 
