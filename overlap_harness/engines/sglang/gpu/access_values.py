@@ -123,12 +123,12 @@ def dirty_host_cache() -> int:
     """Fill page-locked blocks of torch's host caching allocator with :data:`DIRTY_BYTE` and
     give them back: the next pinned tensor of each size (SGLang's ``async_d2h`` destination,
     ``torch.empty(..., pin_memory=True)``) starts from that pattern. Without it a forced
-    trial's pinned block is the one the serial run before it freed last, still holding the
-    serial run's own values: a host read that runs before its D2H copy lands (a removed
-    ``copy_done.synchronize()``) then reads the right value by accident, and the made race
-    shows nothing (2026-12-07: 22 EAGLE rows at the prefill result's synchronize, ``made``
-    in every trial, equal every time, while the same row of every non-EAGLE variant showed
-    a wrong token). Returns the number of bytes filled."""
+    trial's pinned block may be the one the serial run before it freed last, still holding
+    the serial run's own values, so a host read that runs before its D2H copy lands could
+    read the right value by accident. A guard, not a measured cause: in the first dirtied
+    runs (2026-12-07) the pattern itself reached ``output_ids`` in 3 trials, while the rows
+    that newly showed a wrong value did so at escalated delays with ordinary stale values.
+    Returns the number of bytes filled."""
     blocks = [torch.empty((size,), dtype=torch.uint8, pin_memory=True).fill_(DIRTY_BYTE)
               for size in DIRTY_HOST_BLOCK_BYTES for _ in range(DIRTY_BLOCKS_PER_SIZE)]
     filled = sum(block.numel() for block in blocks)
