@@ -48,6 +48,12 @@
 # syncs' output is reports/gpu/2026-12-07-h100-sglang-0.5.23-host-syncs.json), then the same
 # two CPU steps; then STEP=table TABLE_S=460 DEADLINE=410 with the same VARIANTS (the kept
 # rows' twins, the rows the deadline left, the rows that stopped at an unmade crash).
+# The fifth session (every forced trial from dirtied caches, --gpu-rerun unshown; H200):
+# STEP=table JOBS=15 TABLE_S=500 DEADLINE=420 VARIANTS="--loop-json
+# reports/conformance/sglang-0.5.23-loop.json --gpu-resume
+# reports/conformance/sglang-0.5.23-loop-gpu.json --gpu-rerun unshown" (stopped while writing
+# its report: recount --progress), then TABLE_S=540 DEADLINE=400 with --gpu-resume on that
+# recount staged as $H/prev1.json; then on the CPU --gpu-check-cpu on the report.
 # Keep H (with the checkout) under the device's 64 MiB: move older prevN.json out of it.
 # STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
@@ -85,11 +91,12 @@ if [ "$STEP" = all ] || [ "$STEP" = smoke ]; then
 fi
 TABLE_S=${TABLE_S:-520}
 DEADLINE=${DEADLINE:-440}
-if [ $((TABLE_S - DEADLINE)) -lt 80 ]; then
-  # the table's start (SGLang's import, the plan) and the report's writing after the deadline
-  # need about a minute; a TABLE_S that ends first stops the table by SIGTERM instead (its
-  # rows kept, marked stopped): the 2026-12-07 call with 460/410 was stopped so
-  DEADLINE=$((TABLE_S - 80))
+if [ $((TABLE_S - DEADLINE)) -lt 120 ]; then
+  # the table's start (SGLang's import, the plan), stopping the children running at the
+  # deadline and the report's writing need one to two minutes; a TABLE_S that ends first
+  # stops the table by SIGTERM instead (its rows kept, marked stopped): the 2026-12-07 call
+  # with 460/410 was stopped so, and the fifth session's 500/420 while writing its report
+  DEADLINE=$((TABLE_S - 120))
   echo "DEADLINE lowered to $DEADLINE s (TABLE_S $TABLE_S s)"
 fi
 case ",$STEP," in *,all,*|*,table,*)

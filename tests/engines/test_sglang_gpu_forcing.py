@@ -502,6 +502,7 @@ def test_sigterm_stops_the_table_and_keeps_every_row_with_why(
             killed.append("kill")
 
         def communicate(self) -> tuple[bytes, bytes]:
+            killed.append("waited")
             return b"", b""
 
     monkeypatch.setattr(subprocess, "Popen", Endless)
@@ -511,7 +512,8 @@ def test_sigterm_stops_the_table_and_keeps_every_row_with_why(
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     rows, failures = gpu_table.run_table(loop, ["v"], jobs=2, timeout_s=60)
-    assert killed == ["kill", "kill"]  # both children: the unmodified loop, the site
+    # both children (the unmodified loop, the site), all killed before any is waited for
+    assert killed == ["kill", "kill", "waited", "waited"]
     assert {r["error"] for r in rows} == {"not run: the run was stopped (SIGTERM)"}
     assert len(rows) == 2 and all(f.endswith("stopped (SIGTERM)") for f in failures)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler put back
