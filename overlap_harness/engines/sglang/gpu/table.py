@@ -487,8 +487,8 @@ def _run_pieces(work: list[tuple[str | None, list[dict[str, Any]]]], jobs: int,
                     failures.append(f"{site}: stopped at the deadline" if not stop
                                     else f"{site}: stopped ({stop[0]})")
                 for child, *_ in running:  # all killed first: a child's CUDA teardown
-                    child.kill()  # may wait for its queued delays, so one at a time the
-                for child, *_ in running:  # waits added up (2026-12-07: past a minute)
+                    child.kill()  # may wait for its queued delays, and one at a time those
+                for child, *_ in running:  # waits add up (a stop took ~80 s, 2026-12-07)
                     child.communicate()
                 for _, _, site_rows, out, _ in running:  # their finished trials kept
                     rows.extend(from_journal(site_rows, _journal_of(out), f"not run: {why}",
