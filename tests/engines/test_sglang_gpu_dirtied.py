@@ -23,8 +23,10 @@ from overlap_harness.engines.sglang.gpu.command import (
 from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
 from overlap_harness.engines.sglang.gpu.loop import Forcing, Trial
 
-FIXED = f"copy_stream@earlier+{RACE_CYCLES[0]}cy"
-MADE = {"earlier_issued": 2, "later_pending": 1, "later_done": 0, "later_first": 0}
+FIXED = f"copy_stream@earlier+{RACE_CYCLES[-1]}cy"
+#: so many ops held that no longer delay fits the hold budget (table.longest_held_cycles):
+#: a row of such trials does not grow further on a resumed run (command.grows_further)
+MADE = {"earlier_issued": 10_000, "later_pending": 1, "later_done": 0, "later_first": 0}
 UNMADE = dict(MADE, later_pending=0, later_done=2)
 
 
@@ -160,3 +162,37 @@ def test_a_row_without_a_site_has_no_twin_and_its_evidence_no_control() -> None:
     assert not twins.controlled(row, trial)
     assert twins.controlled(dict(row, site="a.py:1", twin_trials=[
         asdict(Trial(FIXED, sleeps=2, probe=MADE, dirtied=True))]), trial)
+
+
+def _grown(cycles: tuple[int, ...], **fields: object) -> dict:
+    made = dict(MADE, earlier_issued=14)
+    details = [asdict(Trial(f"copy_stream@earlier+{c}cy", sleeps=14, probe=made,
+                            dirtied=True, **fields)) for c in cycles]
+    return {"variant": "v", "site": "a.py:9", "code": "x", "cpu_verdict": "race",
+            "trials": len(details), "wrong_trials": 0, "trial_details": details,
+            "probes": [], "device": "H200", "torch": "2.11"}
+
+
+def test_a_made_row_that_stopped_at_the_fixed_steps_runs_again_and_keeps_its_trials(
+        tmp_path: Path) -> None:
+    """The delay now grows past the fixed steps where a made race showed nothing
+    (table.longest_held_cycles): a row whose trials stopped there runs again in any mode,
+    and the new trials join the old ones; a row that already grew, or showed a wrong
+    value, or never made its race, stays."""
+    from overlap_harness.engines.sglang.gpu.command import grows_further
+
+    stopped = _grown(RACE_CYCLES)
+    assert grows_further(stopped)
+    assert not grows_further(_grown((*RACE_CYCLES, 1 << 31)))
+    assert not grows_further(_grown(RACE_CYCLES, wrong="r1.output_ids[0] = 5 (serial 36)"))
+    assert not grows_further(dict(stopped, trial_details=[
+        dict(t, probe=UNMADE) for t in stopped["trial_details"]]))
+    earlier = {"sglang_version": "0.5.23", "device": "H200", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "2.11", "rows": [stopped]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    assert _resumed(path, "0.5.23", "unrun")[0] == []
+    grown = _grown((1 << 31,), wrong="r1.output_ids[0] = 5 (serial 36)")
+    [merged] = with_earlier_trials([dict(grown, device="H100")], earlier, "unrun")
+    assert merged["trials"] == 4 and merged["wrong_trials"] == 1
+    assert merged["device"] == "H200, H100"

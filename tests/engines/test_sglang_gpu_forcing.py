@@ -552,3 +552,23 @@ def test_a_row_whose_child_died_before_its_probe_answered_says_so() -> None:
     assert row["why_reason"] == "unprobed"
     assert "crashed before their probe could count" in row["why"]
     assert "illegal memory access" in row["why"]
+
+
+def test_a_made_race_that_showed_nothing_and_measured_no_gap_gets_the_longest_held_delay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made at every fixed delay, equal every time, no host gap measured: one more trial at
+    the longest delay the hold budget allows for the earlier side's op count; an unmade row
+    gets none (a longer delay of a side the later one never overlapped proves nothing)."""
+    made = {"earlier_issued": 14, "later_pending": 2, "later_done": 0, "later_first": 0}
+    asked = _scripted(monkeypatch, [{"sleeps": 14, "probe": made}] * 4)
+    trials = gpu_table._race_trials(0, RACE_ROW, {})
+    assert [f.cycles for f in asked] == [*gpu_table.RACE_CYCLES, 1 << 31]
+    assert len(trials) == 4 and asked[-1].targeted
+    # the budget: 200 ops held 2^30 cycles each would sleep past LONGEST_HELD_S
+    many = Trial("x", sleeps=200, probe=dict(made, earlier_issued=200))
+    assert gpu_table.longest_held_cycles(many, 1 << 25) == 1 << 29
+    assert gpu_table.longest_held_cycles(
+        Trial("x", probe=dict(made, earlier_issued=10_000)), 1 << 25) is None
+    unmade = dict(made, later_pending=0, later_done=2)
+    asked = _scripted(monkeypatch, [{"sleeps": 14, "probe": unmade}] * 3)
+    assert len(gpu_table._race_trials(0, RACE_ROW, {})) == 3

@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     kept, rows = twins.merged(kept, rows)  # the kept rows' twins, run now
     for row in rows:  # each row names the device and torch its trials ran on
         row["device"], row["torch"] = device, torch.__version__
-    if args.gpu_rerun == "unshown" and earlier:  # nothing the earlier trials showed is lost
-        rows = with_earlier_trials(rows, earlier)
+    if earlier:  # a row run again to go further keeps what its earlier trials showed
+        rows = with_earlier_trials(rows, earlier, args.gpu_rerun)
     command = relative_command(sys.argv[1:])
     report = gpu_report.document(
         kept + rows, version=tree.version,
@@ -247,6 +247,36 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
+def grows_further(row: dict) -> bool:
+    """A race row without a wrong value or a made crash whose delay, on some stream, stopped
+    at the fixed steps though its last trial there made the race, where the current rule
+    gives that trial one more, longer one (:func:`.gpu.table.outlasting_cycles`, else
+    :func:`.gpu.table.longest_held_cycles`; since 2026-12-07's fifth session): a resumed run
+    runs it again, its earlier trials kept (:func:`with_earlier_trials`)."""
+    from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
+    from overlap_harness.engines.sglang.gpu.loop import Trial, parse_label
+    from overlap_harness.engines.sglang.gpu.table import longest_held_cycles, outlasting_cycles
+    from overlap_harness.engines.sglang.gpu.twins import made
+
+    trials = row.get("trial_details", [])
+    if row["cpu_verdict"] != "race" or any(
+            t.get("wrong") or (t.get("error") and made(t)) for t in trials):
+        return False
+    last: dict[str, dict] = {}  # each delayed stream's last trial
+    for trial in trials:
+        parsed = parse_label(trial["forcing"])
+        if parsed is not None:
+            last[parsed[0]] = trial
+    for stream, trial in last.items():
+        cycles = parse_label(trial["forcing"])[2]
+        if stream == "host" or not made(trial) or cycles > RACE_CYCLES[-1]:
+            continue
+        record = Trial(**trial)
+        if (outlasting_cycles(record, cycles) or longest_held_cycles(record, cycles)):
+            return True
+    return False
+
+
 def unshown_before_dirtying(row: dict) -> bool:
     """A race row none of whose trials showed a wrong value or crashed having made the race,
     and none of them from dirtied caches (``Trial.dirtied``): a made race may have read an
@@ -261,16 +291,18 @@ def unshown_before_dirtying(row: dict) -> bool:
             and not any(t.get("dirtied") for t in trials))
 
 
-def with_earlier_trials(rows: list[dict], earlier: dict) -> list[dict]:
-    """``rows`` (a run with ``--gpu-rerun unshown``) where each row that ran again because of
-    :func:`unshown_before_dirtying` also holds the earlier report's trials and twin trials of
-    that row, first, its counts recomputed from all of them: each trial is its own
-    experiment, and a value the earlier ones showed at an access stays shown. The row names
-    both runs' devices and torch versions; a row that ran no trial now is the earlier one."""
+def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
+                        ) -> list[dict]:
+    """``rows`` where each row that ran again to go further than its earlier trials could
+    (:func:`grows_further`; with ``rerun="unshown"``, :func:`unshown_before_dirtying` too)
+    also holds the earlier report's trials and twin trials of that row, first, its counts
+    recomputed from all of them: each trial is its own experiment, and a value the earlier
+    ones showed at an access stays shown. The row names both runs' devices and torch
+    versions; a row that ran no trial now is the earlier one."""
     from overlap_harness.engines.sglang.gpu.table import recounted
 
     before = {(r["variant"], r["site"]): r for r in earlier["rows"]
-              if unshown_before_dirtying(r)}
+              if grows_further(r) or (rerun == "unshown" and unshown_before_dirtying(r))}
     out = []
     for row in rows:
         old = before.get((row["variant"], row["site"]))
@@ -345,7 +377,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         key = (row["variant"], row["site"])
         if row["site"] is None and key not in compared:
             return False
-        if stopped_at_unmade_crash(row):
+        if stopped_at_unmade_crash(row) or grows_further(row):
             return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):

@@ -277,6 +277,8 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
                 break
         else:
             longer = outlasting_cycles(trial, cycles) if stream != "host" else None
+            if longer is None and stream != "host" and trial.race_made:
+                longer = longest_held_cycles(trial, cycles)
             if longer is not None:
                 trials.append(_probed_trial(
                     index, row, Forcing((stream,), longer, targeted=targeted), serial))
@@ -326,6 +328,24 @@ def outlasting_cycles(trial: Any, cycles: int) -> int | None:
     if counts.get("earlier_issued", 0) * longer / SLOWEST_CLOCK_HZ > LONGEST_HELD_S:
         return None
     return longer
+
+
+def longest_held_cycles(trial: Any, cycles: int) -> int | None:
+    """The delay of one more trial after ``trial`` (held ``cycles``, made the race, showed
+    nothing) where the probe measured no gap to outlast: the longest power of two up to
+    :data:`LONGEST_RACE_CYCLES` that holds the trial at most :data:`LONGEST_HELD_S` in all,
+    or None when that is not longer than ``cycles``. Why: "made" is any op of the earlier
+    side still pending when the later side ran, and where the earlier side is many ops (14
+    D2H copies at ``common.py:615``) the one whose memory the later side touches may have
+    landed. 2026-12-07's fifth session, without the prefill result's synchronize
+    (batch_result_processor.py:268): every EAGLE row run from dirtied caches was made and
+    equal at 2^23 cycles; 14 whose delay grew to 2^29-2^31 (a gap measured) showed a wrong
+    token there, while the 3 whose probe measured no gap stayed at 2^25 and equal."""
+    issued = max(1, (trial.probe or {}).get("earlier_issued", 0))
+    longest = LONGEST_RACE_CYCLES
+    while longest > cycles and issued * longest / SLOWEST_CLOCK_HZ > LONGEST_HELD_S:
+        longest >>= 1
+    return longest if longest > cycles else None
 
 
 def _journal(entry: dict[str, Any]) -> None:
