@@ -168,3 +168,38 @@ def test_a_variant_that_races_as_released_has_no_fixed_control() -> None:
                                       twin_trials=[asdict(Trial(FIXED, sleeps=2))])])
     assert counts["race_rows_value_shown_controlled"] == 1  # b: its twin stayed equal
     assert counts["race_rows_twin_missing"] == 1
+
+
+def test_a_redundant_row_that_differed_gets_a_twin_that_says_whose_difference_it_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A race-free row's trial that did not stay equal (in a variant that races as released,
+    its delay can make that race) is run again with the site back, unprobed as its sweep
+    ran; the summary counts the rows whose twin differed too and those whose twin stayed
+    equal (the removal's difference: a CPU verdict to check)."""
+    sweep = "copy_stream+2097152cy"
+    free_row = {"variant": "v", "site": "sglang/srt/f.py:4", "code": "x.synchronize()",
+                "cpu_verdict": "race_free", "delay": [], "races_as_released": True}
+    row = gpu_table._row(free_row, [Trial(sweep, sleeps=3, wrong="r1.output_ids[0] = 5"),
+                                    Trial("plan_stream+2097152cy", sleeps=3)], None)
+    assert twins.twin_labels(row) == [sweep]
+    asked: list[tuple] = []
+
+    def fake(variant: str, forcing: Forcing, serial: dict, probe: object = None,
+             access_locations: tuple = ()) -> tuple:
+        asked.append((forcing.label(), probe, access_locations))
+        return Trial(forcing.label(), sleeps=3, wrong="r1.output_ids[0] = 5"), {}, []
+
+    monkeypatch.setattr(gpu_loop, "run_trial", fake)
+    monkeypatch.setattr(gpu_table, "_journal", lambda entry: None)
+    [done] = gpu_table._with_twins([free_row], [dict(row)], {"v": {}}, lambda: None)
+    assert asked == [(sweep, None, ())]
+    equal = dict(done, site="sglang/srt/g.py:5",
+                 twin_trials=[asdict(Trial(sweep, sleeps=3))])
+    counts = _summary([done, equal])
+    assert counts["race_free_rows_wrong_twin_differs"] == 1
+    assert counts["race_free_rows_wrong_twin_equal"] == 1
+    # a kept redundant row lacking its twin is twin work, with no race to probe
+    loop = {"rows": [{"variant": "v", "site": free_row["site"], "race_examples": []}]}
+    [work] = gpu_table.twin_work([row], loop)
+    assert (work["cpu_verdict"], work["delay"], work["twin_forcings"]) == (
+        "race_free", [], [sweep])

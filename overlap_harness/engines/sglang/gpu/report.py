@@ -178,6 +178,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_rows_value_shown_controlled": sum(
                 1 for r in necessary if any(twins.shown(t) and twins.controlled(r, t)
                                             for t in r.get("trial_details", []))),
+            # redundant rows that differed, by what their twins (the site put back, the
+            # same forcing) showed: differed too (the forcing alone, in a variant that races
+            # as released its own race) or stayed equal (the removal's: a CPU verdict to check)
+            "race_free_rows_wrong_twin_differs": sum(
+                1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("twin_trials")
+                and any(twins.differs(t) for t in r["twin_trials"])),
+            "race_free_rows_wrong_twin_equal": sum(
+                1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("twin_trials")
+                and not any(twins.differs(t) for t in r["twin_trials"])),
             # trials that started from dirtied caches (access_values.dirty_caches; every
             # forced trial since 2026-12-07's fifth session), twins included
             "trials_dirtied": sum(1 for r in rows for t in [*r.get("trial_details", []),
@@ -311,7 +320,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"control): {s.get('race_rows_value_shown_controlled', 0)}. Trials that started from "
         "dirtied caches (device and page-locked host blocks filled with a pattern, so a read "
         "before its write lands never finds an earlier run's right answer; their evidence "
-        f"needs a twin): {s.get('trials_dirtied', 0)}.",
+        f"needs a twin): {s.get('trials_dirtied', 0)}. Redundant rows that differed, with "
+        "twins (the site put back, the same forcing): the twin differed too (the forcing "
+        f"alone) {s.get('race_free_rows_wrong_twin_differs', 0)}, the twin stayed equal (the "
+        f"removal's: a CPU verdict to check) {s.get('race_free_rows_wrong_twin_equal', 0)}.",
         "",
         "| variant | site | code | cpu_verdict | trials | slept | made | forced_delay | "
         "wrong_trials | example wrong value / why |",

@@ -192,15 +192,15 @@ def run_site(site_key: str | None, rows: list[dict[str, Any]]) -> list[dict[str,
 def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
                 serial: dict[str, Any], undo: Any) -> list[dict[str, Any]]:
     """The rows' twin trials (:mod:`.gpu.twins`), run after every row's own trials with the
-    site put back (``undo``): each race row's trials that need one, and a twin-only row's
-    ``twin_forcings``."""
+    site put back (``undo``): each race row's trials that need one, each redundant row's
+    trials that differed, and a twin-only row's ``twin_forcings``."""
     from overlap_harness.engines.sglang.gpu import twins
 
     pending = [(index, row, row["twin_forcings"] if row.get("twin_only")
                 else twins.twin_labels(done))
                for index, (row, done) in enumerate(zip(rows, out, strict=True))
-               if not done.get("error")
-               and (done.get("twin_only") or row.get("cpu_verdict") == "race")]
+               if not done.get("error") and (done.get("twin_only") or row.get(
+                   "cpu_verdict") in ("race", "race_free"))]
     pending = [(index, row, labels) for index, row, labels in pending if labels]
     if pending and undo is not None:
         undo()
@@ -212,13 +212,21 @@ def _with_twins(rows: list[dict[str, Any]], out: list[dict[str, Any]],
 def run_twins(index: int, row: dict[str, Any], labels: Sequence[str], serial: dict[str, Any]
               ) -> list[dict[str, Any]]:
     """Twin trials (gpu/twins.py) in the child, the site back in place: one trial per label,
-    forced, probed and captured as the row's own trials were (:func:`_probed_trial`);
-    journaled as ``twin`` so a child that dies keeps the ones that finished."""
-    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label
+    forced, probed and captured as the row's own trials were (:func:`_probed_trial`; a
+    redundant row's as its sweep ran them, unprobed); journaled as ``twin`` so a child that
+    dies keeps the ones that finished."""
+    from overlap_harness.engines.sglang.gpu.loop import Forcing, parse_label, run_trial
 
-    return [asdict(_probed_trial(index, row, Forcing((stream,), cycles, targeted=targeted),
-                                 serial, twin=True))
-            for stream, targeted, cycles in filter(None, map(parse_label, labels))]
+    out = []
+    for stream, targeted, cycles in filter(None, map(parse_label, labels)):
+        forcing = Forcing((stream,), cycles, targeted=targeted)
+        if row.get("cpu_verdict") == "race":
+            out.append(asdict(_probed_trial(index, row, forcing, serial, twin=True)))
+            continue
+        _journal({"row": index, "twin_starting": forcing.label()})
+        out.append(asdict(run_trial(row["variant"], forcing, serial)[0]))
+        _journal({"row": index, "twin": out[-1]})
+    return out
 
 
 def _twin_only(row: dict[str, Any], twin_trials: list[dict[str, Any]]) -> dict[str, Any]:
@@ -230,21 +238,23 @@ def _twin_only(row: dict[str, Any], twin_trials: list[dict[str, Any]]) -> dict[s
 
 def twin_work(kept: Sequence[dict[str, Any]], loop_document: dict[str, Any]
               ) -> list[dict[str, Any]]:
-    """For a resumed run: the kept race rows whose trials need twins they lack, as rows to run
-    with nothing removed (``twin_only``; the loop report gives their race's sides)."""
+    """For a resumed run: the kept race rows whose trials need twins they lack, and the kept
+    redundant rows whose differing trials lack theirs, as rows to run with nothing removed
+    (``twin_only``; the loop report gives a race's sides)."""
     from overlap_harness.engines.sglang.gpu.twins import missing_twins
 
     examples = {(r["variant"], r["site"]): r.get("race_examples", [])
                 for r in loop_document["rows"]}
     out = []
     for row in kept:
-        labels = missing_twins(row) if row["cpu_verdict"] == "race" and row["site"] else []
+        labels = missing_twins(row) if row["site"] else []
         race = examples.get((row["variant"], row["site"]))
-        if not labels or not race:
+        if not labels or (row["cpu_verdict"] == "race" and not race):
             continue
         out.append({"variant": row["variant"], "site": row["site"], "code": row["code"],
-                    "cpu_verdict": "race", "delay": earlier_streams(race),
-                    "race_examples": race, "twin_only": True, "twin_forcings": labels})
+                    "cpu_verdict": row["cpu_verdict"],
+                    "delay": earlier_streams(race) if row["cpu_verdict"] == "race" else [],
+                    "race_examples": race or [], "twin_only": True, "twin_forcings": labels})
     return out
 
 

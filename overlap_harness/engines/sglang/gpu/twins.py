@@ -9,6 +9,9 @@ before every op. Three kinds of a race row's evidence lie outside it:
   (``access_values``, ``loop.observe``): the unmodified loop captures neither;
 - any evidence of a variant whose tree as released races (``races_as_released``): its
   unmodified loop is forced as a race row itself, no control;
+- a redundant row's trial that did not stay equal (a wrong value, a crash): its twin says
+  whether the removal made the difference (a CPU verdict to check) or the forcing alone did
+  (in a variant that races as released, that race);
 - any evidence of a trial that started from dirtied caches (``Trial.dirtied``,
   ``access_values.dirty_caches``): the unmodified loop's control trials of the earlier
   report did not.
@@ -58,6 +61,9 @@ def twin_labels(row: dict[str, Any]) -> list[str]:
     its twin would be the same run again, so its evidence stays without a control."""
     if row.get("site") is None:
         return []
+    if row.get("cpu_verdict") == "race_free":  # a redundant row's difference: whose is it?
+        return list(dict.fromkeys(t["forcing"] for t in row.get("trial_details", [])
+                                  if t.get("sleeps") and differs(t)))
     released = bool(row.get("races_as_released"))
     return list(dict.fromkeys(t["forcing"] for t in row.get("trial_details", [])
                               if needs_twin(t, released)))
