@@ -196,3 +196,33 @@ def test_a_made_row_that_stopped_at_the_fixed_steps_runs_again_and_keeps_its_tri
     [merged] = with_earlier_trials([dict(grown, device="H100")], earlier, "unrun")
     assert merged["trials"] == 4 and merged["wrong_trials"] == 1
     assert merged["device"] == "H200, H100"
+
+
+def test_a_row_a_deadline_stopped_runs_again_unless_its_trials_are_evidence(
+        tmp_path: Path) -> None:
+    """An unmodified loop stopped after one stream's trials is no control of the others: it
+    runs again in any mode, as does a race row stopped before it showed anything (its trials
+    kept); a race row that showed a wrong value before the stop, and a row whose child died,
+    stay."""
+    from overlap_harness.engines.sglang.gpu.command import stopped_short
+
+    stop = "not run: the run's deadline"
+    control = {"variant": "v", "site": None, "code": None, "cpu_verdict": None, "trials": 1,
+               "wrong_trials": 0, "aborted": stop, "trial_details": [
+                   asdict(Trial("copy_stream+2097152cy", sleeps=3, acceptance_wrong=None))]}
+    race = dict(_grown((1 << 21,)), aborted=stop, site="a.py:1")
+    shown = dict(_grown((1 << 21,), wrong="r1.output_ids[0] = 5 (serial 36)"), aborted=stop,
+                 site="a.py:2", wrong_trials=1)
+    died = dict(_grown((1 << 31,)), site="a.py:3", aborted="child failed: exit -6: CUDA error")
+    assert [stopped_short(r) for r in (control, race, shown, died)] == [
+        True, True, False, False]
+    earlier = {"sglang_version": "0.5.23", "device": "H200", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "2.11",
+               "rows": [control, race, shown, died]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept = _resumed(path, "0.5.23", "unrun")[0]
+    assert [r["site"] for r in kept] == ["a.py:2", "a.py:3"]
+    again = dict(_grown((1 << 23,)), site="a.py:1")
+    [merged] = with_earlier_trials([again], earlier, "unrun")
+    assert merged["trials"] == 2 and "aborted" not in merged

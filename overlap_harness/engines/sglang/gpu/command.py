@@ -247,6 +247,23 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
+def stopped_short(row: dict) -> bool:
+    """An unmodified loop's row, or a race row without a wrong value or a made crash, whose
+    child a deadline or a signal stopped after some of its trials (``aborted: not run:
+    ...``): its forcings are incomplete (an unmodified loop that held one stream of five is
+    no control of the others), so a resumed run runs it again in any mode, a race row's
+    earlier trials kept (:func:`with_earlier_trials`). A row whose child died keeps its
+    trials: it would die again."""
+    from overlap_harness.engines.sglang.gpu.twins import made
+
+    if not str(row.get("aborted") or "").startswith("not run"):
+        return False
+    if row["cpu_verdict"] is None:
+        return True
+    return row["cpu_verdict"] == "race" and not any(
+        t.get("wrong") or (t.get("error") and made(t)) for t in row.get("trial_details", []))
+
+
 def grows_further(row: dict) -> bool:
     """A race row without a wrong value or a made crash whose delay, on some stream, stopped
     at the fixed steps though its last trial there made the race, where the current rule
@@ -294,7 +311,8 @@ def unshown_before_dirtying(row: dict) -> bool:
 def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
                         ) -> list[dict]:
     """``rows`` where each row that ran again to go further than its earlier trials could
-    (:func:`grows_further`; with ``rerun="unshown"``, :func:`unshown_before_dirtying` too)
+    (:func:`grows_further`, :func:`stopped_short`; with ``rerun="unshown"``,
+    :func:`unshown_before_dirtying` too), if a race row,
     also holds the earlier report's trials and twin trials of that row, first, its counts
     recomputed from all of them: each trial is its own experiment, and a value the earlier
     ones showed at an access stays shown. The row names both runs' devices and torch
@@ -302,7 +320,9 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
     from overlap_harness.engines.sglang.gpu.table import recounted
 
     before = {(r["variant"], r["site"]): r for r in earlier["rows"]
-              if grows_further(r) or (rerun == "unshown" and unshown_before_dirtying(r))}
+              if r["cpu_verdict"] == "race" and (
+                  grows_further(r) or stopped_short(r)
+                  or (rerun == "unshown" and unshown_before_dirtying(r)))}
     out = []
     for row in rows:
         old = before.get((row["variant"], row["site"]))
@@ -377,7 +397,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         key = (row["variant"], row["site"])
         if row["site"] is None and key not in compared:
             return False
-        if stopped_at_unmade_crash(row) or grows_further(row):
+        if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row):
             return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):
