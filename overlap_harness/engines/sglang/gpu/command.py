@@ -247,6 +247,18 @@ def _repro(args: argparse.Namespace, loop_document: dict) -> int:
     return 1 if trial.wrong or trial.error else 0
 
 
+def _last_per_stream(trials: list[dict]) -> dict[str, dict]:
+    """Each delayed stream's last trial record, by the stream its forcing names."""
+    from overlap_harness.engines.sglang.gpu.loop import parse_label
+
+    last: dict[str, dict] = {}
+    for trial in trials:
+        parsed = parse_label(trial["forcing"])
+        if parsed is not None:
+            last[parsed[0]] = trial
+    return last
+
+
 def stopped_short(row: dict) -> bool:
     """An unmodified loop's row, or a race row without a wrong value or a made crash, whose
     child a deadline or a signal stopped after some of its trials (``aborted: not run:
@@ -254,14 +266,14 @@ def stopped_short(row: dict) -> bool:
     no control of the others), so a resumed run runs it again in any mode, a race row's
     earlier trials kept (:func:`with_earlier_trials`). A row whose child died keeps its
     trials: it would die again."""
-    from overlap_harness.engines.sglang.gpu.twins import made
+    from overlap_harness.engines.sglang.gpu.twins import wrong_or_made_crash
 
     if not str(row.get("aborted") or "").startswith("not run"):
         return False
     if row["cpu_verdict"] is None:
         return True
     return row["cpu_verdict"] == "race" and not any(
-        t.get("wrong") or (t.get("error") and made(t)) for t in row.get("trial_details", []))
+        wrong_or_made_crash(t) for t in row.get("trial_details", []))
 
 
 def grows_further(row: dict) -> bool:
@@ -273,18 +285,12 @@ def grows_further(row: dict) -> bool:
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import Trial, parse_label
     from overlap_harness.engines.sglang.gpu.table import longest_held_cycles, outlasting_cycles
-    from overlap_harness.engines.sglang.gpu.twins import made
+    from overlap_harness.engines.sglang.gpu.twins import made, wrong_or_made_crash
 
     trials = row.get("trial_details", [])
-    if row["cpu_verdict"] != "race" or any(
-            t.get("wrong") or (t.get("error") and made(t)) for t in trials):
+    if row["cpu_verdict"] != "race" or any(wrong_or_made_crash(t) for t in trials):
         return False
-    last: dict[str, dict] = {}  # each delayed stream's last trial
-    for trial in trials:
-        parsed = parse_label(trial["forcing"])
-        if parsed is not None:
-            last[parsed[0]] = trial
-    for stream, trial in last.items():
+    for stream, trial in _last_per_stream(trials).items():
         cycles = parse_label(trial["forcing"])[2]
         if stream == "host" or not made(trial) or cycles > RACE_CYCLES[-1]:
             continue
@@ -300,11 +306,11 @@ def unshown_before_dirtying(row: dict) -> bool:
     earlier run's right answer left in a reused block. ``--gpu-rerun unshown`` runs it
     again, each trial from dirtied caches, its earlier trials kept beside the new ones
     (:func:`with_earlier_trials`)."""
-    from overlap_harness.engines.sglang.gpu.twins import made
+    from overlap_harness.engines.sglang.gpu.twins import wrong_or_made_crash
 
     trials = row.get("trial_details", [])
     return (row["cpu_verdict"] == "race" and bool(trials)
-            and not any(t.get("wrong") or (t.get("error") and made(t)) for t in trials)
+            and not any(wrong_or_made_crash(t) for t in trials)
             and not any(t.get("dirtied") for t in trials))
 
 
@@ -353,11 +359,7 @@ def stopped_at_unmade_crash(row: dict) -> bool:
 
     if row["cpu_verdict"] != "race" or row.get("race_made_trials"):
         return False
-    last: dict[str, dict] = {}  # each delayed stream's last trial
-    for trial in row.get("trial_details", []):
-        parsed = parse_label(trial["forcing"])
-        if parsed is not None:
-            last[parsed[0]] = trial
+    last = _last_per_stream(row.get("trial_details", []))
     return any(t.get("error") and "child failed" not in t["error"]
                and not made(t)
                and parse_label(t["forcing"])[2] < RACE_CYCLES[-1] for t in last.values())

@@ -202,8 +202,7 @@ def _only_escalated(row: dict[str, Any]) -> bool:
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import parse_label
 
-    shown = [t for t in row.get("trial_details", []) if t.get("wrong") or (
-        t.get("error") and twins.made(t))]
+    shown = [t for t in row.get("trial_details", []) if twins.wrong_or_made_crash(t)]
     return bool(shown) and all(
         (parse_label(t["forcing"]) or ("", False, 0))[2] > RACE_CYCLES[-1] for t in shown)
 

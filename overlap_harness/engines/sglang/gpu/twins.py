@@ -37,6 +37,12 @@ def made(trial: dict[str, Any]) -> bool:
     return bool((trial.get("probe") or {}).get("later_pending"))
 
 
+def wrong_or_made_crash(trial: dict[str, Any]) -> bool:
+    """The trial record left a wrong value, or crashed having made the race: the evidence
+    issue 45's aim counts (an access value or acceptance record aside, :func:`shown`)."""
+    return bool(trial.get("wrong")) or bool(trial.get("error") and made(trial))
+
+
 def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     """A trial (a report's ``trial_details`` entry) whose evidence no fixed control covers:
     it held work back and showed a wrong value or a made crash at an escalated delay (at any
@@ -49,7 +55,7 @@ def needs_twin(trial: dict[str, Any], released: bool = False) -> bool:
     parsed = parse_label(trial["forcing"])
     if parsed is None or not trial.get("sleeps"):
         return False
-    if trial.get("wrong") or (trial.get("error") and made(trial)):
+    if wrong_or_made_crash(trial):
         return released or bool(trial.get("dirtied")) or parsed[2] > RACE_CYCLES[-1]
     return made(trial) and not trial.get("error") and bool(
         trial.get("access_wrong") or trial.get("acceptance_wrong"))
