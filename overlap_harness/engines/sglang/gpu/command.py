@@ -279,12 +279,12 @@ def stopped_short(row: dict) -> bool:
 def grows_further(row: dict) -> bool:
     """A race row without a wrong value or a made crash whose delay, on some stream, stopped
     at the fixed steps though its last trial there made the race, where the current rule
-    gives that trial one more, longer one (:func:`.gpu.table.outlasting_cycles`, else
-    :func:`.gpu.table.longest_held_cycles`; since 2026-12-07's fifth session): a resumed run
+    gives that trial one more, longer one (:func:`.gpu.table.further_cycles`; since
+    2026-12-07's fifth session): a resumed run
     runs it again, its earlier trials kept (:func:`with_earlier_trials`)."""
     from overlap_harness.engines.sglang.gpu.delays import RACE_CYCLES
     from overlap_harness.engines.sglang.gpu.loop import Trial, parse_label
-    from overlap_harness.engines.sglang.gpu.table import longest_held_cycles, outlasting_cycles
+    from overlap_harness.engines.sglang.gpu.table import further_cycles
     from overlap_harness.engines.sglang.gpu.twins import made, wrong_or_made_crash
 
     trials = row.get("trial_details", [])
@@ -292,10 +292,8 @@ def grows_further(row: dict) -> bool:
         return False
     for stream, trial in _last_per_stream(trials).items():
         cycles = parse_label(trial["forcing"])[2]
-        if stream == "host" or not made(trial) or cycles > RACE_CYCLES[-1]:
-            continue
-        record = Trial(**trial)
-        if (outlasting_cycles(record, cycles) or longest_held_cycles(record, cycles)):
+        if made(trial) and cycles <= RACE_CYCLES[-1] and further_cycles(
+                Trial(**trial), cycles, stream) is not None:
             return True
     return False
 

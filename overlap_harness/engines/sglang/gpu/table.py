@@ -286,9 +286,7 @@ def _race_trials(index: int, row: dict[str, Any], serial: dict[str, Any]) -> lis
             if trial.wrong or (trial.error and trial.race_made) or not trial.slept:
                 break
         else:
-            longer = outlasting_cycles(trial, cycles) if stream != "host" else None
-            if longer is None and stream != "host" and trial.race_made:
-                longer = longest_held_cycles(trial, cycles)
+            longer = further_cycles(trial, cycles, stream)
             if longer is not None:
                 trials.append(_probed_trial(
                     index, row, Forcing((stream,), longer, targeted=targeted), serial))
@@ -337,6 +335,21 @@ def outlasting_cycles(trial: Any, cycles: int) -> int | None:
         return None
     if counts.get("earlier_issued", 0) * longer / SLOWEST_CLOCK_HZ > LONGEST_HELD_S:
         return None
+    return longer
+
+
+def further_cycles(trial: Any, cycles: int, stream: str) -> int | None:
+    """The delay of the one more trial a race row's last fixed-step trial on ``stream`` gets
+    (held ``cycles``, showed neither a wrong value nor a made crash): one that outlasts the
+    host gap its probe measured (:func:`outlasting_cycles`), else, where it made the race,
+    the longest the hold budget allows (:func:`longest_held_cycles`); None for the host,
+    which no sleep holds, and where neither applies. ``command.grows_further`` asks the same
+    of an earlier report's rows."""
+    if stream == "host":
+        return None
+    longer = outlasting_cycles(trial, cycles)
+    if longer is None and trial.race_made:
+        longer = longest_held_cycles(trial, cycles)
     return longer
 
 

@@ -1,7 +1,7 @@
 """Twin trials: a race row's forcing run again on the unmodified code, its control.
 
 The unmodified loop's own control (gpu.table) runs each stream it holds at the fixed delays,
-before every op. Three kinds of a race row's evidence lie outside it:
+before every op. Five kinds of evidence lie outside it:
 
 - a wrong value or a made crash shown only at an escalated delay (``table.outlasting_cycles``:
   2^27-2^31 cycles before the earlier side's ops): the unmodified loop never ran that long;
