@@ -75,10 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         default="unsettled",
                         help="with --gpu-resume: which of its rows run again: 'unsettled' "
                         "(default: every row not yet evidence, docs/sglang-loop.md), "
-                        "'unrun' (only rows whose trials did not run: an error or the "
-                        "deadline), so a device call finishes the table before retrying, or "
-                        "'unshown' (those, and race rows whose race was made but showed "
-                        "nothing, run before forced trials started from dirtied caches)")
+                        "'unrun' (rows whose trials did not run, an error or the deadline, "
+                        "and, in every mode, rows a deadline stopped short or whose delay now "
+                        "grows further), so a device call finishes the table first, or "
+                        "'unshown' (those, and race rows with neither a wrong value nor a "
+                        "made crash, none of whose trials started from dirtied caches; their "
+                        "earlier trials kept)")
     parser.add_argument("--repro", nargs=2, metavar=("VARIANT", "SITE"), default=None,
                         help="with --gpu: one row of the GPU table as a maintainer's repro: "
                         "the serial answer, then VARIANT with SITE (file:line, or - for none) "
