@@ -12,8 +12,10 @@ device and torch it ran on, and the report's command says how many rows came so.
 
 With ``--progress ROWS.jsonl --run "COMMAND"``: the rows a later device run finished before it
 was stopped without writing its report (its ``gpu-rows.jsonl``, written as each child
-finishes) replace the report's rows of the same variant and site; its twin-only rows add
-their twin trials to the report's rows (gpu/twins.py). The report's command and ``runs`` name
+finishes, a died or stopped child's rows too) replace the report's rows of the same variant
+and site, a race row run again to go further keeping its earlier trials as the run itself
+would (``--rerun`` names its ``--gpu-rerun`` mode); its twin-only rows add their twin trials
+to the report's rows (gpu/twins.py). The report's command and ``runs`` name
 that run, ``COMMAND`` as it was called.
 """
 
@@ -47,16 +49,21 @@ def with_earlier(rows: list[dict[str, Any]], earlier: dict[str, Any]
     return out, taken
 
 
-def with_progress(rows: list[dict[str, Any]], progress: list[dict[str, Any]], device: str,
-                  torch_version: str) -> tuple[list[dict[str, Any]], int]:
-    """``rows`` with each of ``progress``'s finished rows in place of the row of the same
-    (variant, site) and its twin-only rows' twins added (each finished row names ``device``
-    and ``torch_version`` where it lacks them); how many rows of ``progress`` came in."""
+def with_progress(report: dict[str, Any], progress: list[dict[str, Any]], device: str,
+                  torch_version: str, rerun: str) -> tuple[list[dict[str, Any]], int]:
+    """``report``'s rows with each of ``progress``'s rows in place of the row of the same
+    (variant, site) and its twin-only rows' twins added (each row names ``device`` and
+    ``torch_version`` where it lacks them); how many rows of ``progress`` came in. As the
+    device run itself would have (``gpu.command.with_earlier_trials``, its ``--gpu-rerun``
+    mode ``rerun``), a race row run again to go further keeps the report's earlier trials
+    beside the new ones."""
     from overlap_harness.engines.sglang.gpu import twins
+    from overlap_harness.engines.sglang.gpu.command import with_earlier_trials
 
-    kept, ran = twins.merged(rows, progress)
-    fresh = {(r["variant"], r["site"]): {"device": device, "torch": torch_version, **r}
-             for r in ran}
+    kept, ran = twins.merged(report["rows"], progress)
+    ran = with_earlier_trials([{"device": device, "torch": torch_version, **r} for r in ran],
+                              report, rerun)
+    fresh = {(r["variant"], r["site"]): r for r in ran}
     out = [fresh.pop((r["variant"], r["site"]), r) for r in kept]
     return out + list(fresh.values()), len(progress)
 
@@ -77,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", help="with --progress: the device it ran on")
     parser.add_argument("--torch", help="with --progress: its torch version")
     parser.add_argument("--seconds", type=float, help="with --progress: its wall seconds")
+    parser.add_argument("--rerun", choices=("unsettled", "unrun", "unshown"),
+                        default="unshown", help="with --progress: that run's --gpu-rerun "
+                        "mode (which rows kept their earlier trials beside the new ones)")
     args = parser.parse_args(argv)
     if args.progress is not None and not (args.run and args.device and args.torch
                                           and args.seconds is not None):
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.progress is not None:
         progress = [json.loads(line) for line in args.progress.read_text().splitlines()
                     if line.strip()]
-        rows, came = with_progress(rows, progress, args.device, args.torch)
+        rows, came = with_progress(report, progress, args.device, args.torch, args.rerun)
         note = (f"{args.run} (stopped before writing its report: its {came} finished rows "
                 "taken from its gpu-rows.jsonl by tools/sglang_gpu_recount.py --progress)")
         command += f"; then {note}"

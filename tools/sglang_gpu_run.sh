@@ -106,5 +106,10 @@ case ",$STEP," in *,all,*|*,table,*)
     | tee "$OUT/table.log" | tail -40;;
 esac
 wait
+# the device returns files of at most 16 MiB: a report over that comes back gzipped
+for report in "$OUT"/*-gpu.json; do
+  [ -f "$report" ] && [ "$(stat -c %s "$report")" -gt 15000000 ] \
+    && gzip -9 "$report" && echo "gzipped $report ($(stat -c %s "$report.gz") bytes)"
+done
 [ -f /tmp/cpu_mode.log ] && tail -8 /tmp/cpu_mode.log | tee "$OUT/cpu_mode.log"
 [ -f "$OUT/syncs.log" ] && tail -4 "$OUT/syncs.log"

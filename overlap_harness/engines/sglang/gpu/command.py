@@ -320,21 +320,29 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
     also holds the earlier report's trials and twin trials of that row, first, its counts
     recomputed from all of them: each trial is its own experiment, and a value the earlier
     ones showed at an access stays shown. The row names both runs' devices and torch
-    versions; a row that ran no trial now is the earlier one."""
+    versions. Any row that ran no trial now (the deadline came first) is the earlier
+    report's row where that one ran trials for the same plan (:func:`_same_plan`)."""
     from overlap_harness.engines.sglang.gpu.table import recounted
 
     before = {(r["variant"], r["site"]): r for r in earlier["rows"]
               if r["cpu_verdict"] == "race" and (
                   grows_further(r) or stopped_short(r)
                   or (rerun == "unshown" and unshown_before_dirtying(r)))}
+    ran = {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
     out = []
     for row in rows:
-        old = before.get((row["variant"], row["site"]))
-        if old is None or row.get("twin_only"):
+        if row.get("twin_only"):
             out.append(row)
             continue
-        if not row.get("trials"):
+        old = ran.get((row["variant"], row["site"]))
+        if not row.get("trials") and old is not None and _same_plan(old, row):
+            # the deadline came before it ran: what its earlier trials showed stays (an
+            # unmodified loop's control too, not an error)
             out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
+            continue
+        old = before.get((row["variant"], row["site"]))
+        if old is None or not row.get("trials"):
+            out.append(row)
             continue
         both = {**row, "trial_details": [*old["trial_details"], *row["trial_details"]],
                 "twin_trials": [*old.get("twin_trials", []), *row.get("twin_trials", [])],
@@ -344,6 +352,13 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
             both[key] = ", ".join(dict.fromkeys(names))
         out.append(recounted(both))
     return out
+
+
+def _same_plan(old: dict, row: dict) -> bool:
+    """Whether two runs of a row were forced for the same plan: the same CPU verdict and
+    released races (a row whose plan changed ran for another verdict)."""
+    return (old["cpu_verdict"], bool(old.get("races_as_released"))) == (
+        row["cpu_verdict"], bool(row.get("races_as_released")))
 
 
 def stopped_at_unmade_crash(row: dict) -> bool:

@@ -534,8 +534,8 @@ def _run_pieces(work: list[tuple[str | None, list[dict[str, Any]]]], jobs: int,
                 for child, *_ in running:  # waits add up (a stop took ~80 s, 2026-12-07)
                     child.communicate()
                 for _, _, site_rows, out, _ in running:  # their finished trials kept
-                    rows.extend(from_journal(site_rows, _journal_of(out), f"not run: {why}",
-                                             False))
+                    _add(rows, from_journal(site_rows, _journal_of(out), f"not run: {why}",
+                                            False), progress)
                 rows.extend(dict(r, error=f"not run: {why}", trials=0)
                             for _, site_rows in work for r in site_rows)
                 break
@@ -564,10 +564,7 @@ def _run_pieces(work: list[tuple[str | None, list[dict[str, Any]]]], jobs: int,
                 _, err = child.communicate()
                 if child.returncode == 0 and Path(out).is_file():
                     done = json.loads(Path(out).read_text())
-                    rows.extend(done)
-                    if progress is not None:
-                        with progress.open("a") as lines:
-                            lines.writelines(json.dumps(r) + "\n" for r in done)
+                    _add(rows, done, progress)
                     print(f"  {site or 'unmodified'}: {len(done)} rows "
                           f"({time.monotonic() - started:.0f} s)", flush=True)
                     continue
@@ -581,8 +578,22 @@ def _run_pieces(work: list[tuple[str | None, list[dict[str, Any]]]], jobs: int,
                     work[:0] = [(site, [r]) for r in site_rows]
                     continue
                 failures.append(f"{site}: {why}")
-                rows.extend(from_journal(site_rows, _journal_of(out), f"child failed: {why}"))
+                _add(rows, from_journal(site_rows, _journal_of(out), f"child failed: {why}"),
+                     progress)
     return rows, failures
+
+
+def _add(rows: list[dict[str, Any]], done: list[dict[str, Any]], progress: Path | None
+         ) -> None:
+    """``done`` rows added to ``rows`` and, where they ran a trial or a twin, appended to
+    ``progress`` (JSON lines): a run stopped before its report, or whose report could not
+    come back, is rebuilt from them (tools/sglang_gpu_recount.py --progress), a died or
+    stopped child's rows included."""
+    rows.extend(done)
+    ran = [row for row in done if row.get("trials") or row.get("twin_trials")]
+    if progress is not None and ran:
+        with progress.open("a") as lines:
+            lines.writelines(json.dumps(row) + "\n" for row in ran)
 
 
 #: rows of one site per child at most (a site's rows run one after another in its child)
