@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         progress = [json.loads(line) for line in args.progress.read_text().splitlines()
                     if line.strip()]
         rows, came = with_progress(report, progress, args.device, args.torch, args.rerun)
-        note = (f"{args.run} (stopped before writing its report: its {came} finished rows "
+        note = (f"{args.run} (its report did not come back: its {came} rows with trials "
                 "taken from its gpu-rows.jsonl by tools/sglang_gpu_recount.py --progress)")
         command += f"; then {note}"
         report.setdefault("runs", []).append({
