@@ -98,3 +98,24 @@ def test_a_report_rebuilt_from_progress_keeps_a_rerun_rows_earlier_trials() -> N
     assert merged["made_access_wrong_trials"] == 1
     assert merged["device"] == "H100, H200"
     assert next(r for r in rows if r["site"] == "a.py:2") == other
+
+
+def test_a_resumed_run_of_some_variants_keeps_every_row_of_the_others(tmp_path: Path) -> None:
+    """``--variant w --gpu-resume``: the rows of ``v``, which this run does not name, stay in
+    the report as they were, the unsettled ones too (before, they were dropped, neither kept
+    nor run); ``w``'s unsettled row runs again."""
+    from overlap_harness.engines.sglang.gpu.command import _resumed
+
+    unshown = _ran("a.py:1", "race")  # made, nothing shown, not dirtied: runs again
+    shown = _ran("a.py:2", "race", wrong="r1.output_ids[0] = 5 (serial 60)")
+    other_variant = [dict(unshown, variant="v"), dict(shown, variant="v")]
+    this_variant = [dict(unshown, variant="w"), dict(shown, variant="w")]
+    earlier = {"sglang_version": "0.5.23", "device": "H100", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "2.11",
+               "rows": other_variant + this_variant}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    planned = {("w", "a.py:1"): ("race", False), ("w", "a.py:2"): ("race", False)}
+    kept = _resumed(path, "0.5.23", "unshown", planned)[0]
+    assert sorted((r["variant"], r["site"]) for r in kept) == [
+        ("v", "a.py:1"), ("v", "a.py:2"), ("w", "a.py:2")]

@@ -391,7 +391,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     were forced for another verdict: an unmodified loop that now races as released). An
     unmodified loop's row whose trials predate the acceptance record runs again, and so
     does a race row that stopped at a crash which did not make its race
-    (:func:`stopped_at_unmade_crash`)."""
+    (:func:`stopped_at_unmade_crash`). Rows of a variant ``planned`` does not hold (a run
+    of some variants, ``--variant``) are all kept as they were: none of them runs now."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -408,8 +409,12 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     rows = [{"device": earlier["device"], "torch": earlier["torch"], **recounted(r)}
             for r in earlier["rows"]]
 
+    running = {variant for variant, _ in planned} if planned is not None else None
+
     def keep(row: dict) -> bool:
         key = (row["variant"], row["site"])
+        if running is not None and row["variant"] not in running:
+            return True  # a variant this run does not name (--variant): its rows as they were
         if row["site"] is None and key not in compared:
             return False
         if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row):
