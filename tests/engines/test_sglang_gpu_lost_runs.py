@@ -119,3 +119,34 @@ def test_a_resumed_run_of_some_variants_keeps_every_row_of_the_others(tmp_path: 
     kept = _resumed(path, "0.5.23", "unshown", planned)[0]
     assert sorted((r["variant"], r["site"]) for r in kept) == [
         ("v", "a.py:1"), ("v", "a.py:2"), ("w", "a.py:2")]
+
+
+def test_a_control_with_a_crashed_trial_is_no_bit_identical_row_and_runs_again(
+        tmp_path: Path) -> None:
+    """A redundant row and an unmodified loop whose trials all equal the serial answer but
+    one crashed are counted apart, not as bit-identical; a resumed run runs them again in
+    any mode. A redundant row that only stayed equal is kept and counted equal."""
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
+    from overlap_harness.engines.sglang.gpu.command import _resumed
+
+    def control(site: str | None, verdict: str | None, crash: bool) -> dict:
+        details = [asdict(Trial(LABEL, sleeps=2)),
+                   asdict(Trial(LABEL, sleeps=0, error="Exception: capture failed"
+                                if crash else None))]
+        return {"variant": "v", "site": site, "code": "x", "cpu_verdict": verdict,
+                "trials": 2, "wrong_trials": 0, "trial_details": details, "probes": [],
+                "device": "H100", "torch": "2.11"}
+
+    rows = [gpu_table.recounted(row) for row in (
+        control("a.py:1", "race_free", True), control(None, None, True),
+        control("a.py:2", "race_free", False))]
+    summary = gpu_report.summary(rows)
+    assert summary["race_free_rows_crashed"] == 1 and summary["unmodified_crashed"] == 1
+    assert summary["race_free_rows_all_equal"] == 1 and summary["unmodified_all_equal"] == 0
+    earlier = {"sglang_version": "0.5.23", "device": "H100", "command": "c", "date": "d",
+               "seconds": 1.0, "child_failures": [], "torch": "2.11", "rows": rows}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    for mode in ("unsettled", "unrun", "unshown"):
+        kept = _resumed(path, "0.5.23", mode)[0]
+        assert [(r["site"]) for r in kept if r["site"] != "a.py:2"] == [], mode

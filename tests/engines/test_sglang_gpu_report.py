@@ -70,6 +70,14 @@ def test_what_the_device_run_showed(reports: tuple[dict, dict]) -> None:
                and r["cpu_verdict"] == "race_free" for r in off), off
     for row in necessary_wrong:
         assert "serial" in row["example_wrong"]
+    # a control none of whose trials differed but one crashed is not counted bit-identical
+    for verdict, key in (("race_free", "race_free_rows"), (None, "unmodified")):
+        controls = [r for r in ok if r["cpu_verdict"] == verdict and not r["wrong_trials"]
+                    and not r.get("not_exercised")]
+        crashed = [r for r in controls
+                   if any(t["error"] for t in r["trial_details"])]
+        assert gpu["summary"][f"{key}_crashed"] == len(crashed)
+        assert gpu["summary"][f"{key}_all_equal"] == len(controls) - len(crashed)
     # a necessary row without a wrong value is kept and says why
     for row in gpu["rows"]:
         if row["cpu_verdict"] == "race" and not row["wrong_trials"]:

@@ -276,6 +276,16 @@ def stopped_short(row: dict) -> bool:
         wrong_or_made_crash(t) for t in row.get("trial_details", []))
 
 
+def crashed_control(row: dict) -> bool:
+    """A control (a redundant row, an unmodified loop) none of whose trials differed from
+    the serial answer but one of which crashed: it is no bit-identical row
+    (``report.summary``'s ``*_crashed``), so a resumed run runs its sweep again in any
+    mode (the 2026-12-07 report held 7, each crashed while SGLang captured a CUDA graph,
+    before any delay was issued)."""
+    return (row["cpu_verdict"] != "race" and bool(row.get("trials"))
+            and not row.get("wrong_trials") and bool(row.get("crashed_trials")))
+
+
 def grows_further(row: dict) -> bool:
     """A race row without a wrong value or a made crash whose delay, on some stream, stopped
     at the fixed steps though its last trial there made the race, where the current rule
@@ -391,7 +401,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     were forced for another verdict: an unmodified loop that now races as released). An
     unmodified loop's row whose trials predate the acceptance record runs again, and so
     does a race row that stopped at a crash which did not make its race
-    (:func:`stopped_at_unmade_crash`). Rows of a variant ``planned`` does not hold (a run
+    (:func:`stopped_at_unmade_crash`), and a control with a crashed trial
+    (:func:`crashed_control`). Rows of a variant ``planned`` does not hold (a run
     of some variants, ``--variant``) are all kept as they were: none of them runs now."""
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
@@ -417,7 +428,8 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
             return True  # a variant this run does not name (--variant): its rows as they were
         if row["site"] is None and key not in compared:
             return False
-        if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row):
+        if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row) \
+                or crashed_control(row):
             return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):

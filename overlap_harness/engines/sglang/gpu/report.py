@@ -114,10 +114,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
     those exercised), and so on."""
     def count(verdict: str | None, wrong: bool, released: bool = False) -> int:
+        # a control (redundant, unmodified) with a crashed trial is no bit-identical row:
+        # counted apart (``*_crashed``)
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
                    and not r.get("error") and bool(r["wrong_trials"]) == wrong
                    and not r.get("not_exercised")
-                   and bool(r.get("races_as_released")) == released)
+                   and bool(r.get("races_as_released")) == released
+                   and (wrong or verdict == "race" or not r.get("crashed_trials")))
+
+    def crashed(verdict: str | None) -> int:
+        return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
+                   and not r.get("error") and not r["wrong_trials"]
+                   and not r.get("not_exercised") and r.get("crashed_trials"))
     necessary = [r for r in rows if r["cpu_verdict"] == "race" and r["trials"]]
     return {"rows": len(rows),
             "race_rows_wrong": count("race", True) + count("race", True, released=True),
@@ -138,7 +146,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_free_rows_wrong_released": count("race_free", True, released=True),
             "race_free_rows_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("not_exercised")),
+            # ... and those none of whose trials differed but one crashed (a control that
+            # did not finish is no control: they run again, command.crashed_control)
+            "race_free_rows_crashed": crashed("race_free"),
             "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
+            "unmodified_crashed": crashed(None),
             "unmodified_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] is None and r.get("not_exercised")),
             "errors": sum(1 for r in rows if r.get("error")),
@@ -287,8 +299,10 @@ def markdown(report: dict[str, Any]) -> str:
         "variants that race as released: a delay there can make the released race, which "
         "the unmodified loop's race row shows); unmodified loop bit-identical: "
         f"{s['unmodified_all_equal']} variants, not exercised: "
-        f"{s.get('unmodified_not_exercised', '?')}, wrong: {s['unmodified_wrong']}; rows with "
-        f"an error: {s['errors']}.",
+        f"{s.get('unmodified_not_exercised', '?')}, wrong: {s['unmodified_wrong']}; controls "
+        "none of whose trials differed but one crashed (no bit-identical row): "
+        f"{s.get('race_free_rows_crashed', '?')} redundant, "
+        f"{s.get('unmodified_crashed', '?')} unmodified; rows with an error: {s['errors']}.",
         "",
         "Necessary rows without a wrong value, by the computed why (`why_reason`; "
         "gpu/probe.py): " + ", ".join(f"{key} {s.get('race_rows_why_' + key, 0)}"
