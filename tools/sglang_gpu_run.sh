@@ -54,6 +54,14 @@
 # reports/conformance/sglang-0.5.23-loop-gpu.json --gpu-rerun unshown" (stopped while writing
 # its report: recount --progress), then TABLE_S=540 DEADLINE=400 with --gpu-resume on that
 # recount staged as $H/prev1.json; then on the CPU --gpu-check-cpu on the report.
+# The sixth session (H100): STEP=table JOBS=15 TABLE_S=520 DEADLINE=400 with the fifth's
+# VARIANTS; its report (over 16 MiB) did not come back, so recount --progress --rerun unshown on
+# its gpu-rows.jsonl. Since then a report over 15 MB comes back gzipped (gunzip it here) and
+# gpu-rows.jsonl holds every row with a trial, a died or stopped child's too. Staged next, each
+# resuming the committed report: first the 18 wrong redundant rows' twins (VARIANTS=... --variant
+# multi_layer_eagle_graph --variant multi_layer_eagle_step_graphs), then the crashed controls
+# (--variant multi_layer_eagle_boundary_kv_graph --variant
+# multi_layer_eagle_boundary_kv_graph_plan_off), then every variant.
 # Keep H (with the checkout) under the device's 64 MiB: move older prevN.json out of it.
 # STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
