@@ -76,8 +76,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="with --gpu-resume: which of its rows run again: 'unsettled' "
                         "(default: every row not yet evidence, docs/sglang-loop.md), "
                         "'unrun' (rows whose trials did not run, an error or the deadline, "
-                        "and, in every mode, rows a deadline stopped short or whose delay now "
-                        "grows further), so a device call finishes the table first, or "
+                        "and, in every mode, rows a deadline stopped short, whose delay now "
+                        "grows further, or controls with a crashed trial), so a device call "
+                        "finishes the table first, or "
                         "'unshown' (those, and race rows with neither a wrong value nor a "
                         "made crash, none of whose trials started from dirtied caches; their "
                         "earlier trials kept)")
