@@ -35,13 +35,13 @@ def with_earlier(rows: list[dict[str, Any]], earlier: dict[str, Any]
                  ) -> tuple[list[dict[str, Any]], int]:
     """``rows`` with each unrun row replaced by ``earlier``'s ran row of the same (variant,
     site) and plan; how many were replaced."""
+    from overlap_harness.engines.sglang.gpu.command import same_plan
+
     ran = {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
     out, taken = [], 0
     for row in rows:
         old = ran.get((row["variant"], row["site"]))
-        same_plan = old is not None and (old["cpu_verdict"], bool(old.get(
-            "races_as_released"))) == (row["cpu_verdict"], bool(row.get("races_as_released")))
-        if not row.get("trials") and same_plan:
+        if not row.get("trials") and old is not None and same_plan(old, row):
             out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
             taken += 1
         else:

@@ -276,16 +276,6 @@ def stopped_short(row: dict) -> bool:
         wrong_or_made_crash(t) for t in row.get("trial_details", []))
 
 
-def crashed_control(row: dict) -> bool:
-    """A control (a redundant row, an unmodified loop) none of whose trials differed from
-    the serial answer but one of which crashed: it is no bit-identical row
-    (``report.summary``'s ``*_crashed``), so a resumed run runs its sweep again in any
-    mode (the 2026-12-07 report held 7, each crashed while SGLang captured a CUDA graph,
-    before any delay was issued)."""
-    return (row["cpu_verdict"] != "race" and bool(row.get("trials"))
-            and not row.get("wrong_trials") and bool(row.get("crashed_trials")))
-
-
 def grows_further(row: dict) -> bool:
     """A race row without a wrong value or a made crash whose delay, on some stream, stopped
     at the fixed steps though its last trial there made the race, where the current rule
@@ -331,7 +321,7 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
     recomputed from all of them: each trial is its own experiment, and a value the earlier
     ones showed at an access stays shown. The row names both runs' devices and torch
     versions. Any row that ran no trial now (the deadline came first) is the earlier
-    report's row where that one ran trials for the same plan (:func:`_same_plan`)."""
+    report's row where that one ran trials for the same plan (:func:`same_plan`)."""
     from overlap_harness.engines.sglang.gpu.table import recounted
 
     before = {(r["variant"], r["site"]): r for r in earlier["rows"]
@@ -345,7 +335,7 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
             out.append(row)
             continue
         old = ran.get((row["variant"], row["site"]))
-        if not row.get("trials") and old is not None and _same_plan(old, row):
+        if not row.get("trials") and old is not None and same_plan(old, row):
             # the deadline came before it ran: what its earlier trials showed stays (an
             # unmodified loop's control too, not an error)
             out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
@@ -364,9 +354,10 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
     return out
 
 
-def _same_plan(old: dict, row: dict) -> bool:
+def same_plan(old: dict, row: dict) -> bool:
     """Whether two runs of a row were forced for the same plan: the same CPU verdict and
-    released races (a row whose plan changed ran for another verdict)."""
+    released races (a row whose plan changed ran for another verdict; the recount's
+    ``--earlier`` asks it too)."""
     return (old["cpu_verdict"], bool(old.get("races_as_released"))) == (
         row["cpu_verdict"], bool(row.get("races_as_released")))
 
@@ -402,8 +393,9 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     unmodified loop's row whose trials predate the acceptance record runs again, and so
     does a race row that stopped at a crash which did not make its race
     (:func:`stopped_at_unmade_crash`), and a control with a crashed trial
-    (:func:`crashed_control`). Rows of a variant ``planned`` does not hold (a run
+    (:func:`.gpu_report.crashed_control`). Rows of a variant ``planned`` does not hold (a run
     of some variants, ``--variant``) are all kept as they were: none of them runs now."""
+    from overlap_harness.engines.sglang.gpu import report as gpu_report
     from overlap_harness.engines.sglang.gpu.table import recounted, settled
 
     if path is None:
@@ -429,7 +421,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         if row["site"] is None and key not in compared:
             return False
         if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row) \
-                or crashed_control(row):
+                or gpu_report.crashed_control(row):
             return False
         if planned is not None and key in planned and planned[key] != (
                 row["cpu_verdict"], bool(row.get("races_as_released"))):

@@ -110,22 +110,30 @@ def _why_no_wrong(row: dict[str, Any]) -> tuple[str, str]:
         f"{crashed}; {text}"
 
 
+def crashed_control(row: dict[str, Any]) -> bool:
+    """A control (a redundant row, an unmodified loop) none of whose trials differed from
+    the serial answer but one of which crashed: no bit-identical row (:func:`summary`'s
+    ``*_crashed``), and a resumed run runs its sweep again in any mode (``command._resumed``;
+    the 2026-12-07 report held 7, each crashed while SGLang captured a CUDA graph, before
+    any delay was issued)."""
+    return (row["cpu_verdict"] != "race" and bool(row.get("trials"))
+            and not row.get("wrong_trials") and bool(row.get("crashed_trials")))
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Counts: necessary rows with a wrong value, made races, redundant rows all equal (of
     those exercised), and so on."""
     def count(verdict: str | None, wrong: bool, released: bool = False) -> int:
-        # a control (redundant, unmodified) with a crashed trial is no bit-identical row:
-        # counted apart (``*_crashed``)
+        # a crashed control is no bit-identical row: counted apart (``*_crashed``)
         return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
                    and not r.get("error") and bool(r["wrong_trials"]) == wrong
                    and not r.get("not_exercised")
                    and bool(r.get("races_as_released")) == released
-                   and (wrong or verdict == "race" or not r.get("crashed_trials")))
+                   and not crashed_control(r))
 
     def crashed(verdict: str | None) -> int:
-        return sum(1 for r in rows if r["cpu_verdict"] == verdict and r["trials"]
-                   and not r.get("error") and not r["wrong_trials"]
-                   and not r.get("not_exercised") and r.get("crashed_trials"))
+        return sum(1 for r in rows if r["cpu_verdict"] == verdict and crashed_control(r)
+                   and not r.get("error") and not r.get("not_exercised"))
     necessary = [r for r in rows if r["cpu_verdict"] == "race" and r["trials"]]
     return {"rows": len(rows),
             "race_rows_wrong": count("race", True) + count("race", True, released=True),
@@ -147,7 +155,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, int]:
             "race_free_rows_not_exercised": sum(
                 1 for r in rows if r["cpu_verdict"] == "race_free" and r.get("not_exercised")),
             # ... and those none of whose trials differed but one crashed (a control that
-            # did not finish is no control: they run again, command.crashed_control)
+            # did not finish is no control: crashed_control)
             "race_free_rows_crashed": crashed("race_free"),
             "unmodified_all_equal": count(None, False), "unmodified_wrong": count(None, True),
             "unmodified_crashed": crashed(None),
