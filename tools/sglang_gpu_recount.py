@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from overlap_harness.engines.sglang.gpu import report as gpu_report
+from overlap_harness.engines.sglang.gpu.command import RERUN_MODES
 from overlap_harness.engines.sglang.gpu.table import recounted
 
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", help="with --progress: the device it ran on")
     parser.add_argument("--torch", help="with --progress: its torch version")
     parser.add_argument("--seconds", type=float, help="with --progress: its wall seconds")
-    parser.add_argument("--rerun", choices=("unsettled", "unrun", "unshown"),
+    parser.add_argument("--rerun", choices=RERUN_MODES,
                         default="unshown", help="with --progress: that run's --gpu-rerun "
                         "mode (which rows kept their earlier trials beside the new ones)")
     args = parser.parse_args(argv)

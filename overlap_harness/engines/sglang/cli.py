@@ -30,6 +30,7 @@ from overlap_harness.engines.core.command import (
 )
 from overlap_harness.engines.core.interrupted import Interrupted
 from overlap_harness.engines.core.pr_view.options import add_pr_options
+from overlap_harness.engines.sglang.gpu.command import RERUN_MODES
 from overlap_harness.output_paths import prepare_outputs
 
 PROG = "overlap-harness sglang"
@@ -71,7 +72,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "harness's torch implementation only where a compiled sgl_kernel op "
                         "is missing, named in each trial) or 'stand_in': the harness's torch "
                         "implementations throughout (they read index values on the host)")
-    parser.add_argument("--gpu-rerun", choices=("unsettled", "unrun", "unshown"),
+    parser.add_argument("--gpu-rerun", choices=RERUN_MODES,
                         default="unsettled",
                         help="with --gpu-resume: which of its rows run again: 'unsettled' "
                         "(default: every row not yet evidence, docs/sglang-loop.md), "

@@ -23,6 +23,8 @@ from overlap_harness.engines.core.command import fail, unknown_variants
 PROG = "overlap-harness sglang --gpu"
 CHECK_PROG = "overlap-harness sglang --gpu-check-cpu"
 DEFAULT_LOOP_REPORT = Path("reports/conformance/sglang-0.5.23-loop.json")
+#: ``--gpu-rerun``'s modes (:func:`_resumed`), which the recount's ``--rerun`` names too
+RERUN_MODES = ("unsettled", "unrun", "unshown")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -358,8 +360,9 @@ def same_plan(old: dict, row: dict) -> bool:
     """Whether two runs of a row were forced for the same plan: the same CPU verdict and
     released races (a row whose plan changed ran for another verdict; the recount's
     ``--earlier`` asks it too)."""
-    return (old["cpu_verdict"], bool(old.get("races_as_released"))) == (
-        row["cpu_verdict"], bool(row.get("races_as_released")))
+    from overlap_harness.engines.sglang.gpu.table import plan_of
+
+    return plan_of(old) == plan_of(row)
 
 
 def stopped_at_unmade_crash(row: dict) -> bool:
@@ -396,7 +399,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
     (:func:`.gpu_report.crashed_control`). Rows of a variant ``planned`` does not hold (a run
     of some variants, ``--variant``) are all kept as they were: none of them runs now."""
     from overlap_harness.engines.sglang.gpu import report as gpu_report
-    from overlap_harness.engines.sglang.gpu.table import recounted, settled
+    from overlap_harness.engines.sglang.gpu.table import plan_of, recounted, settled
 
     if path is None:
         return [], None
@@ -423,8 +426,7 @@ def _resumed(path: Path | None, version: str, rerun: str = "unsettled",
         if stopped_at_unmade_crash(row) or grows_further(row) or stopped_short(row) \
                 or gpu_report.crashed_control(row):
             return False
-        if planned is not None and key in planned and planned[key] != (
-                row["cpu_verdict"], bool(row.get("races_as_released"))):
+        if planned is not None and key in planned and planned[key] != plan_of(row):
             return False
         if rerun == "unshown" and unshown_before_dirtying(row):
             return False

@@ -93,9 +93,14 @@ def planned_verdicts(loop_document: dict[str, Any], variants: Sequence[str] | No
                      ) -> dict[tuple[str, str | None], tuple[str | None, bool]]:
     """(variant, site) -> (the CPU verdict, races as released) each planned row runs under:
     a resumed report's row is kept only where they are the same (command._resumed)."""
-    return {(row["variant"], row["site"]): (row["cpu_verdict"],
-                                            bool(row.get("races_as_released")))
+    return {(row["variant"], row["site"]): plan_of(row)
             for rows in plan(loop_document, variants).values() for row in rows}
+
+
+def plan_of(row: dict[str, Any]) -> tuple[str | None, bool]:
+    """What a row's trials were forced for: its CPU verdict and whether its variant races as
+    released (a row run under another plan is no evidence of this one)."""
+    return row["cpu_verdict"], bool(row.get("races_as_released"))
 
 
 def find_site(key: str) -> Any:
