@@ -79,6 +79,31 @@ def test_a_forced_trial_starts_from_dirtied_caches_and_the_serial_run_does_not(
     assert forced.dirtied and forced.error and not serial.dirtied
 
 
+def test_a_trial_collects_the_garbage_before_it_and_none_during_it(monkeypatch) -> None:
+    """What an earlier trial left is collected before the next one dirties its caches, and
+    the cyclic collector stays off while the loop runs (a free inside SGLang's graph capture
+    could invalidate it), on again after, a crashed trial too."""
+    import gc
+
+    from overlap_harness.engines.sglang import driver
+
+    calls: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append("collect") or 0)
+    monkeypatch.setattr(access_values, "dirty_caches", lambda: calls.append("dirty") or 64)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def run(variant, run):
+        calls.append(f"run, collector {'on' if gc.isenabled() else 'off'}")
+        raise RuntimeError("the loop stopped")
+
+    monkeypatch.setattr(driver, "run_variant", run)
+    assert gc.isenabled()
+    for _ in range(2):
+        trial, _, _ = gpu_loop.run_trial("non_spec_decode", Forcing(("copy_stream",), 8), None)
+        assert trial.error and gc.isenabled()
+    assert calls == ["collect", "dirty", "run, collector off"] * 2
+
+
 def test_evidence_from_dirtied_caches_needs_a_twin_at_any_delay() -> None:
     """The unmodified loop's kept control trials did not start from dirtied caches, so a
     dirtied trial's wrong value or made crash is controlled only by its twin."""

@@ -18,6 +18,7 @@ in SGLang's own buffers differs from it: each request's ``output_ids`` and the f
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import Counter
@@ -404,6 +405,24 @@ class Trial:
         return bool(self.probe and self.probe.get("later_pending"))
 
 
+@contextmanager
+def quiet_collector() -> Iterator[None]:
+    """Python's cyclic garbage collected before a trial and held off during it: what an
+    earlier trial left (its CUDA graphs, events, page-locked blocks) is freed here, never
+    inside this trial, where a free could record or query an event while SGLang captures a
+    CUDA graph (the CUDA runtime then invalidates the capture). A hypothesis for the capture
+    failures of 2026-12-07 (docs/sglang-loop.md: GPU mode), not shown; it makes a trial's
+    start the same whatever ran before."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
               probe: Any = None, access_locations: Sequence[str] = ()
               ) -> tuple[Trial, dict[str, Any] | None, list[str]]:
@@ -411,6 +430,14 @@ def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None
     the race's sides); its values compared with ``serial``; the names of the streams the loop
     held. With ``access_locations``, what the ops at those lines left is kept too (under
     ``"access"``) and compared with the serial run's (``Trial.access_wrong``)."""
+    with quiet_collector():
+        return _run_trial(variant_name, forcing, serial, probe, access_locations)
+
+
+def _run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
+               probe: Any, access_locations: Sequence[str]
+               ) -> tuple[Trial, dict[str, Any] | None, list[str]]:
+    """:func:`run_trial`'s body, with the collector held off."""
     from overlap_harness.engines.core.necessity import format_error
     from overlap_harness.engines.sglang.driver import run_variant
     from overlap_harness.engines.sglang.gpu import access_values
