@@ -58,10 +58,12 @@
 # VARIANTS; its report (over 16 MiB) did not come back, so recount --progress --rerun unshown on
 # its gpu-rows.jsonl. Since then a report over 15 MB comes back gzipped (gunzip it here) and
 # gpu-rows.jsonl holds every row with a trial, a died or stopped child's too. Staged next, each
-# resuming the committed report: first the 18 wrong redundant rows' twins (VARIANTS=... --variant
-# multi_layer_eagle_graph --variant multi_layer_eagle_step_graphs), then the crashed controls
-# (--variant multi_layer_eagle_boundary_kv_graph --variant
-# multi_layer_eagle_boundary_kv_graph_plan_off), then every variant.
+# resuming the committed report: first, in one call (one start saved), the 18 wrong redundant
+# rows' twins and the crashed controls (VARIANTS=... --gpu-rerun unshown --variant
+# multi_layer_eagle_graph --variant multi_layer_eagle_step_graphs --variant
+# multi_layer_eagle_boundary_kv_graph --variant multi_layer_eagle_boundary_kv_graph_plan_off;
+# TABLE_S to fit what the session has left: a failed start costs about 180 s of it), then every
+# variant. The seventh session (no machine started in 12 tries) ran none of them.
 # Keep H (with the checkout) under the device's 64 MiB: move older prevN.json out of it.
 # STEP=syncs: tools/gpu_host_syncs.py (which code makes the host wait for the device);
 # STEP=smoke: CPU mode on the CUDA host; STEP=table: the GPU table (default: both); STEP=loop:
