@@ -31,6 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from overlap_harness.model.node_rows import collector_paused
 from overlap_harness.recorder.kernels import installed
 
 
@@ -414,13 +415,8 @@ def quiet_collector() -> Iterator[None]:
     failures of 2026-12-07 (docs/sglang-loop.md: GPU mode), not shown; it makes a trial's
     start the same whatever ran before."""
     gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def run_trial(variant_name: str, forcing: Forcing, serial: dict[str, Any] | None,
