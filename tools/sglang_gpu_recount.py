@@ -36,17 +36,14 @@ def with_earlier(rows: list[dict[str, Any]], earlier: dict[str, Any]
                  ) -> tuple[list[dict[str, Any]], int]:
     """``rows`` with each unrun row replaced by ``earlier``'s ran row of the same (variant,
     site) and plan; how many were replaced."""
-    from overlap_harness.engines.sglang.gpu.command import same_plan
+    from overlap_harness.engines.sglang.gpu.command import earlier_in_place, ran_rows
 
-    ran = {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
+    ran = ran_rows(earlier)
     out, taken = [], 0
     for row in rows:
-        old = ran.get((row["variant"], row["site"]))
-        if not row.get("trials") and old is not None and same_plan(old, row):
-            out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
-            taken += 1
-        else:
-            out.append(row)
+        kept = earlier_in_place(row, ran, earlier)
+        out.append(row if kept is None else kept)
+        taken += kept is not None
     return out, taken
 
 

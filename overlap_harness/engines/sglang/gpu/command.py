@@ -330,17 +330,17 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
               if r["cpu_verdict"] == "race" and (
                   grows_further(r) or stopped_short(r)
                   or (rerun == "unshown" and unshown_before_dirtying(r)))}
-    ran = {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
+    ran = ran_rows(earlier)
     out = []
     for row in rows:
         if row.get("twin_only"):
             out.append(row)
             continue
-        old = ran.get((row["variant"], row["site"]))
-        if not row.get("trials") and old is not None and same_plan(old, row):
+        kept = earlier_in_place(row, ran, earlier)
+        if kept is not None:
             # the deadline came before it ran: what its earlier trials showed stays (an
             # unmodified loop's control too, not an error)
-            out.append({"device": earlier["device"], "torch": earlier["torch"], **old})
+            out.append(kept)
             continue
         old = before.get((row["variant"], row["site"]))
         if old is None or not row.get("trials"):
@@ -356,10 +356,28 @@ def with_earlier_trials(rows: list[dict], earlier: dict, rerun: str = "unshown"
     return out
 
 
+def ran_rows(earlier: dict) -> dict[tuple[str, str | None], dict]:
+    """An earlier report's rows that ran trials, by (variant, site): what
+    :func:`earlier_in_place` takes from."""
+    return {(r["variant"], r["site"]): r for r in earlier["rows"] if r.get("trials")}
+
+
+def earlier_in_place(row: dict, ran: dict[tuple[str, str | None], dict], earlier: dict
+                     ) -> dict | None:
+    """The earlier report's row (naming its device and torch) to stand for ``row`` where
+    ``row`` ran no trial and that one (of ``ran``, :func:`ran_rows`) ran trials for the same
+    plan (:func:`same_plan`); else None. A resumed run and the recount's ``--earlier``
+    both keep rows so."""
+    old = ran.get((row["variant"], row["site"]))
+    if row.get("trials") or old is None or not same_plan(old, row):
+        return None
+    return {"device": earlier["device"], "torch": earlier["torch"], **old}
+
+
 def same_plan(old: dict, row: dict) -> bool:
     """Whether two runs of a row were forced for the same plan: the same CPU verdict and
-    released races (a row whose plan changed ran for another verdict; the recount's
-    ``--earlier`` asks it too)."""
+    released races (a row whose plan changed ran for another verdict; asked by
+    :func:`earlier_in_place`)."""
     from overlap_harness.engines.sglang.gpu.table import plan_of
 
     return plan_of(old) == plan_of(row)
